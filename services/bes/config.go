@@ -1,0 +1,126 @@
+package bes
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Config of the BES edge. The zero value takes the defaults.
+type Config struct {
+	// MaxEventBytes is the largest single build event accepted. Default
+	// 4 MiB; it must stay below the backbone's max payload.
+	MaxEventBytes int
+	// MaxStreams is the most event streams open at once; more get
+	// RESOURCE_EXHAUSTED, which Bazel retries with backoff. Default 2000.
+	MaxStreams int
+	// MaxStreamsPerProject caps what one project can hold. Default
+	// MaxStreams/2.
+	MaxStreamsPerProject int
+	// MaxInFlight is how many events of one stream may await storage
+	// before the edge stops reading from it. Default 1000.
+	MaxInFlight int
+	// Keys, when not empty, makes every stream and lifecycle event
+	// authenticate with an API key; each key belongs to one project.
+	Keys *Keys
+	// DefaultProject names events that carry no project id. Default "default".
+	DefaultProject string
+}
+
+// Defaults.
+const (
+	DefaultMaxEventBytes = 4 << 20
+	DefaultMaxStreams    = 2000
+	DefaultMaxInFlight   = 1000
+)
+
+func (c Config) withDefaults() Config {
+	if c.MaxEventBytes <= 0 {
+		c.MaxEventBytes = DefaultMaxEventBytes
+	}
+	if c.MaxStreams <= 0 {
+		c.MaxStreams = DefaultMaxStreams
+	}
+	if c.MaxStreamsPerProject <= 0 {
+		c.MaxStreamsPerProject = max(1, c.MaxStreams/2)
+	}
+	if c.MaxInFlight <= 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.DefaultProject == "" {
+		c.DefaultProject = "default"
+	}
+	return c
+}
+
+// Validate checks the configuration against the backbone's max payload.
+func (c Config) Validate(maxPayload int64) error {
+	c = c.withDefaults()
+	// Headers and the envelope around the event take a few hundred bytes.
+	if maxPayload > 0 && int64(c.MaxEventBytes)+64<<10 > maxPayload {
+		return fmt.Errorf("bes: max event size %d does not fit the backbone's max payload %d (minus 64 KiB for headers)", c.MaxEventBytes, maxPayload)
+	}
+	if c.MaxStreamsPerProject > c.MaxStreams {
+		return fmt.Errorf("bes: per-project stream limit %d is above the total %d", c.MaxStreamsPerProject, c.MaxStreams)
+	}
+	return nil
+}
+
+// Keys maps API keys to projects. Keys are kept only as SHA-256 digests
+// and compared in constant time.
+type Keys struct {
+	entries []keyEntry
+}
+
+type keyEntry struct {
+	digest  [32]byte
+	project string
+}
+
+// ParseKeys reads "project=key,project=key" (or one pair per line).
+func ParseKeys(s string) (*Keys, error) {
+	k := &Keys{}
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' }) {
+		f = strings.TrimSpace(f)
+		if f == "" || strings.HasPrefix(f, "#") {
+			continue
+		}
+		project, key, ok := strings.Cut(f, "=")
+		project, key = strings.TrimSpace(project), strings.TrimSpace(key)
+		if !ok || project == "" || key == "" {
+			return nil, errors.New("bes: API keys must be written project=key")
+		}
+		if len(key) < 16 {
+			return nil, fmt.Errorf("bes: the API key of project %q is shorter than 16 characters", project)
+		}
+		k.Add(project, key)
+	}
+	return k, nil
+}
+
+// Add gives project one more key.
+func (k *Keys) Add(project, key string) {
+	k.entries = append(k.entries, keyEntry{digest: sha256.Sum256([]byte(key)), project: project})
+}
+
+// Len is the number of keys.
+func (k *Keys) Len() int {
+	if k == nil {
+		return 0
+	}
+	return len(k.entries)
+}
+
+// Project returns the project a key belongs to.
+func (k *Keys) Project(key string) (string, bool) {
+	d := sha256.Sum256([]byte(key))
+	project, found := "", false
+	for _, e := range k.entries {
+		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
+			project, found = e.project, true
+		}
+	}
+	return project, found
+}

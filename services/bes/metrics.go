@@ -1,0 +1,50 @@
+package bes
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+)
+
+// Metrics of the BES edge.
+type Metrics struct {
+	events      *prometheus.CounterVec
+	bytes       prometheus.Counter
+	rejections  *prometheus.CounterVec
+	streamsOpen prometheus.Gauge
+	ackSeconds  prometheus.Histogram
+}
+
+// NewMetrics registers the edge's metrics with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_bes_events_total",
+			Help: "Build events accepted and published, by kind (tool, lifecycle).",
+		}, []string{"kind"}),
+		bytes: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "millrace_bes_event_bytes_total",
+			Help: "Bytes of build tool events published.",
+		}),
+		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_bes_rejections_total",
+			Help: "Requests or streams refused, by what and the gRPC code returned.",
+		}, []string{"what", "code"}),
+		streamsOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "millrace_bes_streams_open",
+			Help: "Build event streams open now.",
+		}),
+		ackSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "millrace_bes_ack_seconds",
+			Help:    "Time from receiving an event to sending its ack (stored by JetStream).",
+			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.events, m.bytes, m.rejections, m.streamsOpen, m.ackSeconds)
+	}
+	return m
+}
+
+func (m *Metrics) rejected(what string, code codes.Code) {
+	m.rejections.WithLabelValues(what, code.String()).Inc()
+}

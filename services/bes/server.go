@@ -1,0 +1,453 @@
+package bes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/schemas/envelope"
+	"github.com/millrace/millrace/streams"
+)
+
+// APIKeyHeader is the gRPC metadata key that carries an API key (newer
+// Bazel: --bes_header=x-millrace-api-key=KEY). Bazel 4.2.3 has no
+// --bes_header, so the key may also be given as --project_id.
+const APIKeyHeader = "x-millrace-api-key"
+
+// Server implements google.devtools.build.v1.PublishBuildEvent.
+type Server struct {
+	buildpb.UnimplementedPublishBuildEventServer
+
+	cfg    Config
+	pub    *streams.Publisher
+	stream jetstream.Stream
+	log    *slog.Logger
+	m      *Metrics
+
+	mu         sync.Mutex
+	open       int
+	perProject map[string]int
+}
+
+// New makes the edge. stream is the BES stream, used to find where a
+// resumed stream left off.
+func New(cfg Config, pub *streams.Publisher, stream jetstream.Stream, m *Metrics, log *slog.Logger) *Server {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Server{cfg: cfg.withDefaults(), pub: pub, stream: stream, m: m, log: log, perProject: map[string]int{}}
+}
+
+// Register adds the service to a gRPC server.
+func (s *Server) Register(g *grpc.Server) { buildpb.RegisterPublishBuildEventServer(g, s) }
+
+// ServerOptions are the gRPC options the edge needs: a receive limit a
+// little above the event limit, so that an oversized event reaches the
+// handler and gets a clear INVALID_ARGUMENT rather than a transport error.
+func (s *Server) ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(s.cfg.MaxEventBytes + 64<<10),
+		grpc.MaxConcurrentStreams(uint32(s.cfg.MaxStreams + 100)),
+		// Find clients that vanished without closing their streams.
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	}
+}
+
+// authorize returns the project a request may publish to.
+func (s *Server) authorize(ctx context.Context, projectID string) (string, error) {
+	if s.cfg.Keys.Len() == 0 {
+		if projectID == "" {
+			return s.cfg.DefaultProject, nil
+		}
+		return projectID, nil
+	}
+	if md, ok := metadata.FromIncomingContext(ctx); ok {
+		if v := md.Get(APIKeyHeader); len(v) > 0 && v[0] != "" {
+			project, ok := s.cfg.Keys.Project(v[0])
+			if !ok {
+				return "", status.Error(codes.Unauthenticated, "millrace: the API key in "+APIKeyHeader+" is not valid")
+			}
+			if projectID != "" && projectID != project {
+				return "", status.Errorf(codes.PermissionDenied, "millrace: this API key may publish to project %q, not to %q", project, projectID)
+			}
+			return project, nil
+		}
+	}
+	if projectID != "" {
+		if project, ok := s.cfg.Keys.Project(projectID); ok {
+			return project, nil
+		}
+	}
+	return "", status.Error(codes.Unauthenticated,
+		"millrace: this server requires an API key: pass it as --project_id=KEY (Bazel 4) or --bes_header="+APIKeyHeader+"=KEY")
+}
+
+func (s *Server) acquire(project string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.open >= s.cfg.MaxStreams {
+		return status.Errorf(codes.ResourceExhausted, "millrace: the server is at its limit of %d open build event streams; retry later", s.cfg.MaxStreams)
+	}
+	if s.perProject[project] >= s.cfg.MaxStreamsPerProject {
+		return status.Errorf(codes.ResourceExhausted, "millrace: project %q is at its limit of %d open build event streams; retry later", project, s.cfg.MaxStreamsPerProject)
+	}
+	s.open++
+	s.perProject[project]++
+	s.m.streamsOpen.Set(float64(s.open))
+	return nil
+}
+
+func (s *Server) release(project string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.open--
+	if s.perProject[project]--; s.perProject[project] == 0 {
+		delete(s.perProject, project)
+	}
+	s.m.streamsOpen.Set(float64(s.open))
+}
+
+// PublishLifecycleEvent stores one lifecycle event and returns once it is
+// stored.
+func (s *Server) PublishLifecycleEvent(ctx context.Context, req *buildpb.PublishLifecycleEventRequest) (*emptypb.Empty, error) {
+	project, err := s.authorize(ctx, req.GetProjectId())
+	if err != nil {
+		s.m.rejected("lifecycle", status.Code(err))
+		return nil, err
+	}
+	obe := req.GetBuildEvent()
+	if err := checkLifecycle(obe); err != nil {
+		s.m.rejected("lifecycle", codes.InvalidArgument)
+		return nil, err
+	}
+	if size := proto.Size(obe); size > s.cfg.MaxEventBytes {
+		s.m.rejected("lifecycle", codes.InvalidArgument)
+		return nil, status.Errorf(codes.InvalidArgument, "millrace: lifecycle event of %d bytes exceeds the limit of %d bytes", size, s.cfg.MaxEventBytes)
+	}
+	sid := obe.GetStreamId()
+	key := sid.GetInvocationId()
+	if key == "" {
+		key = sid.GetBuildId() // build-level events (enqueued, finished) name no invocation
+	}
+	msg, err := s.message(project, envelope.KindLifecycle, obe,
+		"lc/"+sid.GetBuildId()+"/"+sid.GetInvocationId()+"/"+strconv.FormatInt(obe.GetSequenceNumber(), 10), streams.BESSubject(project, key))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.pub.Publish(ctx, msg); err != nil {
+		s.m.rejected("lifecycle", codes.Unavailable)
+		return nil, unavailable(err)
+	}
+	s.m.events.WithLabelValues("lifecycle").Inc()
+	return &emptypb.Empty{}, nil
+}
+
+func checkLifecycle(obe *buildpb.OrderedBuildEvent) error {
+	switch {
+	case obe == nil:
+		return status.Error(codes.InvalidArgument, "millrace: lifecycle request has no build_event")
+	case obe.GetStreamId().GetBuildId() == "":
+		return status.Error(codes.InvalidArgument, "millrace: lifecycle event has no stream_id.build_id")
+	case obe.GetSequenceNumber() <= 0:
+		return status.Errorf(codes.InvalidArgument, "millrace: lifecycle event has sequence number %d; they start at 1", obe.GetSequenceNumber())
+	}
+	switch obe.GetEvent().GetEvent().(type) {
+	case *buildpb.BuildEvent_BuildEnqueued_, *buildpb.BuildEvent_BuildFinished_,
+		*buildpb.BuildEvent_InvocationAttemptStarted_, *buildpb.BuildEvent_InvocationAttemptFinished_:
+		return nil
+	default:
+		return status.Errorf(codes.InvalidArgument, "millrace: %T is not a lifecycle event", obe.GetEvent().GetEvent())
+	}
+}
+
+func (s *Server) message(project, kind string, obe *buildpb.OrderedBuildEvent, msgID, subject string) (*nats.Msg, error) {
+	data, err := proto.Marshal(obe)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "millrace: cannot encode event: %v", err)
+	}
+	sid := obe.GetStreamId()
+	msg := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{
+		envelope.MsgID:        {msgID},
+		envelope.Schema:       {envelope.SchemaBESv1},
+		envelope.Kind:         {kind},
+		envelope.Project:      {project},
+		envelope.BuildID:      {sid.GetBuildId()},
+		envelope.InvocationID: {sid.GetInvocationId()},
+		envelope.Sequence:     {strconv.FormatInt(obe.GetSequenceNumber(), 10)},
+	}}
+	return msg, nil
+}
+
+func unavailable(err error) error {
+	return status.Errorf(codes.Unavailable, "millrace: could not store the event, retry: %v", err)
+}
+
+// inflight is one event published and not yet acknowledged to the client.
+type inflight struct {
+	future   *streams.Future
+	streamID *buildpb.StreamId
+	seq      int64
+	received time.Time
+}
+
+// PublishBuildToolEventStream receives one invocation's events, publishes
+// each and acks each once stored, in order.
+func (s *Server) PublishBuildToolEventStream(stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+
+	first, err := stream.Recv()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		return err
+	}
+	project, err := s.authorize(ctx, first.GetProjectId())
+	if err != nil {
+		s.m.rejected("stream", status.Code(err))
+		return err
+	}
+	if err := s.acquire(project); err != nil {
+		s.m.rejected("stream", codes.ResourceExhausted)
+		return err
+	}
+	defer s.release(project)
+
+	ts := &toolStream{s: s, project: project}
+	if err := ts.start(ctx, first); err != nil {
+		s.m.rejected("stream", status.Code(err))
+		return err
+	}
+
+	acks := make(chan inflight, s.cfg.MaxInFlight)
+	ackDone := make(chan error, 1)
+	go func() { ackDone <- s.sendAcks(ctx, stream, acks) }()
+
+	recvDone := make(chan error, 1)
+	go func() {
+		defer close(acks)
+		recvDone <- ts.receive(ctx, stream, first, acks)
+	}()
+
+	select {
+	case err := <-recvDone:
+		if err != nil {
+			cancel()
+			<-ackDone
+			s.m.rejected("stream", status.Code(err))
+			return err
+		}
+		// The client half-closed: finish acking what it sent.
+		return <-ackDone
+	case err := <-ackDone:
+		if err == nil {
+			err = <-recvDone
+		}
+		// A failed store ends the stream; the receiving goroutine sees the
+		// cancelled context and exits.
+		return err
+	}
+}
+
+// sendAcks waits for each event to be stored, in order, and acks it.
+func (s *Server) sendAcks(ctx context.Context, stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer, acks <-chan inflight) error {
+	for in := range acks {
+		if _, err := in.future.Wait(ctx); err != nil {
+			if ctx.Err() != nil {
+				return status.FromContextError(ctx.Err()).Err()
+			}
+			s.log.Warn("event not stored; client will retry", "invocation", in.streamID.GetInvocationId(), "seq", in.seq, "err", err)
+			return unavailable(err)
+		}
+		err := stream.Send(&buildpb.PublishBuildToolEventStreamResponse{StreamId: in.streamID, SequenceNumber: in.seq})
+		if err != nil {
+			return err
+		}
+		s.m.ackSeconds.Observe(time.Since(in.received).Seconds())
+	}
+	return nil
+}
+
+// toolStream checks one stream's requests.
+type toolStream struct {
+	s       *Server
+	project string
+	// projectID is the first request's project_id, as sent (it may be an
+	// API key: never logged). Bazel repeats it on every request.
+	projectID string
+	streamID  *buildpb.StreamId
+	subject   string
+	next      int64 // sequence expected next
+	finished  bool
+}
+
+// start checks the first request and finds where the stream stands: a
+// stream that starts above 1 resumes one that broke (the edge may have
+// restarted), and must continue right after what the backbone holds.
+func (t *toolStream) start(ctx context.Context, first *buildpb.PublishBuildToolEventStreamRequest) error {
+	obe := first.GetOrderedBuildEvent()
+	sid := obe.GetStreamId()
+	if sid.GetInvocationId() == "" || sid.GetBuildId() == "" {
+		return status.Error(codes.InvalidArgument, "millrace: the stream's first event has no stream_id.build_id and invocation_id")
+	}
+	t.streamID = sid
+	t.projectID = first.GetProjectId()
+	t.subject = streams.BESSubject(t.project, sid.GetInvocationId())
+	seq := obe.GetSequenceNumber()
+	if seq <= 0 {
+		return status.Errorf(codes.InvalidArgument, "millrace: sequence number %d is impossible; streams start at 1", seq)
+	}
+	t.next = seq
+	if seq == 1 {
+		return nil
+	}
+	stored, err := t.lastStored(ctx)
+	if err != nil {
+		return err
+	}
+	if seq > stored+1 {
+		return status.Errorf(codes.InvalidArgument,
+			"millrace: invocation %s resumes at event %d but only events up to %d were stored: events %d-%d are missing",
+			sid.GetInvocationId(), seq, stored, stored+1, seq-1)
+	}
+	return nil
+}
+
+// lastStored is the highest tool-event sequence the backbone holds for the
+// stream's invocation (0 if none).
+func (t *toolStream) lastStored(ctx context.Context) (int64, error) {
+	msg, err := t.s.stream.GetLastMsgForSubject(ctx, t.subject)
+	if errors.Is(err, jetstream.ErrMsgNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, unavailable(err)
+	}
+	if msg.Header.Get(envelope.Kind) != envelope.KindTool {
+		return 0, nil // the invocation's lifecycle start: no tool event yet
+	}
+	n, err := strconv.ParseInt(msg.Header.Get(envelope.Sequence), 10, 64)
+	if err != nil {
+		return 0, status.Errorf(codes.Internal, "millrace: stored event has a bad %s header", envelope.Sequence)
+	}
+	return n, nil
+}
+
+// receive reads, checks and publishes requests until the client
+// half-closes (nil) or a request is refused (a status error).
+func (t *toolStream) receive(ctx context.Context, stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer,
+	req *buildpb.PublishBuildToolEventStreamRequest, acks chan<- inflight) error {
+	for {
+		received := time.Now()
+		if err := t.check(req); err != nil {
+			return err
+		}
+		obe := req.GetOrderedBuildEvent()
+		msg, err := t.s.message(t.project, envelope.KindTool, obe,
+			t.streamID.GetInvocationId()+"/"+strconv.FormatInt(obe.GetSequenceNumber(), 10), t.subject)
+		if err != nil {
+			return err
+		}
+		f, err := t.s.pub.PublishAsync(msg)
+		if err != nil {
+			return unavailable(err)
+		}
+		t.s.m.events.WithLabelValues("tool").Inc()
+		t.s.m.bytes.Add(float64(len(msg.Data)))
+		select {
+		case acks <- inflight{future: f, streamID: obe.GetStreamId(), seq: obe.GetSequenceNumber(), received: received}:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		req, err = stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// check refuses what would fail again on a retry: a gap or repeat in the
+// sequence, a change of stream or project, an event after the stream's
+// end, an oversized or malformed event.
+func (t *toolStream) check(req *buildpb.PublishBuildToolEventStreamRequest) error {
+	obe := req.GetOrderedBuildEvent()
+	if obe == nil {
+		return status.Error(codes.InvalidArgument, "millrace: request has no ordered_build_event")
+	}
+	if size := proto.Size(obe); size > t.s.cfg.MaxEventBytes {
+		return status.Errorf(codes.InvalidArgument, "millrace: event %d is %d bytes, over the limit of %d bytes (raise MILLRACE_BES_MAX_EVENT_BYTES)",
+			obe.GetSequenceNumber(), size, t.s.cfg.MaxEventBytes)
+	}
+	sid := obe.GetStreamId()
+	if sid.GetBuildId() != t.streamID.GetBuildId() || sid.GetInvocationId() != t.streamID.GetInvocationId() {
+		return status.Error(codes.InvalidArgument, "millrace: the stream_id changed within one stream")
+	}
+	if p := req.GetProjectId(); p != "" && p != t.projectID {
+		return status.Error(codes.InvalidArgument, "millrace: the project_id changed within one stream")
+	}
+	if t.finished {
+		return status.Errorf(codes.InvalidArgument, "millrace: event %d follows component_stream_finished", obe.GetSequenceNumber())
+	}
+	if seq := obe.GetSequenceNumber(); seq != t.next {
+		return status.Errorf(codes.InvalidArgument, "millrace: expected event %d of invocation %s, got %d", t.next, t.streamID.GetInvocationId(), seq)
+	}
+	switch ev := obe.GetEvent().GetEvent().(type) {
+	case *buildpb.BuildEvent_BazelEvent:
+		if ev.BazelEvent == nil || ev.BazelEvent.GetTypeUrl() == "" {
+			return status.Errorf(codes.InvalidArgument, "millrace: event %d has an empty bazel_event", obe.GetSequenceNumber())
+		}
+		if err := wellFormed(ev.BazelEvent.GetValue()); err != nil {
+			return status.Errorf(codes.InvalidArgument, "millrace: event %d: bazel_event is not a protocol buffer: %v", obe.GetSequenceNumber(), err)
+		}
+	case *buildpb.BuildEvent_ComponentStreamFinished:
+		t.finished = true
+	default:
+		return status.Errorf(codes.InvalidArgument, "millrace: event %d: %T does not belong in a build tool event stream", obe.GetSequenceNumber(), ev)
+	}
+	t.next++
+	return nil
+}
+
+// wellFormed walks protobuf wire format without decoding it, so malformed
+// bytes are refused at the edge for a few nanoseconds per byte.
+func wellFormed(b []byte) error {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return protowire.ParseError(n)
+		}
+		if num == 0 {
+			return fmt.Errorf("field number 0")
+		}
+		b = b[n:]
+		m := protowire.ConsumeFieldValue(num, typ, b)
+		if m < 0 {
+			return protowire.ParseError(m)
+		}
+		b = b[m:]
+	}
+	return nil
+}

@@ -1,0 +1,102 @@
+package streams
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config says where the backbone is and how its streams are kept.
+// The zero value runs an embedded server under ./var/nats on 127.0.0.1:4223.
+type Config struct {
+	// URL of an external NATS cluster. Empty: run an embedded server.
+	URL string
+	// DataDir holds the embedded server's file store. Default ./var/nats.
+	DataDir string
+	// Listen is the embedded server's client address. Default 127.0.0.1:4223
+	// (not 4222: a system NATS may hold it). Port 0 picks a free port.
+	Listen string
+	// SyncInterval is how often the embedded server fsyncs its file store.
+	// Default 1s: a power loss may lose up to that much acknowledged data on
+	// one node (a killed process loses nothing). JetStream's own default is 2m.
+	SyncInterval time.Duration
+	// SyncAlways fsyncs every write (about 3k msgs/s here instead of ~100k).
+	SyncAlways bool
+	// MaxPayload is the largest message the embedded server accepts.
+	// Default 8 MiB; edges must keep their event limit below it.
+	MaxPayload int32
+	// Replicas of each stream: 1 on one node, 3 on a production cluster.
+	Replicas int
+	// BESMaxAge is how long raw build events are kept (RETENTION_RAW_DAYS).
+	// Default 30 days.
+	BESMaxAge time.Duration
+	// BESMaxBytes caps the BES stream's size; 0 = unlimited.
+	BESMaxBytes int64
+	// DuplicateWindow is how long a Nats-Msg-Id makes a resend a no-op.
+	// Default 2m; Bazel's retries span about 9 s.
+	DuplicateWindow time.Duration
+	// DeadMaxAge is how long dead letters are kept. Default 90 days.
+	DeadMaxAge time.Duration
+}
+
+// Defaults.
+const (
+	DefaultListen          = "127.0.0.1:4223"
+	DefaultDataDir         = "var/nats"
+	DefaultSyncInterval    = time.Second
+	DefaultMaxPayload      = 8 << 20
+	DefaultBESMaxAge       = 30 * 24 * time.Hour
+	DefaultDuplicateWindow = 2 * time.Minute
+	DefaultDeadMaxAge      = 90 * 24 * time.Hour
+)
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.DataDir == "" {
+		c.DataDir = DefaultDataDir
+	}
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.SyncInterval == 0 {
+		c.SyncInterval = DefaultSyncInterval
+	}
+	if c.MaxPayload == 0 {
+		c.MaxPayload = DefaultMaxPayload
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.BESMaxAge == 0 {
+		c.BESMaxAge = DefaultBESMaxAge
+	}
+	if c.DuplicateWindow == 0 {
+		c.DuplicateWindow = DefaultDuplicateWindow
+	}
+	if c.DeadMaxAge == 0 {
+		c.DeadMaxAge = DefaultDeadMaxAge
+	}
+	return c
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	c = c.WithDefaults()
+	var errs []error
+	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
+		errs = append(errs, fmt.Errorf("replicas must be 1, 3 or 5, not %d", c.Replicas))
+	}
+	if c.URL == "" && c.Replicas != 1 {
+		errs = append(errs, errors.New("the embedded server is one node: replicas must be 1"))
+	}
+	if c.MaxPayload < 64<<10 {
+		errs = append(errs, fmt.Errorf("max payload %d is below 64 KiB", c.MaxPayload))
+	}
+	if c.DuplicateWindow < 10*time.Second {
+		errs = append(errs, fmt.Errorf("duplicate window %s is shorter than a client's retries", c.DuplicateWindow))
+	}
+	if c.SyncInterval < 0 || c.BESMaxAge < 0 || c.DeadMaxAge < 0 {
+		errs = append(errs, errors.New("durations must not be negative"))
+	}
+	return errors.Join(errs...)
+}

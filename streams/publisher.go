@@ -1,0 +1,90 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// DefaultMaxPending bounds the asynchronous publishes in flight on one
+// connection. With StallWait below, a full window blocks the caller (back
+// pressure to the client) instead of failing after JetStream's 200 ms.
+const DefaultMaxPending = 4096
+
+// stallWait is how long a publish may wait for room in the window.
+const stallWait = 5 * time.Second
+
+// ErrBackbone wraps every failure to store a message: the caller should tell
+// its client to retry.
+var ErrBackbone = errors.New("backbone unavailable")
+
+// Publisher publishes messages asynchronously; every message carries a
+// Nats-Msg-Id so a resend is a no-op.
+type Publisher struct {
+	js jetstream.JetStream
+	m  *Metrics
+}
+
+// NewPublisher wraps js.
+func NewPublisher(js jetstream.JetStream, m *Metrics) *Publisher {
+	return &Publisher{js: js, m: m}
+}
+
+// Future is one publish in flight.
+type Future struct {
+	f     jetstream.PubAckFuture
+	start time.Time
+	p     *Publisher
+}
+
+// PublishAsync sends msg and returns at once (or when the window has room).
+// The message must carry a Nats-Msg-Id header.
+func (p *Publisher) PublishAsync(msg *nats.Msg) (*Future, error) {
+	if msg.Header.Get(jetstream.MsgIDHeader) == "" {
+		return nil, fmt.Errorf("publish to %s: message has no %s", msg.Subject, jetstream.MsgIDHeader)
+	}
+	start := time.Now()
+	f, err := p.js.PublishMsgAsync(msg, jetstream.WithStallWait(stallWait))
+	if err != nil {
+		p.m.published(msg.Subject, "error", 0)
+		return nil, fmt.Errorf("%w: publish to %s: %v", ErrBackbone, msg.Subject, err)
+	}
+	return &Future{f: f, start: start, p: p}, nil
+}
+
+// Wait blocks until JetStream stored the message (or refused it) and
+// reports whether it was a duplicate of one stored before.
+func (f *Future) Wait(ctx context.Context) (duplicate bool, err error) {
+	subject := f.f.Msg().Subject
+	select {
+	case ack := <-f.f.Ok():
+		f.p.m.published(subject, outcome(ack.Duplicate), time.Since(f.start))
+		return ack.Duplicate, nil
+	case err := <-f.f.Err():
+		f.p.m.published(subject, "error", time.Since(f.start))
+		return false, fmt.Errorf("%w: store %s: %v", ErrBackbone, subject, err)
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+func outcome(dup bool) string {
+	if dup {
+		return "duplicate"
+	}
+	return "stored"
+}
+
+// Publish sends msg and waits until it is stored.
+func (p *Publisher) Publish(ctx context.Context, msg *nats.Msg) error {
+	f, err := p.PublishAsync(msg)
+	if err != nil {
+		return err
+	}
+	_, err = f.Wait(ctx)
+	return err
+}

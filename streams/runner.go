@@ -1,0 +1,607 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/schemas/envelope"
+	"github.com/millrace/millrace/streams/projection"
+)
+
+// RunnerConfig tunes one consumer loop. Zero fields take the defaults.
+type RunnerConfig struct {
+	// Stream and Filter name what the projector reads; Filter must equal
+	// the stream's subjects (DESIGN.md).
+	Stream string
+	Filter string
+	// Batch is the most messages fetched and applied in one transaction.
+	// Default 1000.
+	Batch int
+	// MaxWait is how long a fetch waits to fill a batch. Default 250ms.
+	MaxWait time.Duration
+	// AckWait is how long JetStream waits for an ack before redelivering.
+	// Default 60s; the runner extends it while it retries a batch.
+	AckWait time.Duration
+	// RetryMin and RetryMax bound the backoff between attempts of a batch
+	// that failed with a transient error. Defaults 100ms and 5s.
+	RetryMin, RetryMax time.Duration
+	// SweepEvery is how often an idle runner calls the projector's Sweep.
+	// Default 30s.
+	SweepEvery time.Duration
+	// Progress, if set, is called after each committed batch.
+	Progress func(Progress)
+	Logger   *slog.Logger
+}
+
+// Progress is what the runner reports after each batch.
+type Progress struct {
+	Applied  uint64 // messages applied since Run started
+	Position uint64 // highest stream sequence committed
+	Pending  uint64 // messages in the stream after the position
+}
+
+func (c RunnerConfig) withDefaults() RunnerConfig {
+	if c.Batch <= 0 {
+		c.Batch = 1000
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = 250 * time.Millisecond
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 60 * time.Second
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = 5 * time.Second
+	}
+	if c.SweepEvery <= 0 {
+		c.SweepEvery = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Runner is the one consumer loop: fetch a batch, apply it in a PostgreSQL
+// transaction that also records the consumer position, commit, then ack.
+//
+// Exactly-once effect rests on two rules. Only one process applies a given
+// projection at a time: the runner holds a PostgreSQL advisory lock on the
+// very connection its transactions run on, so a runner that lost its
+// connection has lost its lock and cannot commit. And messages are applied
+// in stream order: whenever the runner (re)takes the lock it recreates the
+// durable consumer to start right after the committed position, and a
+// batch that fails with a transient error is retried in place (its messages
+// kept in progress) rather than handed back, since a handed-back message
+// would come again after newer ones had moved the position past it.
+type Runner struct {
+	js   jetstream.JetStream
+	pool *pgxpool.Pool
+	p    projection.Projector
+	cfg  RunnerConfig
+	m    *Metrics
+	log  *slog.Logger
+	name string
+
+	conn      *pgxpool.Conn
+	cons      jetstream.Consumer
+	position  uint64
+	applied   uint64
+	lastSweep time.Time
+}
+
+// NewRunner makes a runner of projector p.
+func NewRunner(js jetstream.JetStream, pool *pgxpool.Pool, p projection.Projector, cfg RunnerConfig, m *Metrics) *Runner {
+	cfg = cfg.withDefaults()
+	return &Runner{js: js, pool: pool, p: p, cfg: cfg, m: m, name: p.Name(),
+		log: cfg.Logger.With("consumer", p.Name())}
+}
+
+// ErrLocked is returned by Replay when another process runs the projector.
+var ErrLocked = errors.New("the projector is running in another process")
+
+// Run applies batches until ctx ends. A runner that cannot take the lock
+// waits on standby.
+func (r *Runner) Run(ctx context.Context) error {
+	defer r.release()
+	for ctx.Err() == nil {
+		if r.conn == nil {
+			if err := r.lead(ctx, true); err != nil {
+				if ctx.Err() != nil {
+					break
+				}
+				r.log.Warn("cannot take the lead; retrying", "err", err)
+				sleep(ctx, 2*time.Second)
+				continue
+			}
+		}
+		if err := r.step(ctx); err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			r.log.Warn("consumer step failed", "err", err)
+			sleep(ctx, r.cfg.RetryMin)
+		}
+	}
+	return nil
+}
+
+func lockKey(name string) string { return "millrace.consumer." + name }
+
+// lead takes the advisory lock on a connection of its own (waiting while
+// another process holds it when wait is set) and points the durable
+// consumer right after the committed position.
+func (r *Runner) lead(ctx context.Context, wait bool) error {
+	conn, err := r.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("acquire connection: %w", err)
+	}
+	standby := false
+	for {
+		var ok bool
+		err := conn.QueryRow(ctx, "select pg_try_advisory_lock(hashtextextended($1, 0))", lockKey(r.name)).Scan(&ok)
+		if err != nil {
+			conn.Release()
+			return fmt.Errorf("take lock: %w", err)
+		}
+		if ok {
+			break
+		}
+		if !wait {
+			conn.Release()
+			return ErrLocked
+		}
+		if !standby {
+			r.log.Info("another process applies this projection; standing by")
+			standby = true
+		}
+		if !sleep(ctx, 2*time.Second) {
+			conn.Release()
+			return ctx.Err()
+		}
+	}
+	r.conn = conn
+	r.m.active(r.name, 1)
+	pos, err := r.readPosition(ctx)
+	if err != nil {
+		r.drop()
+		return err
+	}
+	if err := r.point(ctx, pos); err != nil {
+		r.drop()
+		return err
+	}
+	r.position = pos
+	r.log.Info("applying", "position", pos)
+	return nil
+}
+
+func (r *Runner) readPosition(ctx context.Context) (uint64, error) {
+	var pos int64
+	err := r.conn.QueryRow(ctx, "select stream_seq from consumer_positions where consumer = $1", r.name).Scan(&pos)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read position: %w", err)
+	}
+	return uint64(pos), nil
+}
+
+// point recreates the durable consumer so that it delivers from pos+1.
+// Deliveries left unacknowledged by a previous holder are discarded with it.
+func (r *Runner) point(ctx context.Context, pos uint64) error {
+	spec := ConsumerSpec(r.name, r.cfg.Filter, r.cfg.Batch, r.cfg.AckWait)
+	spec.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
+	spec.OptStartSeq = pos + 1
+	if info, err := r.js.Consumer(ctx, r.cfg.Stream, r.name); err == nil {
+		ci := info.CachedInfo()
+		if ci.NumAckPending == 0 && ci.AckFloor.Stream == pos && ci.Config.FilterSubject == spec.FilterSubject {
+			r.cons = info // already right after the position
+			return nil
+		}
+		if err := r.js.DeleteConsumer(ctx, r.cfg.Stream, r.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("reset consumer: %w", err)
+		}
+	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return fmt.Errorf("look up consumer: %w", err)
+	}
+	cons, err := r.js.CreateConsumer(ctx, r.cfg.Stream, spec)
+	if err != nil {
+		return fmt.Errorf("create consumer: %w", err)
+	}
+	r.cons = cons
+	return nil
+}
+
+// drop gives up the connection and with it the lock.
+func (r *Runner) drop() {
+	if r.conn == nil {
+		return
+	}
+	r.conn.Conn().Close(context.Background()) // a closed connection leaves the pool, and its lock with it
+	r.conn.Release()
+	r.conn = nil
+	r.m.active(r.name, 0)
+}
+
+func (r *Runner) release() {
+	if r.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r.conn.Exec(ctx, "select pg_advisory_unlock(hashtextextended($1, 0))", lockKey(r.name))
+	r.conn.Release()
+	r.conn = nil
+	r.m.active(r.name, 0)
+}
+
+// step fetches and applies one batch, or sweeps when there is none.
+func (r *Runner) step(ctx context.Context) error {
+	start := time.Now()
+	batch, err := r.cons.Fetch(r.cfg.Batch, jetstream.FetchMaxWait(r.cfg.MaxWait))
+	if err != nil {
+		return fmt.Errorf("fetch: %w", err)
+	}
+	var msgs []*message
+	for jm := range batch.Messages() {
+		md, err := jm.Metadata()
+		if err != nil {
+			r.log.Warn("message without metadata; terminated", "err", err)
+			jm.Term()
+			continue
+		}
+		msgs = append(msgs, &message{Msg: jm, seq: md.Sequence.Stream, stored: md.Timestamp, pending: md.NumPending})
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && len(msgs) == 0 {
+		return fmt.Errorf("fetch: %w", err)
+	}
+	r.m.step(r.name, "fetch", time.Since(start))
+	if len(msgs) == 0 {
+		if time.Since(r.lastSweep) >= r.cfg.SweepEvery {
+			return r.sweep(ctx)
+		}
+		return nil
+	}
+	return r.handle(ctx, msgs)
+}
+
+// sweep lets a projector act on the passage of time (see projection.Sweeper).
+func (r *Runner) sweep(ctx context.Context) error {
+	s, ok := r.p.(projection.Sweeper)
+	if !ok {
+		return nil
+	}
+	if err := r.inTx(ctx, func(tx pgx.Tx) error { return s.Sweep(ctx, tx, time.Now()) }); err != nil {
+		return r.checkConn(fmt.Errorf("sweep: %w", err))
+	}
+	r.lastSweep = time.Now()
+	return nil
+}
+
+// handle applies msgs until they commit, parking poison messages on the
+// way, then acks.
+func (r *Runner) handle(ctx context.Context, msgs []*message) error {
+	upTo := msgs[len(msgs)-1].seq
+	live := msgs
+	var dead []*message
+	backoff := r.cfg.RetryMin
+	for attempt := 1; ; attempt++ {
+		n, err := r.commit(ctx, live, upTo)
+		if err == nil {
+			r.applied += uint64(n)
+			r.m.batch(r.name, "committed")
+			r.m.count(r.name, "applied", n)
+			r.m.count(r.name, "skipped", len(live)-n)
+			break
+		}
+		if pe, ok := projection.AsPoison(err); ok {
+			var m *message
+			live, m = remove(live, pe.Seq)
+			if m == nil {
+				return fmt.Errorf("projector named message %d, which is not in the batch: %w", pe.Seq, err)
+			}
+			if err := r.deadLetter(ctx, m, pe.Reason); err != nil {
+				return err
+			}
+			dead = append(dead, m)
+			continue
+		}
+		if !Transient(err) {
+			// A data error without a culprit named: find it by applying
+			// the messages one at a time.
+			if len(live) == 1 {
+				if err := r.deadLetter(ctx, live[0], err); err != nil {
+					return err
+				}
+				dead, live = append(dead, live[0]), nil
+				continue
+			}
+			return r.isolate(ctx, live, msgs, dead)
+		}
+		r.m.batch(r.name, "transient_error")
+		r.m.retry(r.name)
+		if ctx.Err() != nil {
+			r.handBack(live)
+			return ctx.Err()
+		}
+		if cerr := r.checkConn(err); cerr != nil && r.conn == nil {
+			// The lock went with the connection: whoever leads next starts
+			// from the committed position, so this batch is handed back.
+			r.handBack(live)
+			return cerr
+		}
+		r.log.Warn("batch failed; retrying", "attempt", attempt, "messages", len(live), "err", err)
+		for _, m := range live {
+			m.InProgress()
+		}
+		if !sleep(ctx, backoff) {
+			r.handBack(live)
+			return ctx.Err()
+		}
+		backoff = min(2*backoff, r.cfg.RetryMax)
+	}
+	return r.ack(msgs, dead)
+}
+
+// isolate applies the batch one message per transaction after a data error,
+// dead-lettering each message that fails on its own.
+func (r *Runner) isolate(ctx context.Context, live, all, dead []*message) error {
+	r.log.Warn("data error in batch; applying its messages one by one", "messages", len(live))
+	for _, m := range live {
+		for {
+			_, err := r.commit(ctx, []*message{m}, m.seq)
+			if err == nil {
+				break
+			}
+			if pe, ok := projection.AsPoison(err); ok {
+				err = pe.Reason
+			} else if Transient(err) {
+				if !sleep(ctx, r.cfg.RetryMax) {
+					r.handBack(live)
+					return ctx.Err()
+				}
+				continue
+			}
+			if err := r.deadLetter(ctx, m, err); err != nil {
+				return err
+			}
+			dead = append(dead, m)
+			break
+		}
+	}
+	if _, err := r.commit(ctx, nil, all[len(all)-1].seq); err != nil {
+		return err
+	}
+	return r.ack(all, dead)
+}
+
+// commit runs one transaction: lock and read the position, apply the
+// messages above it, move the position to upTo, commit. It returns how
+// many messages were applied.
+func (r *Runner) commit(ctx context.Context, msgs []*message, upTo uint64) (int, error) {
+	start := time.Now()
+	applied := 0
+	err := r.inTx(ctx, func(tx pgx.Tx) error {
+		var pos int64
+		err := tx.QueryRow(ctx, "select stream_seq from consumer_positions where consumer = $1 for update", r.name).Scan(&pos)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+		batch := make([]projection.Message, 0, len(msgs))
+		for _, m := range msgs {
+			if m.seq > uint64(pos) {
+				batch = append(batch, m)
+			}
+		}
+		if len(batch) > 0 {
+			if err := r.p.Apply(ctx, tx, batch); err != nil {
+				return err
+			}
+		}
+		applied = len(batch)
+		if upTo <= uint64(pos) {
+			return nil
+		}
+		_, err = tx.Exec(ctx, `insert into consumer_positions (consumer, stream, stream_seq, updated_at)
+			values ($1, $2, $3, now())
+			on conflict (consumer) do update set stream_seq = excluded.stream_seq, updated_at = excluded.updated_at`,
+			r.name, r.cfg.Stream, int64(upTo))
+		return err
+	})
+	r.m.step(r.name, "apply_commit", time.Since(start))
+	if err != nil {
+		return 0, err
+	}
+	if upTo > r.position {
+		r.position = upTo
+	}
+	r.m.positionAt(r.name, r.position)
+	if len(msgs) > 0 {
+		last := msgs[len(msgs)-1]
+		r.m.lag(r.name, time.Since(last.stored), last.pending)
+	}
+	if r.cfg.Progress != nil {
+		pending := uint64(0)
+		if len(msgs) > 0 {
+			pending = msgs[len(msgs)-1].pending
+		}
+		r.cfg.Progress(Progress{Applied: r.applied + uint64(applied), Position: r.position, Pending: pending})
+	}
+	return applied, nil
+}
+
+func (r *Runner) inTx(ctx context.Context, f func(pgx.Tx) error) error {
+	if r.conn == nil {
+		return errors.New("no database connection")
+	}
+	return pgx.BeginFunc(ctx, r.conn, f)
+}
+
+// checkConn drops the connection (and so the lock) when it is broken; the
+// loop then leads again from the committed position.
+func (r *Runner) checkConn(err error) error {
+	if r.conn == nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if r.conn.Conn().IsClosed() || r.conn.Ping(ctx) != nil {
+		r.log.Warn("database connection lost; leading again when it is back", "err", err)
+		r.drop()
+	}
+	return err
+}
+
+// ack acknowledges a committed batch: AckAll on the last message covers
+// every message before it, and dead-lettered ones are terminated.
+func (r *Runner) ack(msgs, dead []*message) error {
+	start := time.Now()
+	isDead := make(map[uint64]bool, len(dead))
+	for _, m := range dead {
+		isDead[m.seq] = true
+	}
+	for i := len(msgs) - 1; i >= 0; i-- {
+		if !isDead[msgs[i].seq] {
+			if err := msgs[i].Ack(); err != nil {
+				// Committed already: a lost ack only means a redelivery
+				// that the position check skips.
+				r.log.Warn("ack failed", "seq", msgs[i].seq, "err", err)
+			}
+			break
+		}
+	}
+	r.m.step(r.name, "ack", time.Since(start))
+	return nil
+}
+
+// handBack returns messages to JetStream for whoever leads next.
+func (r *Runner) handBack(msgs []*message) {
+	for _, m := range msgs {
+		m.NakWithDelay(time.Second)
+	}
+	r.m.batch(r.name, "naked")
+}
+
+func (r *Runner) deadLetter(ctx context.Context, m *message, reason error) error {
+	msg := nats.NewMsg(DeadSubject(r.name))
+	for k, v := range m.Headers() {
+		msg.Header[k] = v
+	}
+	msg.Header.Set(envelope.MsgID, "dead/"+r.name+"/"+strconv.FormatUint(m.seq, 10))
+	msg.Header.Set(envelope.Reason, reason.Error())
+	msg.Header.Set(envelope.Consumer, r.name)
+	msg.Header.Set(envelope.Origin, r.cfg.Stream+":"+strconv.FormatUint(m.seq, 10)+":"+m.Subject())
+	msg.Data = m.Data()
+	if err := NewPublisher(r.js, r.m).Publish(ctx, msg); err != nil {
+		return fmt.Errorf("dead-letter message %d: %w", m.seq, err)
+	}
+	m.TermWithReason(truncate(reason.Error(), 200))
+	r.m.count(r.name, "dead", 1)
+	r.m.dead(r.name)
+	r.log.Error("message parked in the dead-letter stream", "seq", m.seq, "subject", m.Subject(), "reason", reason)
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+func remove(msgs []*message, seq uint64) ([]*message, *message) {
+	for i, m := range msgs {
+		if m.seq == seq {
+			out := make([]*message, 0, len(msgs)-1)
+			out = append(out, msgs[:i]...)
+			return append(out, msgs[i+1:]...), m
+		}
+	}
+	return msgs, nil
+}
+
+// sleep waits d or until ctx ends; it reports whether it slept the whole d.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// message adapts a JetStream message to projection.Message.
+type message struct {
+	jetstream.Msg
+	seq     uint64
+	stored  time.Time
+	pending uint64
+}
+
+func (m *message) Seq() uint64              { return m.seq }
+func (m *message) Time() time.Time          { return m.stored }
+func (m *message) Header(key string) string { return m.Headers().Get(key) }
+
+// Replay rebuilds the projection from the start of the stream: it takes the
+// lock (ErrLocked if the projector runs elsewhere), empties the projection
+// and its position in one transaction, applies the stream up to the last
+// message stored when Replay began, and sweeps once, as a live runner does
+// when it goes idle. A live runner started afterwards carries on from there.
+func (r *Runner) Replay(ctx context.Context) error {
+	rs, ok := r.p.(projection.Resetter)
+	if !ok {
+		return fmt.Errorf("projector %s cannot be reset", r.name)
+	}
+	stream, err := r.js.Stream(ctx, r.cfg.Stream)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", r.cfg.Stream, err)
+	}
+	target := stream.CachedInfo().State.LastSeq
+	if err := r.lead(ctx, false); err != nil {
+		return err
+	}
+	defer r.release()
+	err = r.inTx(ctx, func(tx pgx.Tx) error {
+		if err := rs.Reset(ctx, tx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "delete from consumer_positions where consumer = $1", r.name)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("reset %s: %w", r.name, err)
+	}
+	r.position = 0
+	if err := r.point(ctx, 0); err != nil {
+		return err
+	}
+	for r.position < target {
+		if err := r.step(ctx); err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if r.conn == nil {
+				return fmt.Errorf("replay %s: lost the database: %w", r.name, err)
+			}
+			r.log.Warn("replay step failed; retrying", "err", err)
+			sleep(ctx, r.cfg.RetryMin)
+		}
+	}
+	return r.sweep(ctx)
+}

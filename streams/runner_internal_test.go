@@ -1,0 +1,77 @@
+package streams
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/streams/projection"
+)
+
+type seqRecorder struct{ seen []uint64 }
+
+func (p *seqRecorder) Name() string { return "rec" }
+func (p *seqRecorder) Apply(_ context.Context, _ pgx.Tx, batch []projection.Message) error {
+	for _, m := range batch {
+		p.seen = append(p.seen, m.Seq())
+	}
+	return nil
+}
+
+// Both guards of exactly-once effect, each on its own: the consumer starts
+// right after the committed position, and a transaction skips messages at
+// or below the position it reads under lock.
+func TestRunnerGuards(t *testing.T) {
+	ns := testenv.NATS(t)
+	nc, err := Connect(ns.ClientURL(), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	ctx := context.Background()
+	if err := Apply(ctx, js, StreamSpecs(Config{})); err != nil {
+		t.Fatal(err)
+	}
+	pool, _ := testenv.Pool(t)
+	if _, err := pool.Exec(ctx, "insert into consumer_positions (consumer, stream, stream_seq) values ('rec', 'BES', 3)"); err != nil {
+		t.Fatal(err)
+	}
+	p := &seqRecorder{}
+	r := NewRunner(js, pool, p, RunnerConfig{Stream: StreamBES, Filter: BESSubjects, AckWait: time.Minute}, nil)
+	if err := r.lead(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	defer r.release()
+
+	info, err := r.cons.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Config.DeliverPolicy != jetstream.DeliverByStartSequencePolicy || info.Config.OptStartSeq != 4 {
+		t.Fatalf("consumer delivers by %v from %d, want from sequence 4", info.Config.DeliverPolicy, info.Config.OptStartSeq)
+	}
+
+	msgs := []*message{{seq: 2}, {seq: 3}, {seq: 4}, {seq: 5}}
+	n, err := r.commit(ctx, msgs, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 || len(p.seen) != 2 || p.seen[0] != 4 || p.seen[1] != 5 {
+		t.Fatalf("applied %d: %v, want [4 5]", n, p.seen)
+	}
+	// Again, as after a redelivery: nothing is applied.
+	p.seen = nil
+	if n, err := r.commit(ctx, msgs, 5); err != nil || n != 0 || len(p.seen) != 0 {
+		t.Fatalf("redelivered batch applied %d (%v), err %v", n, p.seen, err)
+	}
+	var pos int64
+	pool.QueryRow(ctx, "select stream_seq from consumer_positions where consumer = 'rec'").Scan(&pos)
+	if pos != 5 {
+		t.Fatalf("position %d, want 5", pos)
+	}
+}

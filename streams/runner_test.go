@@ -1,0 +1,365 @@
+package streams_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/schemas/envelope"
+	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/streams/projection"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.DropTemplate()
+	os.Exit(code)
+}
+
+// rowsProjector writes one row per message. Bodies steer it: "poison" is
+// refused as a poison message, "bad" breaks a CHECK constraint (a data
+// error the runner must isolate), "flaky" fails transiently the first
+// `flaky` times it is seen.
+type rowsProjector struct {
+	name     string
+	flaky    atomic.Int32
+	applies  atomic.Int32
+	resets   atomic.Int32
+	slowdown time.Duration
+}
+
+func (p *rowsProjector) Name() string { return p.name }
+
+func (p *rowsProjector) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Message) error {
+	p.applies.Add(1)
+	if p.slowdown > 0 {
+		time.Sleep(p.slowdown)
+	}
+	seqs := make([]int64, 0, len(batch))
+	bodies := make([]string, 0, len(batch))
+	for _, m := range batch {
+		switch string(m.Data()) {
+		case "poison":
+			return projection.Poison(m, errors.New("test poison"))
+		case "flaky":
+			if p.flaky.Add(-1) >= 0 {
+				return errors.New("transient test failure")
+			}
+		}
+		seqs = append(seqs, int64(m.Seq()))
+		bodies = append(bodies, string(m.Data()))
+	}
+	_, err := tx.Exec(ctx, `insert into runner_rows (consumer, seq, body) select $1, * from unnest($2::bigint[], $3::text[])`, p.name, seqs, bodies)
+	return err
+}
+
+func (p *rowsProjector) Reset(ctx context.Context, tx pgx.Tx) error {
+	p.resets.Add(1)
+	_, err := tx.Exec(ctx, "delete from runner_rows where consumer = $1", p.name)
+	return err
+}
+
+type env struct {
+	js   jetstream.JetStream
+	nc   *nats.Conn
+	pool *pgxpool.Pool
+	pub  *streams.Publisher
+}
+
+func setup(t *testing.T) *env {
+	t.Helper()
+	ns := testenv.NATS(t)
+	nc, err := streams.Connect(ns.ClientURL(), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := streams.Apply(ctx, js, streams.StreamSpecs(streams.Config{})); err != nil {
+		t.Fatal(err)
+	}
+	pool, _ := testenv.Pool(t)
+	// The primary key makes a double apply fail loudly.
+	_, err = pool.Exec(ctx, `create table runner_rows (consumer text, seq bigint, body text check (body <> 'bad'), primary key (consumer, seq))`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{js: js, nc: nc, pool: pool, pub: streams.NewPublisher(js, nil)}
+}
+
+func (e *env) publish(t *testing.T, bodies ...string) {
+	t.Helper()
+	ctx := context.Background()
+	for i, b := range bodies {
+		msg := nats.NewMsg(streams.BESSubject("p", "inv"))
+		msg.Header.Set(envelope.MsgID, fmt.Sprintf("%s-%d-%d", t.Name(), time.Now().UnixNano(), i))
+		msg.Data = []byte(b)
+		if err := e.pub.Publish(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (e *env) rows(t *testing.T, consumer string) []string {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(), "select body from runner_rows where consumer = $1 order by seq", consumer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func (e *env) position(t *testing.T, consumer string) uint64 {
+	var pos int64
+	err := e.pool.QueryRow(context.Background(), "select stream_seq from consumer_positions where consumer = $1", consumer).Scan(&pos)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uint64(pos)
+}
+
+func runnerConfig() streams.RunnerConfig {
+	return streams.RunnerConfig{
+		Stream:     streams.StreamBES,
+		Filter:     streams.BESSubjects,
+		Batch:      50,
+		MaxWait:    50 * time.Millisecond,
+		AckWait:    5 * time.Second,
+		RetryMin:   10 * time.Millisecond,
+		RetryMax:   50 * time.Millisecond,
+		SweepEvery: time.Hour,
+	}
+}
+
+// start runs a runner until the returned stop is called.
+func start(t *testing.T, e *env, p projection.Projector, cfg streams.RunnerConfig) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	r := streams.NewRunner(e.js, e.pool, p, cfg, streams.NewMetrics(nil))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); r.Run(ctx) }()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func bodies(n int, prefix string) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = prefix + strconv.Itoa(i)
+	}
+	return out
+}
+
+func TestRunnerAppliesInOrderOnce(t *testing.T) {
+	e := setup(t)
+	p := &rowsProjector{name: "rows"}
+	want := bodies(230, "m")
+	e.publish(t, want[:100]...)
+	stop := start(t, e, p, runnerConfig())
+	e.publish(t, want[100:]...)
+	waitFor(t, "230 rows", func() bool { return len(e.rows(t, "rows")) == 230 })
+	stop()
+	got := e.rows(t, "rows")
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("row %d = %q, want %q", i, got[i], want[i])
+		}
+	}
+	if pos := e.position(t, "rows"); pos != 230 {
+		t.Fatalf("position %d, want 230", pos)
+	}
+	// Everything is acked: nothing pending for the consumer.
+	c, err := e.js.Consumer(context.Background(), streams.StreamBES, "rows")
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NumAckPending != 0 || info.NumPending != 0 {
+		t.Fatalf("consumer has %d unacked, %d pending", info.NumAckPending, info.NumPending)
+	}
+}
+
+// A batch committed but never acked (the process died between commit and
+// ack) is not applied twice by the next runner.
+func TestRunnerCommittedButUnackedIsNotAppliedTwice(t *testing.T) {
+	e := setup(t)
+	e.publish(t, bodies(40, "a")...)
+	// Commit rows 1..40 and the position as a runner would, without acking.
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i <= 40; i++ {
+		tx.Exec(ctx, "insert into runner_rows values ('rows', $1, $2)", i, "a"+strconv.Itoa(i-1))
+	}
+	tx.Exec(ctx, "insert into consumer_positions (consumer, stream, stream_seq) values ('rows', 'BES', 40)")
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A stale durable consumer with everything delivered and unacked.
+	cons, err := e.js.CreateOrUpdateConsumer(ctx, streams.StreamBES, streams.ConsumerSpec("rows", streams.BESSubjects, 50, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := cons.Fetch(40, jetstream.FetchMaxWait(time.Second))
+	for range b.Messages() {
+	}
+	e.publish(t, bodies(10, "b")...)
+	p := &rowsProjector{name: "rows"}
+	start(t, e, p, runnerConfig())
+	waitFor(t, "50 rows", func() bool { return len(e.rows(t, "rows")) == 50 })
+	waitFor(t, "position 50", func() bool { return e.position(t, "rows") == 50 })
+}
+
+func TestRunnerPoisonGoesToDeadLetters(t *testing.T) {
+	e := setup(t)
+	e.publish(t, "ok1", "poison", "ok2", "bad", "ok3")
+	start(t, e, &rowsProjector{name: "rows"}, runnerConfig())
+	waitFor(t, "3 rows", func() bool { return len(e.rows(t, "rows")) == 3 })
+	waitFor(t, "position 5", func() bool { return e.position(t, "rows") == 5 })
+	if got := e.rows(t, "rows"); fmt.Sprint(got) != "[ok1 ok2 ok3]" {
+		t.Fatalf("rows %v", got)
+	}
+	ctx := context.Background()
+	dead, err := e.js.Stream(ctx, streams.StreamDead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "2 dead letters", func() bool {
+		info, _ := dead.Info(ctx)
+		return info != nil && info.State.Msgs == 2
+	})
+	for seq, want := range map[uint64]string{1: "poison", 2: "bad"} {
+		m, err := dead.GetMsg(ctx, seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(m.Data) != want || m.Subject != streams.DeadSubject("rows") {
+			t.Fatalf("dead letter %d: %s %q", seq, m.Subject, m.Data)
+		}
+		if m.Header.Get(envelope.Reason) == "" || m.Header.Get(envelope.Origin) == "" {
+			t.Fatalf("dead letter %d lacks reason or origin: %v", seq, m.Header)
+		}
+	}
+}
+
+func TestRunnerRetriesTransientErrorsInOrder(t *testing.T) {
+	e := setup(t)
+	p := &rowsProjector{name: "rows"}
+	p.flaky.Store(3)
+	e.publish(t, "x1", "flaky", "x2")
+	start(t, e, p, runnerConfig())
+	waitFor(t, "3 rows", func() bool { return len(e.rows(t, "rows")) == 3 })
+	if got := e.rows(t, "rows"); fmt.Sprint(got) != "[x1 flaky x2]" {
+		t.Fatalf("rows %v", got)
+	}
+	if n := p.applies.Load(); n < 4 {
+		t.Fatalf("applied %d times, want at least 4 (3 failures, then success)", n)
+	}
+}
+
+// Two runners of one projector: one applies, the other stands by and takes
+// over when the first stops; nothing is lost or applied twice.
+func TestRunnerStandbyTakesOver(t *testing.T) {
+	e := setup(t)
+	p1 := &rowsProjector{name: "rows"}
+	p2 := &rowsProjector{name: "rows"}
+	stop1 := start(t, e, p1, runnerConfig())
+	e.publish(t, bodies(100, "a")...)
+	waitFor(t, "100 rows", func() bool { return len(e.rows(t, "rows")) == 100 })
+	start(t, e, p2, runnerConfig())
+	e.publish(t, bodies(50, "b")...)
+	waitFor(t, "150 rows", func() bool { return len(e.rows(t, "rows")) == 150 })
+	if p2.applies.Load() != 0 {
+		t.Fatal("the standby applied while the leader ran")
+	}
+	stop1()
+	e.publish(t, bodies(50, "c")...)
+	waitFor(t, "200 rows", func() bool { return len(e.rows(t, "rows")) == 200 })
+	if p2.applies.Load() == 0 {
+		t.Fatal("the standby never took over")
+	}
+}
+
+// A runner stopped mid-batch (its transaction rolled back) loses nothing.
+func TestRunnerStoppedMidBatch(t *testing.T) {
+	e := setup(t)
+	e.publish(t, bodies(300, "m")...)
+	p := &rowsProjector{name: "rows", slowdown: 30 * time.Millisecond}
+	stop := start(t, e, p, runnerConfig())
+	waitFor(t, "some rows", func() bool { return len(e.rows(t, "rows")) > 0 })
+	stop()
+	p2 := &rowsProjector{name: "rows"}
+	start(t, e, p2, runnerConfig())
+	waitFor(t, "300 rows", func() bool { return len(e.rows(t, "rows")) == 300 })
+}
+
+func TestReplayRebuilds(t *testing.T) {
+	e := setup(t)
+	e.publish(t, bodies(120, "r")...)
+	stop := start(t, e, &rowsProjector{name: "rows"}, runnerConfig())
+	waitFor(t, "120 rows", func() bool { return len(e.rows(t, "rows")) == 120 })
+	// Replay refuses while the projector runs.
+	r := streams.NewRunner(e.js, e.pool, &rowsProjector{name: "rows"}, runnerConfig(), nil)
+	if err := r.Replay(context.Background()); !errors.Is(err, streams.ErrLocked) {
+		t.Fatalf("replay beside a running projector: %v, want ErrLocked", err)
+	}
+	stop()
+	e.pool.Exec(context.Background(), "update runner_rows set body = 'tampered'")
+	p := &rowsProjector{name: "rows"}
+	if err := streams.NewRunner(e.js, e.pool, p, runnerConfig(), nil).Replay(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if p.resets.Load() != 1 {
+		t.Fatal("replay did not reset the projection")
+	}
+	got := e.rows(t, "rows")
+	if len(got) != 120 || got[0] != "r0" || got[119] != "r119" {
+		t.Fatalf("after replay: %d rows, first %q", len(got), got[0])
+	}
+	// The live projector carries on from the replay's position.
+	start(t, e, &rowsProjector{name: "rows"}, runnerConfig())
+	e.publish(t, "after")
+	waitFor(t, "121 rows", func() bool { return len(e.rows(t, "rows")) == 121 })
+}

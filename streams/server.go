@@ -1,0 +1,151 @@
+package streams
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StartEmbedded runs a JetStream server in this process with its file store
+// under c.DataDir. It returns once the server accepts connections.
+func StartEmbedded(c Config) (*server.Server, error) {
+	c = c.WithDefaults()
+	host, portStr, err := net.SplitHostPort(c.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("nats listen address %q: %w", c.Listen, err)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, fmt.Errorf("nats listen port %q: %w", portStr, err)
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	dir, err := filepath.Abs(c.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	opts := &server.Options{
+		ServerName:   "millrace-embedded",
+		Host:         host,
+		Port:         port,
+		JetStream:    true,
+		StoreDir:     dir,
+		SyncInterval: c.SyncInterval,
+		SyncAlways:   c.SyncAlways,
+		MaxPayload:   c.MaxPayload,
+		NoSigs:       true,
+		NoLog:        true,
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("embedded nats did not start listening on %s (is the port taken?)", c.Listen)
+	}
+	return ns, nil
+}
+
+// Connect dials url with reconnects that never give up: a projector or an
+// edge outlives a restart of the backbone.
+func Connect(url, name string) (*nats.Conn, error) {
+	nc, err := nats.Connect(url,
+		nats.Name(name),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.RetryOnFailedConnect(false),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("connect to nats at %s: %w", url, err)
+	}
+	return nc, nil
+}
+
+// Backbone is a connection to JetStream with the streams applied.
+type Backbone struct {
+	Conn      *nats.Conn
+	JS        jetstream.JetStream
+	URL       string
+	server    *server.Server
+	publisher *Publisher
+	closeOnce sync.Once
+}
+
+// Open starts the embedded server when c.URL is empty (or connects to
+// c.URL), and applies the stream specs.
+func Open(ctx context.Context, c Config, name string, m *Metrics) (*Backbone, error) {
+	c = c.WithDefaults()
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	b := &Backbone{URL: c.URL}
+	if c.URL == "" {
+		ns, err := StartEmbedded(c)
+		if err != nil {
+			return nil, err
+		}
+		b.server = ns
+		b.URL = ns.ClientURL()
+	}
+	nc, err := Connect(b.URL, name)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	b.Conn = nc
+	b.JS, err = jetstream.New(nc,
+		jetstream.WithPublishAsyncMaxPending(DefaultMaxPending),
+		jetstream.WithPublishAsyncTimeout(30*time.Second),
+	)
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	if err := Apply(ctx, b.JS, StreamSpecs(c)); err != nil {
+		b.Close()
+		return nil, err
+	}
+	b.publisher = NewPublisher(b.JS, m)
+	return b, nil
+}
+
+// Publisher is the backbone's shared asynchronous publisher.
+func (b *Backbone) Publisher() *Publisher { return b.publisher }
+
+// Embedded is the in-process server, or nil for an external one.
+func (b *Backbone) Embedded() *server.Server { return b.server }
+
+// Close flushes what is in flight, closes the connection and stops the
+// embedded server.
+func (b *Backbone) Close() { b.closeOnce.Do(b.close) }
+
+func (b *Backbone) close() {
+	if b.JS != nil {
+		select {
+		case <-b.JS.PublishAsyncComplete():
+		case <-time.After(10 * time.Second):
+		}
+	}
+	if b.Conn != nil {
+		b.Conn.Drain()
+		for b.Conn.IsDraining() {
+			time.Sleep(10 * time.Millisecond)
+		}
+		b.Conn.Close()
+	}
+	if b.server != nil {
+		b.server.Shutdown()
+		b.server.WaitForShutdown()
+	}
+}

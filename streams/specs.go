@@ -1,0 +1,75 @@
+package streams
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// StreamSpecs are the streams millrace needs; Apply creates or updates them.
+func StreamSpecs(c Config) []jetstream.StreamConfig {
+	c = c.WithDefaults()
+	return []jetstream.StreamConfig{
+		{
+			Name:        StreamBES,
+			Description: "Bazel build events, one message per event, subject bes.<project>.<invocation>",
+			Subjects:    []string{BESSubjects},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    c.Replicas,
+			MaxAge:      c.BESMaxAge,
+			MaxBytes:    orUnlimited(c.BESMaxBytes),
+			MaxMsgSize:  c.MaxPayload,
+			Discard:     jetstream.DiscardOld,
+			Duplicates:  c.DuplicateWindow,
+		},
+		{
+			Name:        StreamDead,
+			Description: "Messages a projector could not apply, with the reason in Millrace-Dead-Reason",
+			Subjects:    []string{deadPrefix + ">"},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    c.Replicas,
+			MaxAge:      c.DeadMaxAge,
+			Discard:     jetstream.DiscardOld,
+			Duplicates:  c.DuplicateWindow,
+		},
+	}
+}
+
+func orUnlimited(n int64) int64 {
+	if n <= 0 {
+		return -1
+	}
+	return n
+}
+
+// Apply creates each stream or updates it to the spec. It is idempotent and
+// safe to run from every process at start.
+func Apply(ctx context.Context, js jetstream.JetStream, specs []jetstream.StreamConfig) error {
+	for _, spec := range specs {
+		if _, err := js.CreateOrUpdateStream(ctx, spec); err != nil {
+			return fmt.Errorf("apply stream %s: %w", spec.Name, err)
+		}
+	}
+	return nil
+}
+
+// ConsumerSpec is the durable pull consumer a projector reads through.
+// AckAll lets the runner ack a whole batch with one ack of its last message;
+// MaxAckPending stays well above the batch size.
+func ConsumerSpec(name, filter string, batch int, ackWait time.Duration) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "millrace projector " + name,
+		FilterSubject: filter,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckAllPolicy,
+		AckWait:       ackWait,
+		MaxDeliver:    -1,
+		MaxAckPending: max(4*batch, 10000),
+		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+	}
+}
