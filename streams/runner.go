@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -408,7 +409,7 @@ func (r *Runner) commit(ctx context.Context, msgs []*message, upTo uint64) (int,
 			}
 		}
 		if len(batch) > 0 {
-			if err := r.p.Apply(ctx, tx, batch); err != nil {
+			if err := r.apply(ctx, tx, batch); err != nil {
 				return err
 			}
 		}
@@ -443,6 +444,24 @@ func (r *Runner) commit(ctx context.Context, msgs []*message, upTo uint64) (int,
 	}
 	return applied, nil
 }
+
+// apply calls the projector, turning a panic into a permanent error so
+// that the message behind it is isolated and parked rather than taking the
+// process down (and with it, again and again, every process that tries).
+func (r *Runner) apply(ctx context.Context, tx pgx.Tx, batch []projection.Message) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			r.log.Error("projector panicked", "panic", v, "stack", string(debug.Stack()))
+			err = &PanicError{Value: v}
+		}
+	}()
+	return r.p.Apply(ctx, tx, batch)
+}
+
+// PanicError is a projector's panic, recovered by the runner.
+type PanicError struct{ Value any }
+
+func (e *PanicError) Error() string { return fmt.Sprintf("projector panicked: %v", e.Value) }
 
 func (r *Runner) inTx(ctx context.Context, f func(pgx.Tx) error) error {
 	if r.conn == nil {

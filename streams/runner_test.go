@@ -363,3 +363,28 @@ func TestReplayRebuilds(t *testing.T) {
 	e.publish(t, "after")
 	waitFor(t, "121 rows", func() bool { return len(e.rows(t, "rows")) == 121 })
 }
+
+type panicky struct{ rowsProjector }
+
+func (p *panicky) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Message) error {
+	for _, m := range batch {
+		if string(m.Data()) == "panic" {
+			panic("decoder bug")
+		}
+	}
+	return p.rowsProjector.Apply(ctx, tx, batch)
+}
+
+// A projector that panics on one message parks that message and goes on.
+func TestRunnerSurvivesProjectorPanic(t *testing.T) {
+	e := setup(t)
+	e.publish(t, "a", "panic", "b")
+	start(t, e, &panicky{rowsProjector{name: "rows"}}, runnerConfig())
+	waitFor(t, "2 rows", func() bool { return len(e.rows(t, "rows")) == 2 })
+	waitFor(t, "position 3", func() bool { return e.position(t, "rows") == 3 })
+	dead, _ := e.js.Stream(context.Background(), streams.StreamDead)
+	waitFor(t, "1 dead letter", func() bool {
+		info, _ := dead.Info(context.Background())
+		return info != nil && info.State.Msgs == 1
+	})
+}

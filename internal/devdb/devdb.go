@@ -85,6 +85,22 @@ func version(dir string) int {
 	return n
 }
 
+// StartPrivate starts (creating it if needed) a private cluster under
+// dataDir, whatever else runs on this machine; tests use it for a server
+// they may stop and start.
+func StartPrivate(ctx context.Context, dataDir string) (*Server, error) {
+	return startPrivate(ctx, dataDir)
+}
+
+// Start starts a private cluster again after Stop.
+func (s *Server) Start(ctx context.Context) error {
+	if !s.Private {
+		return errors.New("devdb: not a private cluster")
+	}
+	_, err := startPrivate(ctx, s.dataDir)
+	return err
+}
+
 func startPrivate(ctx context.Context, dataDir string) (*Server, error) {
 	bin, err := binDir()
 	if err != nil {
@@ -114,7 +130,7 @@ func startPrivate(ctx context.Context, dataDir string) (*Server, error) {
 		if err := os.MkdirAll(dataDir, 0o700); err != nil {
 			return nil, err
 		}
-		if err := s.chown(filepath.Dir(dataDir)); err != nil {
+		if err := s.chown(dataDir); err != nil {
 			return nil, err
 		}
 		if err := s.run(ctx, filepath.Join(bin, "initdb"), "-D", dataDir, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync"); err != nil {
@@ -156,9 +172,16 @@ func (s *Server) port() (int, error) {
 	return p, os.WriteFile(portFile, []byte(strconv.Itoa(p)), 0o644)
 }
 
+// chown gives dir to the user PostgreSQL runs as, and lets that user
+// traverse the directories above it (a test's temporary directory is 0700).
 func (s *Server) chown(dir string) error {
 	if s.runAs == "" {
 		return nil
+	}
+	for d := filepath.Dir(dir); d != "/" && d != "."; d = filepath.Dir(d) {
+		if fi, err := os.Stat(d); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			os.Chmod(d, fi.Mode().Perm()|0o011)
+		}
 	}
 	u, err := user.Lookup(s.runAs)
 	if err != nil {

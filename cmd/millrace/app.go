@@ -1,0 +1,200 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+
+	"github.com/millrace/millrace/internal/devdb"
+	"github.com/millrace/millrace/migrations"
+	"github.com/millrace/millrace/services/bes"
+	"github.com/millrace/millrace/streams"
+)
+
+// devDatabase is the database the development defaults create and use.
+const devDatabase = "millrace"
+
+// databaseURL returns DATABASE_URL, or the development default: database
+// "millrace" on the server devdb finds (created when missing).
+func databaseURL(ctx context.Context, o dbOptions, log *slog.Logger) (string, error) {
+	if o.url != "" {
+		return o.url, nil
+	}
+	srv, err := devdb.Find(ctx, o.dir)
+	if err != nil {
+		return "", fmt.Errorf("no DATABASE_URL and no development database: %w", err)
+	}
+	if srv.Private {
+		log.Info("using the private PostgreSQL cluster", "dir", srv.DataDir())
+	}
+	conn, err := pgx.Connect(ctx, srv.URL)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var exists bool
+	if err := conn.QueryRow(ctx, "select exists (select 1 from pg_database where datname = $1)", devDatabase).Scan(&exists); err != nil {
+		return "", err
+	}
+	if !exists {
+		if _, err := conn.Exec(ctx, "create database "+devDatabase); err != nil {
+			var again bool // another process may have created it meanwhile
+			if conn.QueryRow(ctx, "select exists (select 1 from pg_database where datname = $1)", devDatabase).Scan(&again); !again {
+				return "", fmt.Errorf("create database %s: %w", devDatabase, err)
+			}
+		}
+	}
+	return devdb.WithDatabase(srv.URL, devDatabase)
+}
+
+// openPool connects to the database and, when migrate is set, brings its
+// schema up to date first.
+func openPool(ctx context.Context, o dbOptions, migrate bool, log *slog.Logger) (*pgxpool.Pool, error) {
+	url, err := databaseURL(ctx, o, log)
+	if err != nil {
+		return nil, err
+	}
+	if migrate {
+		from, to, err := migrations.ApplyURL(ctx, url)
+		if err != nil {
+			return nil, err
+		}
+		if from != to {
+			log.Info("migrated the database", "from", from, "to", to)
+		}
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database URL: %w", err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	return pool, nil
+}
+
+// telemetry is the process's metrics registry and the backbone's metrics.
+type telemetry struct {
+	reg *prometheus.Registry
+	sm  *streams.Metrics
+}
+
+func newTelemetry() *telemetry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &telemetry{reg: reg, sm: streams.NewMetrics(reg)}
+}
+
+// besEdge is a running BES gRPC server.
+type besEdge struct {
+	grpc *grpc.Server
+	addr net.Addr
+	done chan error
+}
+
+// startBES listens on o.listen and serves the BES edge on bb.
+func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *telemetry, log *slog.Logger) (*besEdge, error) {
+	cfg, err := o.config()
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(bb.Conn.MaxPayload()); err != nil {
+		return nil, err
+	}
+	stream, err := bb.JS.Stream(ctx, streams.StreamBES)
+	if err != nil {
+		return nil, fmt.Errorf("BES stream: %w", err)
+	}
+	srv := bes.New(cfg, bb.Publisher(), stream, bes.NewMetrics(t.reg), log.With("service", "bes"))
+	g := grpc.NewServer(srv.ServerOptions()...)
+	srv.Register(g)
+	lis, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return nil, fmt.Errorf("BES listen: %w", err)
+	}
+	e := &besEdge{grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
+	go func() { e.done <- g.Serve(lis) }()
+	log.Info("BES edge serving", "addr", lis.Addr().String(), "api_keys", cfg.Keys.Len())
+	return e, nil
+}
+
+// stop stops accepting streams and lets open ones finish (their acks
+// drain) until ctx ends, then cuts them.
+func (e *besEdge) stop(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { e.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		e.grpc.Stop()
+		<-done
+	}
+}
+
+// httpServer serves /metrics, /healthz, /readyz and the console.
+type httpServer struct {
+	srv  *http.Server
+	addr net.Addr
+}
+
+func startHTTP(addr string, t *telemetry, ready func(context.Context) error, mux *http.ServeMux, log *slog.Logger) (*httpServer, error) {
+	if mux == nil {
+		mux = http.NewServeMux()
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(t.reg, promhttp.HandlerOpts{Registry: t.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := ready(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("HTTP listen: %w", err)
+	}
+	s := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := s.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("HTTP server stopped", "err", err)
+		}
+	}()
+	log.Info("HTTP serving", "addr", lis.Addr().String())
+	return &httpServer{srv: s, addr: lis.Addr()}, nil
+}
+
+func (h *httpServer) stop(ctx context.Context) { h.srv.Shutdown(ctx) }
+
+// readiness reports whether the backbone and (if given) the database answer.
+func readiness(bb *streams.Backbone, pool func() *pgxpool.Pool) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if !bb.Conn.IsConnected() {
+			return errors.New("backbone disconnected")
+		}
+		if pool != nil {
+			p := pool()
+			if p == nil {
+				return errors.New("database not connected yet")
+			}
+			if err := p.Ping(ctx); err != nil {
+				return fmt.Errorf("database: %w", err)
+			}
+		}
+		return nil
+	}
+}

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/streams"
+)
+
+func devCommand() command {
+	return command{
+		name:    "dev",
+		summary: "run the whole system in one process on embedded defaults",
+		long: `Starts an embedded JetStream server (or uses $MILLRACE_NATS_URL), finds or starts
+PostgreSQL (or uses $DATABASE_URL), applies migrations, and runs the BES edge,
+the builds projector and the HTTP console (/metrics, /healthz, /readyz).
+Point Bazel at it with: bazel build --bes_backend=grpc://127.0.0.1:1985 //...`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var o devOptions
+			o.register(fs)
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"dev takes no arguments"}
+				}
+				return runDev(ctx, o)
+			}
+		},
+	}
+}
+
+type devOptions struct {
+	log       logOptions
+	nats      natsOptions
+	db        dbOptions
+	bes       besOptions
+	projector projectorOptions
+	http      string
+	shutdown  time.Duration
+}
+
+func (o *devOptions) register(fs *flag.FlagSet) {
+	o.log.register(fs)
+	o.nats.register(fs)
+	o.db.register(fs)
+	o.bes.register(fs)
+	o.projector.register(fs)
+	envString(fs, &o.http, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
+	envDuration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
+}
+
+func runDev(ctx context.Context, o devOptions) error {
+	log, err := o.log.logger()
+	if err != nil {
+		return err
+	}
+	natsCfg, err := o.nats.config()
+	if err != nil {
+		return err
+	}
+	t := newTelemetry()
+	start := time.Now()
+
+	// The edge comes first: Bazel's retries span about 9 s, so a restarted
+	// edge must serve again within seconds, whatever the database is doing.
+	bb, err := streams.Open(ctx, natsCfg, "millrace-dev", t.sm)
+	if err != nil {
+		return err
+	}
+	defer bb.Close()
+	edge, err := startBES(ctx, o.bes, bb, t, log)
+	if err != nil {
+		return err
+	}
+	log.Info("accepting build events", "after", time.Since(start).Round(time.Millisecond))
+
+	var pool atomic.Pointer[pgxpool.Pool]
+	mux := http.NewServeMux()
+	registerConsole(mux, pool.Load)
+	web, err := startHTTP(o.http, t, readiness(bb, pool.Load), mux, log)
+	if err != nil {
+		edge.stop(ctx)
+		return err
+	}
+
+	projCtx, stopProjector := context.WithCancel(context.WithoutCancel(ctx))
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		p := connectWithRetry(projCtx, o.db, log)
+		if p == nil {
+			return
+		}
+		pool.Store(p)
+		runner := streams.NewRunner(bb.JS, p, builds.New(builds.Config{AbandonAfter: o.projector.abandonAfter}),
+			withLogger(o.projector.runnerConfig(), log), t.sm)
+		runner.Run(projCtx)
+	}()
+
+	select {
+	case <-ctx.Done():
+	case err := <-edge.done:
+		log.Error("BES edge stopped", "err", err)
+	}
+	log.Info("shutting down")
+	sctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
+	defer cancel()
+	edge.stop(sctx) // stop accepting; open streams drain their acks
+	stopProjector() // the runner finishes or rolls back its batch
+	wg.Wait()
+	bb.Close() // flush publishes, stop the embedded server
+	if p := pool.Load(); p != nil {
+		p.Close()
+	}
+	web.stop(sctx)
+	return nil
+}
+
+func withLogger(c streams.RunnerConfig, log *slog.Logger) streams.RunnerConfig {
+	c.Logger = log.With("component", "projector")
+	return c
+}
+
+// connectWithRetry opens the pool (applying migrations), retrying while the
+// database is away; it returns nil when ctx ends first.
+func connectWithRetry(ctx context.Context, o dbOptions, log *slog.Logger) *pgxpool.Pool {
+	for {
+		p, err := openPool(ctx, o, true, log)
+		if err == nil {
+			return p
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		log.Warn("database not available; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(2 * time.Second):
+		}
+	}
+}

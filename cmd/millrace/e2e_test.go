@@ -1,0 +1,421 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/loadtest/bazelws"
+	"github.com/millrace/millrace/projectors/builds"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.DropTemplate()
+	os.Exit(code)
+}
+
+var (
+	binOnce sync.Once
+	binPath string
+	binErr  error
+)
+
+// binary builds the millrace command once per test run: the end-to-end
+// tests run it as a separate process so that they can kill it.
+func binary(t *testing.T) string {
+	t.Helper()
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "millrace-bin-")
+		if err != nil {
+			binErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "millrace")
+		out, err := exec.Command("go", "build", "-o", binPath, ".").CombinedOutput()
+		if err != nil {
+			binErr = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binErr != nil {
+		t.Fatal(binErr)
+	}
+	return binPath
+}
+
+func freePort(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// devProcess is `millrace dev` running in its own process.
+type devProcess struct {
+	t       *testing.T
+	env     []string
+	besAddr string
+	cmd     *exec.Cmd
+	log     *bytes.Buffer
+	mu      sync.Mutex
+}
+
+// newDev prepares a dev process with its own NATS store, ports and database.
+func newDev(t *testing.T, databaseURL string) *devProcess {
+	dir := t.TempDir()
+	d := &devProcess{t: t, besAddr: freePort(t)}
+	d.env = append(os.Environ(),
+		"DATABASE_URL="+databaseURL,
+		"MILLRACE_NATS_DIR="+filepath.Join(dir, "nats"),
+		"MILLRACE_NATS_LISTEN="+freePort(t),
+		"MILLRACE_BES_LISTEN="+d.besAddr,
+		"MILLRACE_HTTP_LISTEN=127.0.0.1:0",
+		"MILLRACE_BUILDS_MAX_WAIT=50ms",
+		"MILLRACE_BUILDS_ACK_WAIT=5s",
+		"MILLRACE_LOG_LEVEL=debug",
+	)
+	t.Cleanup(d.kill)
+	return d
+}
+
+// start runs the process and waits until the BES port accepts connections.
+func (d *devProcess) start() time.Duration {
+	d.t.Helper()
+	d.mu.Lock()
+	d.cmd = exec.Command(binary(d.t), "dev")
+	d.cmd.Env = d.env
+	d.log = &bytes.Buffer{}
+	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
+	d.mu.Unlock()
+	begin := time.Now()
+	if err := d.cmd.Start(); err != nil {
+		d.t.Fatal(err)
+	}
+	for {
+		c, err := net.DialTimeout("tcp", d.besAddr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return time.Since(begin)
+		}
+		if time.Since(begin) > 30*time.Second {
+			d.t.Fatalf("millrace dev did not listen on %s:\n%s", d.besAddr, d.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (d *devProcess) output() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.log == nil {
+		return ""
+	}
+	return d.log.String()
+}
+
+// kill ends the process with SIGKILL, as a crash would.
+func (d *devProcess) kill() {
+	d.mu.Lock()
+	cmd := d.cmd
+	d.cmd = nil
+	d.mu.Unlock()
+	if cmd != nil && cmd.Process != nil {
+		cmd.Process.Signal(syscall.SIGKILL)
+		cmd.Wait()
+	}
+}
+
+// stop ends the process with SIGTERM and expects a clean exit.
+func (d *devProcess) stop() {
+	d.t.Helper()
+	d.mu.Lock()
+	cmd := d.cmd
+	d.cmd = nil
+	d.mu.Unlock()
+	cmd.Process.Signal(syscall.SIGTERM)
+	if err := cmd.Wait(); err != nil {
+		d.t.Errorf("millrace dev exited with %v after SIGTERM:\n%s", err, d.output())
+	}
+}
+
+func needBazel(t *testing.T) {
+	t.Helper()
+	if _, err := exec.LookPath("bazel"); err != nil {
+		t.Skip("SKIPPED: NO BAZEL ON PATH -- the end-to-end tests with the real Bazel client did not run. " +
+			"Install it with `apt-get install bazel-bootstrap` (make test does so as root).")
+	}
+	if testing.Short() {
+		t.Skip("SKIPPED in -short mode: runs the real Bazel")
+	}
+}
+
+// bazelRun is one Bazel invocation on a generated workspace.
+type bazelRun struct {
+	exp          *bazelws.Expected
+	opt          bazelws.RunOptions
+	invocationID string
+}
+
+func newBazelRun(t *testing.T, targets int, besAddr string) *bazelRun {
+	t.Helper()
+	dir := t.TempDir()
+	exp, err := bazelws.Generate(dir, bazelws.Options{Targets: targets, Seed: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := fmt.Sprintf("%08x-0000-4000-8000-%012x", time.Now().UnixNano()&0xffffffff, time.Now().UnixNano()&0xffffffffffff)
+	r := &bazelRun{exp: exp, invocationID: inv, opt: bazelws.RunOptions{
+		Dir:          dir,
+		BESBackend:   besAddr,
+		ProjectID:    "e2e",
+		InvocationID: inv,
+		JSONFile:     filepath.Join(dir, "bep.json"),
+	}}
+	t.Cleanup(func() { makeWritable(dir) })
+	return r
+}
+
+func makeWritable(dir string) {
+	filepath.WalkDir(dir, func(p string, de os.DirEntry, err error) error {
+		if err == nil && de.IsDir() {
+			os.Chmod(p, 0o755)
+		}
+		return nil
+	})
+}
+
+// start runs Bazel in the background; wait returns its exit code and output.
+func (r *bazelRun) start(t *testing.T) (wait func() (int, string)) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	cmd, err := bazelws.Command(ctx, r.opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return func() (int, string) {
+		defer cancel()
+		err := cmd.Wait()
+		var ee *exec.ExitError
+		if err != nil && !errors.As(err, &ee) {
+			t.Fatalf("bazel: %v\n%s", err, out.String())
+		}
+		return cmd.ProcessState.ExitCode(), out.String()
+	}
+}
+
+// showJSON runs `millrace builds show <id> --json` once the build is no
+// longer running, and decodes what it prints.
+func showJSON(t *testing.T, databaseURL, id string) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		cmd := exec.Command(binary(t), "builds", "show", id, "--json")
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+databaseURL)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		if err == nil {
+			var b map[string]any
+			if err := json.Unmarshal(stdout.Bytes(), &b); err != nil {
+				t.Fatalf("builds show printed no JSON: %v\n%s", err, stdout.String())
+			}
+			if b["status"] != "running" {
+				return b
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("build %s not projected as finished: %v\n%s%s", id, err, stdout.String(), stderr.String())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// compare checks the projection of one build against the JSON file Bazel
+// wrote in the same run: exit code, every target, every test status.
+func compare(t *testing.T, got map[string]any, s *bazelws.JSONSummary) {
+	t.Helper()
+	if id, _ := got["id"].(string); id != s.InvocationID {
+		t.Errorf("projected id %q, Bazel's %q", id, s.InvocationID)
+	}
+	if code, _ := got["exit_code"].(float64); int(code) != s.ExitCode {
+		t.Errorf("projected exit code %v, Bazel's %d", got["exit_code"], s.ExitCode)
+	}
+	if name, _ := got["exit_code_name"].(string); name != s.ExitCodeName {
+		t.Errorf("projected exit code name %q, Bazel's %q", name, s.ExitCodeName)
+	}
+	wantStatus := "succeeded"
+	if s.ExitCode != 0 {
+		wantStatus = "failed"
+	}
+	if got["status"] != wantStatus {
+		t.Errorf("projected status %v, want %s", got["status"], wantStatus)
+	}
+	targets := map[string]bool{}
+	for _, x := range asList(got["targets"]) {
+		m := x.(map[string]any)
+		if success, ok := m["success"].(bool); ok {
+			targets[m["label"].(string)] = success
+		}
+	}
+	tests := map[string]string{}
+	for _, x := range asList(got["tests"]) {
+		m := x.(map[string]any)
+		tests[m["label"].(string)] = m["status"].(string)
+	}
+	if d := diff(s.Targets, targets); d != "" {
+		t.Errorf("targets differ from Bazel's JSON (-bazel +projection):\n%s", d)
+	}
+	if d := diff(s.Tests, tests); d != "" {
+		t.Errorf("tests differ from Bazel's JSON (-bazel +projection):\n%s", d)
+	}
+}
+
+func asList(v any) []any {
+	l, _ := v.([]any)
+	return l
+}
+
+func diff[V comparable](want, got map[string]V) string {
+	var lines []string
+	for k, w := range want {
+		if g, ok := got[k]; !ok {
+			lines = append(lines, fmt.Sprintf("- %s: %v", k, w))
+		} else if g != w {
+			lines = append(lines, fmt.Sprintf("- %s: %v\n+ %s: %v", k, w, k, g))
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			lines = append(lines, fmt.Sprintf("+ %s: %v", k, g))
+		}
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
+}
+
+// TestBazelEndToEnd: the real Bazel builds and tests a generated workspace
+// with --bes_backend at millrace dev; the projection must agree with the
+// JSON file Bazel wrote in the same run.
+func TestBazelEndToEnd(t *testing.T) {
+	needBazel(t)
+	db := testenv.Database(t)
+	dev := newDev(t, db)
+	if d := dev.start(); d > 3*time.Second {
+		t.Errorf("millrace dev took %v to serve BES; Bazel's retries span about 9 s", d)
+	}
+	run := newBazelRun(t, 60, dev.besAddr)
+	code, out := run.start(t)()
+	wantCode, _ := run.exp.ExitCode("test")
+	if code != wantCode {
+		t.Fatalf("bazel exited %d, want %d\n%s\n--- millrace:\n%s", code, wantCode, out, dev.output())
+	}
+	summary, err := bazelws.ParseJSONFile(run.opt.JSONFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := showJSON(t, db, run.invocationID)
+	compare(t, got, summary)
+	checkCountedOnce(t, db, run.invocationID, summary)
+	dev.stop()
+}
+
+// TestBazelSurvivesEdgeKill: the edge is killed mid-build and restarted;
+// Bazel resumes its stream, the build ends as it would have, and the
+// projection is complete with nothing counted twice.
+func TestBazelSurvivesEdgeKill(t *testing.T) {
+	needBazel(t)
+	db := testenv.Database(t)
+	dev := newDev(t, db)
+	dev.start()
+	run := newBazelRun(t, 60, dev.besAddr)
+	wait := run.start(t)
+
+	// Kill once events are flowing for this invocation.
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var n int64
+		pool.QueryRow(context.Background(), "select coalesce(max(event_count), 0) from invocations where id = $1", run.invocationID).Scan(&n)
+		if n >= 20 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no events projected:\n%s", dev.output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	dev.kill()
+	if d := dev.start(); d > 3*time.Second {
+		t.Errorf("restarted millrace dev took %v to serve BES", d)
+	}
+	code, out := wait()
+	wantCode, _ := run.exp.ExitCode("test")
+	if code != wantCode {
+		t.Fatalf("bazel exited %d after the edge restart, want %d (38/45 mean the BES upload failed)\n%s\n--- millrace:\n%s",
+			code, wantCode, out, dev.output())
+	}
+	summary, err := bazelws.ParseJSONFile(run.opt.JSONFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compare(t, showJSON(t, db, run.invocationID), summary)
+	checkCountedOnce(t, db, run.invocationID, summary)
+	dev.stop()
+}
+
+// checkCountedOnce: the invocation's events are applied once each and the
+// build is counted once in the rollups.
+func checkCountedOnce(t *testing.T, db, id string, s *bazelws.JSONSummary) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b, err := builds.Show(ctx, pool, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events, rollupBuilds int64
+	if err := pool.QueryRow(ctx, "select event_count from invocations where id = $1", id).Scan(&events); err != nil {
+		t.Fatal(err)
+	}
+	// The stream carries each BEP event once plus ComponentStreamFinished.
+	if int(events) != s.Events+1 {
+		t.Errorf("projected %d tool events of invocation %s; Bazel's JSON file has %d BEP events (+1 stream end)", events, id, s.Events)
+	}
+	if err := pool.QueryRow(ctx, "select coalesce(sum(builds), 0) from hourly_rollups where project = $1", b.Project).Scan(&rollupBuilds); err != nil {
+		t.Fatal(err)
+	}
+	if rollupBuilds != 1 {
+		t.Errorf("hourly rollups count %d builds for project %s, want 1", rollupBuilds, b.Project)
+	}
+}

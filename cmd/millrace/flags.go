@@ -1,0 +1,204 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/millrace/millrace/services/bes"
+	"github.com/millrace/millrace/streams"
+)
+
+// Flags whose default comes from an environment variable: the command line
+// wins over the environment, the environment over the built-in default.
+
+func envString(fs *flag.FlagSet, p *string, name, env, def, help string) {
+	if v, ok := os.LookupEnv(env); ok {
+		def = v
+	}
+	fs.StringVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+func envInt(fs *flag.FlagSet, p *int, name, env string, def int, help string) {
+	if v, ok := os.LookupEnv(env); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			def = n
+		} else {
+			fmt.Fprintf(os.Stderr, "millrace: ignoring $%s=%q: not a number\n", env, v)
+		}
+	}
+	fs.IntVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+func envDuration(fs *flag.FlagSet, p *time.Duration, name, env string, def time.Duration, help string) {
+	if v, ok := os.LookupEnv(env); ok {
+		if d, err := time.ParseDuration(v); err == nil {
+			def = d
+		} else {
+			fmt.Fprintf(os.Stderr, "millrace: ignoring $%s=%q: not a duration\n", env, v)
+		}
+	}
+	fs.DurationVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+// logOptions configure the process's logger.
+type logOptions struct {
+	level, format string
+}
+
+func (o *logOptions) register(fs *flag.FlagSet) {
+	envString(fs, &o.level, "log-level", "MILLRACE_LOG_LEVEL", "info", "log level: debug, info, warn, error")
+	envString(fs, &o.format, "log-format", "MILLRACE_LOG_FORMAT", "text", "log format: text or json")
+}
+
+func (o *logOptions) logger() (*slog.Logger, error) {
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.level)); err != nil {
+		return nil, usageError{fmt.Sprintf("log level %q: want debug, info, warn or error", o.level)}
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	var h slog.Handler
+	switch o.format {
+	case "text":
+		h = slog.NewTextHandler(os.Stderr, opts)
+	case "json":
+		h = slog.NewJSONHandler(os.Stderr, opts)
+	default:
+		return nil, usageError{fmt.Sprintf("log format %q: want text or json", o.format)}
+	}
+	l := slog.New(h)
+	slog.SetDefault(l)
+	return l, nil
+}
+
+// natsOptions say where the backbone is.
+type natsOptions struct {
+	url, dir, listen, sync string
+	replicas               int
+	retentionDays          int
+	dupWindow              time.Duration
+	maxPayload             int
+}
+
+func (o *natsOptions) register(fs *flag.FlagSet) {
+	envString(fs, &o.url, "nats-url", "MILLRACE_NATS_URL", "", "NATS cluster to use; empty runs an embedded JetStream server")
+	envString(fs, &o.dir, "nats-dir", "MILLRACE_NATS_DIR", streams.DefaultDataDir, "embedded server: file store directory")
+	envString(fs, &o.listen, "nats-listen", "MILLRACE_NATS_LISTEN", streams.DefaultListen, "embedded server: client address")
+	envString(fs, &o.sync, "nats-sync", "MILLRACE_NATS_SYNC", "1s", "embedded server: fsync interval, or \"always\" to fsync every write")
+	envInt(fs, &o.replicas, "nats-replicas", "MILLRACE_NATS_REPLICAS", 1, "replicas per stream (3 on a production cluster)")
+	envInt(fs, &o.retentionDays, "retention-raw-days", "RETENTION_RAW_DAYS", 30, "days the BES stream keeps raw build events")
+	envDuration(fs, &o.dupWindow, "nats-duplicate-window", "MILLRACE_NATS_DUPLICATE_WINDOW", streams.DefaultDuplicateWindow, "how long a resent event is recognised as a duplicate")
+	envInt(fs, &o.maxPayload, "nats-max-payload", "MILLRACE_NATS_MAX_PAYLOAD", streams.DefaultMaxPayload, "embedded server: largest message in bytes")
+}
+
+func (o *natsOptions) config() (streams.Config, error) {
+	c := streams.Config{
+		URL:             o.url,
+		DataDir:         o.dir,
+		Listen:          o.listen,
+		Replicas:        o.replicas,
+		BESMaxAge:       time.Duration(o.retentionDays) * 24 * time.Hour,
+		DuplicateWindow: o.dupWindow,
+		MaxPayload:      int32(o.maxPayload),
+	}
+	if o.sync == "always" {
+		c.SyncAlways = true
+	} else {
+		d, err := time.ParseDuration(o.sync)
+		if err != nil || d <= 0 {
+			return c, usageError{fmt.Sprintf("nats sync %q: want a duration like 1s or \"always\"", o.sync)}
+		}
+		c.SyncInterval = d
+	}
+	if o.retentionDays <= 0 {
+		return c, usageError{"retention-raw-days must be at least 1"}
+	}
+	return c, c.Validate()
+}
+
+// dbOptions say where PostgreSQL is.
+type dbOptions struct {
+	url, dir string
+}
+
+func (o *dbOptions) register(fs *flag.FlagSet) {
+	envString(fs, &o.url, "database-url", "DATABASE_URL", "", "PostgreSQL URL; empty uses 127.0.0.1:5432 if it answers, else a private cluster in --pg-dir")
+	envString(fs, &o.dir, "pg-dir", "MILLRACE_PG_DIR", "var/pg", "data directory of the private development cluster")
+}
+
+// besOptions configure the BES edge.
+type besOptions struct {
+	listen, keys, keysFile                          string
+	maxEventBytes, maxStreams, perProject, inFlight int
+}
+
+func (o *besOptions) register(fs *flag.FlagSet) {
+	envString(fs, &o.listen, "bes-listen", "MILLRACE_BES_LISTEN", "127.0.0.1:1985", "BES gRPC address (bazel --bes_backend=grpc://ADDR)")
+	envString(fs, &o.keys, "bes-api-keys", "MILLRACE_BES_API_KEYS", "", "API keys as project=key,project=key; empty accepts any client")
+	envString(fs, &o.keysFile, "bes-api-keys-file", "MILLRACE_BES_API_KEYS_FILE", "", "file of project=key lines (added to --bes-api-keys)")
+	envInt(fs, &o.maxEventBytes, "bes-max-event-bytes", "MILLRACE_BES_MAX_EVENT_BYTES", bes.DefaultMaxEventBytes, "largest build event accepted")
+	envInt(fs, &o.maxStreams, "bes-max-streams", "MILLRACE_BES_MAX_STREAMS", bes.DefaultMaxStreams, "most build event streams open at once")
+	envInt(fs, &o.perProject, "bes-max-streams-per-project", "MILLRACE_BES_MAX_STREAMS_PER_PROJECT", 0, "most streams one project may hold open (0: half of --bes-max-streams)")
+	envInt(fs, &o.inFlight, "bes-max-in-flight", "MILLRACE_BES_MAX_IN_FLIGHT", bes.DefaultMaxInFlight, "events of one stream awaiting storage before the edge stops reading it")
+}
+
+func (o *besOptions) config() (bes.Config, error) {
+	text := o.keys
+	if o.keysFile != "" {
+		b, err := os.ReadFile(o.keysFile)
+		if err != nil {
+			return bes.Config{}, fmt.Errorf("API keys file: %w", err)
+		}
+		text += "\n" + string(b)
+	}
+	keys, err := bes.ParseKeys(text)
+	if err != nil {
+		return bes.Config{}, err
+	}
+	return bes.Config{
+		MaxEventBytes:        o.maxEventBytes,
+		MaxStreams:           o.maxStreams,
+		MaxStreamsPerProject: o.perProject,
+		MaxInFlight:          o.inFlight,
+		Keys:                 keys,
+	}, nil
+}
+
+// projectorOptions tune the builds projector's consumer.
+type projectorOptions struct {
+	batch        int
+	maxWait      time.Duration
+	ackWait      time.Duration
+	abandonAfter time.Duration
+}
+
+func (o *projectorOptions) register(fs *flag.FlagSet) {
+	envInt(fs, &o.batch, "builds-batch", "MILLRACE_BUILDS_BATCH", 1000, "most events applied in one transaction")
+	envDuration(fs, &o.maxWait, "builds-max-wait", "MILLRACE_BUILDS_MAX_WAIT", 250*time.Millisecond, "how long a fetch waits to fill a batch")
+	envDuration(fs, &o.ackWait, "builds-ack-wait", "MILLRACE_BUILDS_ACK_WAIT", 60*time.Second, "JetStream's redelivery timeout for unacknowledged events")
+	envDuration(fs, &o.abandonAfter, "builds-abandon-after", "MILLRACE_BUILDS_ABANDON_AFTER", 30*time.Minute, "a running build with no event for this long is marked abandoned")
+}
+
+func (o *projectorOptions) runnerConfig() streams.RunnerConfig {
+	return streams.RunnerConfig{
+		Stream:  streams.StreamBES,
+		Filter:  streams.BESSubjects,
+		Batch:   o.batch,
+		MaxWait: o.maxWait,
+		AckWait: o.ackWait,
+	}
+}
+
+func splitNonEmpty(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}

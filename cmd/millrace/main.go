@@ -1,0 +1,132 @@
+// Command millrace runs millrace's services and tools; each subcommand runs
+// one service or projector as its own process, and `millrace dev` runs them
+// all in one process on embedded defaults.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// command is one subcommand: its flags are parsed into its own config, then
+// run is called with a context that ends on SIGINT or SIGTERM.
+type command struct {
+	name    string
+	summary string
+	usage   string // arguments after the flags, for the help text
+	long    string
+	flags   func(fs *flag.FlagSet) func(ctx context.Context, args []string) error
+}
+
+var commands = []command{
+	devCommand(),
+	serveBESCommand(),
+	projectBuildsCommand(),
+	migrateCommand(),
+	streamsApplyCommand(),
+	streamsInfoCommand(),
+	replayBuildsCommand(),
+	buildsShowCommand(),
+	versionCommand(),
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run dispatches args to a subcommand and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		if len(args) > 1 {
+			return run(ctx, append(args[1:], "-h"), stdout, stderr)
+		}
+		usage(stdout)
+		return 0
+	}
+	cmd, rest, ok := find(args)
+	if !ok {
+		fmt.Fprintf(stderr, "millrace: unknown command %q\n\n", strings.Join(args, " "))
+		usage(stderr)
+		return 2
+	}
+	fs := flag.NewFlagSet("millrace "+cmd.name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	for _, a := range rest {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fs.SetOutput(stdout) // asked-for help goes to stdout
+		}
+	}
+	runFn := cmd.flags(fs)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: millrace %s [flags] %s\n\n%s\n", cmd.name, cmd.usage, cmd.summary)
+		if cmd.long != "" {
+			fmt.Fprintf(fs.Output(), "\n%s\n", cmd.long)
+		}
+		fmt.Fprintf(fs.Output(), "\nFlags (each also read from the environment variable shown):\n")
+		fs.PrintDefaults()
+	}
+	// Flags may come after arguments too (`builds show ID --json`).
+	var positional []string
+	for {
+		if err := fs.Parse(rest); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0 // the flag package printed the usage
+			}
+			return 2
+		}
+		rest = fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		positional, rest = append(positional, rest[0]), rest[1:]
+	}
+	if err := runFn(ctx, positional); err != nil {
+		var ue usageError
+		if errors.As(err, &ue) {
+			fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
+			fs.Usage()
+			return 2
+		}
+		fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
+		return 1
+	}
+	return 0
+}
+
+// usageError is a mistake in the command line rather than a failure.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+// find matches the longest command name ("streams apply") at the start of args.
+func find(args []string) (command, []string, bool) {
+	best, n := command{}, 0
+	for _, c := range commands {
+		words := strings.Fields(c.name)
+		if len(words) <= len(args) && len(words) > n && strings.Join(args[:len(words)], " ") == c.name {
+			best, n = c, len(words)
+		}
+	}
+	return best, args[n:], n > 0
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "millrace: an event-sourced pipeline for build and compute infrastructure.\n\nUsage: millrace <command> [flags]\n\nCommands:\n")
+	cs := append([]command(nil), commands...)
+	sort.SliceStable(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
+	for _, c := range cs {
+		fmt.Fprintf(w, "  %-16s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun `millrace <command> -h` for a command's flags.\n")
+}

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/streams"
+)
+
+func serveBESCommand() command {
+	return command{
+		name:    "serve bes",
+		summary: "run the Build Event Service edge (Bazel --bes_backend)",
+		long: `Serves google.devtools.build.v1.PublishBuildEvent and publishes every event to
+JetStream (bes.<project>.<invocation>); an event is acknowledged to Bazel only
+once stored. Several instances may run behind a balancer.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo       logOptions
+				no       natsOptions
+				bo       besOptions
+				httpAddr string
+				shutdown time.Duration
+			)
+			lo.register(fs)
+			no.register(fs)
+			bo.register(fs)
+			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8080", "HTTP address: /metrics, /healthz, /readyz")
+			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for open streams")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"serve bes takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				nc, err := no.config()
+				if err != nil {
+					return err
+				}
+				t := newTelemetry()
+				bb, err := streams.Open(ctx, nc, "millrace-bes", t.sm)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				edge, err := startBES(ctx, bo, bb, t, log)
+				if err != nil {
+					return err
+				}
+				web, err := startHTTP(httpAddr, t, readiness(bb, nil), nil, log)
+				if err != nil {
+					edge.stop(ctx)
+					return err
+				}
+				var serveErr error
+				select {
+				case <-ctx.Done():
+				case serveErr = <-edge.done:
+				}
+				sctx, cancel := context.WithTimeout(context.Background(), shutdown)
+				defer cancel()
+				edge.stop(sctx)
+				bb.Close()
+				web.stop(sctx)
+				return serveErr
+			}
+		},
+	}
+}
+
+func projectBuildsCommand() command {
+	return command{
+		name:    "project builds",
+		summary: "run the builds projector (BES stream -> PostgreSQL)",
+		long: `Consumes the BES stream into PostgreSQL: invocations, targets, tests, metrics,
+build output and hourly rollups. Several instances may run: one applies, the
+others stand by (a PostgreSQL advisory lock decides).`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo       logOptions
+				no       natsOptions
+				do       dbOptions
+				po       projectorOptions
+				httpAddr string
+			)
+			lo.register(fs)
+			no.register(fs)
+			do.register(fs)
+			po.register(fs)
+			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8081", "HTTP address: /metrics, /healthz, /readyz")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"project builds takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				nc, err := no.config()
+				if err != nil {
+					return err
+				}
+				t := newTelemetry()
+				bb, err := streams.Open(ctx, nc, "millrace-project-builds", t.sm)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				pool := connectWithRetry(ctx, do, log)
+				if pool == nil {
+					return ctx.Err()
+				}
+				defer pool.Close()
+				web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), nil, log)
+				if err != nil {
+					return err
+				}
+				defer web.stop(context.Background())
+				runner := streams.NewRunner(bb.JS, pool, builds.New(builds.Config{AbandonAfter: po.abandonAfter}),
+					withLogger(po.runnerConfig(), log), t.sm)
+				return runner.Run(ctx)
+			}
+		},
+	}
+}

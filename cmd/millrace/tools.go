@@ -1,0 +1,313 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/migrations"
+	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/streams"
+)
+
+func migrateCommand() command {
+	return command{
+		name:    "migrate",
+		summary: "apply the database migrations",
+		long:    "Brings the schema up to date. Safe to run from several processes at once (an advisory lock serialises them).",
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo logOptions
+				do dbOptions
+			)
+			lo.register(fs)
+			do.register(fs)
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"migrate takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				url, err := databaseURL(ctx, do, log)
+				if err != nil {
+					return err
+				}
+				from, to, err := migrations.ApplyURL(ctx, url)
+				if err != nil {
+					return err
+				}
+				fmt.Printf("schema version %d -> %d\n", from, to)
+				return nil
+			}
+		},
+	}
+}
+
+func streamsApplyCommand() command {
+	return command{
+		name:    "streams apply",
+		summary: "create or update the JetStream streams",
+		long:    "Applies the stream specs idempotently; every service also does this at start.",
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo logOptions
+				no natsOptions
+			)
+			lo.register(fs)
+			no.register(fs)
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"streams apply takes no arguments"}
+				}
+				if _, err := lo.logger(); err != nil {
+					return err
+				}
+				nc, err := no.config()
+				if err != nil {
+					return err
+				}
+				bb, err := streams.Open(ctx, nc, "millrace-streams", nil)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				for _, s := range streams.StreamSpecs(nc) {
+					fmt.Printf("applied %s (%v)\n", s.Name, s.Subjects)
+				}
+				return nil
+			}
+		},
+	}
+}
+
+func streamsInfoCommand() command {
+	return command{
+		name:    "streams info",
+		summary: "show the streams and consumers",
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo     logOptions
+				no     natsOptions
+				asJSON bool
+			)
+			lo.register(fs)
+			no.register(fs)
+			fs.BoolVar(&asJSON, "json", false, "print JSON")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"streams info takes no arguments"}
+				}
+				if _, err := lo.logger(); err != nil {
+					return err
+				}
+				nc, err := no.config()
+				if err != nil {
+					return err
+				}
+				bb, err := streams.Open(ctx, nc, "millrace-streams", nil)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				type consumerInfo struct {
+					Name       string `json:"name"`
+					Pending    uint64 `json:"pending"`
+					AckPending int    `json:"ack_pending"`
+					AckFloor   uint64 `json:"ack_floor"`
+				}
+				type streamInfo struct {
+					Name      string         `json:"name"`
+					Subjects  []string       `json:"subjects"`
+					Messages  uint64         `json:"messages"`
+					Bytes     uint64         `json:"bytes"`
+					FirstSeq  uint64         `json:"first_seq"`
+					LastSeq   uint64         `json:"last_seq"`
+					Consumers []consumerInfo `json:"consumers"`
+				}
+				var out []streamInfo
+				for _, spec := range streams.StreamSpecs(nc) {
+					s, err := bb.JS.Stream(ctx, spec.Name)
+					if err != nil {
+						return fmt.Errorf("stream %s: %w", spec.Name, err)
+					}
+					st := s.CachedInfo().State
+					si := streamInfo{Name: spec.Name, Subjects: spec.Subjects, Messages: st.Msgs, Bytes: st.Bytes, FirstSeq: st.FirstSeq, LastSeq: st.LastSeq}
+					lister := s.ListConsumers(ctx)
+					for ci := range lister.Info() {
+						si.Consumers = append(si.Consumers, consumerInfo{ci.Name, ci.NumPending, ci.NumAckPending, ci.AckFloor.Stream})
+					}
+					if err := lister.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+						return err
+					}
+					out = append(out, si)
+				}
+				if asJSON {
+					enc := json.NewEncoder(os.Stdout)
+					enc.SetIndent("", "  ")
+					return enc.Encode(out)
+				}
+				for _, s := range out {
+					fmt.Printf("%-6s %v  messages=%d bytes=%d seq=%d..%d\n", s.Name, s.Subjects, s.Messages, s.Bytes, s.FirstSeq, s.LastSeq)
+					for _, c := range s.Consumers {
+						fmt.Printf("  consumer %-12s pending=%d ack_pending=%d ack_floor=%d\n", c.Name, c.Pending, c.AckPending, c.AckFloor)
+					}
+				}
+				return nil
+			}
+		},
+	}
+}
+
+func replayBuildsCommand() command {
+	return command{
+		name:    "replay builds",
+		summary: "rebuild the builds projection from the BES stream",
+		long: `Empties the builds projection and applies the whole BES stream again; the result
+equals what the live projector would have built. Stop the builds projector first
+(replay refuses to run while it holds its lock); start it again afterwards.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo logOptions
+				no natsOptions
+				do dbOptions
+				po projectorOptions
+			)
+			lo.register(fs)
+			no.register(fs)
+			do.register(fs)
+			po.register(fs)
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"replay builds takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				nc, err := no.config()
+				if err != nil {
+					return err
+				}
+				bb, err := streams.Open(ctx, nc, "millrace-replay", nil)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				pool, err := openPool(ctx, do, true, log)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				s, err := bb.JS.Stream(ctx, streams.StreamBES)
+				if err != nil {
+					return err
+				}
+				total := s.CachedInfo().State.LastSeq
+				start := time.Now()
+				last := time.Time{}
+				rc := withLogger(po.runnerConfig(), log)
+				rc.Progress = func(p streams.Progress) {
+					if time.Since(last) < time.Second && p.Position < total {
+						return
+					}
+					last = time.Now()
+					rate := float64(p.Applied) / max(time.Since(start).Seconds(), 0.001)
+					fmt.Fprintf(os.Stderr, "\rreplay builds: %d/%d events (%.0f/s)   ", p.Position, total, rate)
+				}
+				runner := streams.NewRunner(bb.JS, pool, builds.New(builds.Config{AbandonAfter: po.abandonAfter}), rc, nil)
+				if err := runner.Replay(ctx); err != nil {
+					if errors.Is(err, streams.ErrLocked) {
+						return errors.New("the builds projector is running (it holds the lock): stop it, replay, then start it again")
+					}
+					return err
+				}
+				fmt.Fprintf(os.Stderr, "\nreplay builds: done, %d events in %s\n", total, time.Since(start).Round(time.Millisecond))
+				return nil
+			}
+		},
+	}
+}
+
+func buildsShowCommand() command {
+	return command{
+		name:    "builds show",
+		summary: "print the projection of one build",
+		usage:   "<invocation_id>",
+		long:    "Reads the database directly; no server needs to run.",
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo     logOptions
+				do     dbOptions
+				asJSON bool
+			)
+			lo.register(fs)
+			do.register(fs)
+			fs.BoolVar(&asJSON, "json", false, "print JSON (the stable format tools compare)")
+			return func(ctx context.Context, args []string) error {
+				if len(args) != 1 {
+					return usageError{"builds show takes one invocation id"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				pool, err := openPool(ctx, do, false, log)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				b, err := builds.Show(ctx, pool, args[0])
+				if errors.Is(err, builds.ErrNotFound) {
+					return fmt.Errorf("no build %q in the database", args[0])
+				}
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					enc := json.NewEncoder(os.Stdout)
+					enc.SetIndent("", "  ")
+					return enc.Encode(b)
+				}
+				printBuild(b)
+				return nil
+			}
+		},
+	}
+}
+
+// version is set at link time (-ldflags "-X main.version=...").
+var version = ""
+
+func versionCommand() command {
+	return command{
+		name:    "version",
+		summary: "print the version",
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			return func(ctx context.Context, args []string) error {
+				v := version
+				if info, ok := debug.ReadBuildInfo(); ok && v == "" {
+					v = info.Main.Version
+					for _, s := range info.Settings {
+						if s.Key == "vcs.revision" {
+							v += " " + s.Value
+						}
+					}
+				}
+				if v == "" {
+					v = "(devel)"
+				}
+				fmt.Println("millrace", v)
+				return nil
+			}
+		},
+	}
+}
