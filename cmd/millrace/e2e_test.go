@@ -19,6 +19,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace/internal/devdb"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/loadtest/bazelws"
 	"github.com/millrace/millrace/projectors/builds"
@@ -71,7 +72,9 @@ func freePort(t *testing.T) string {
 // devProcess is `millrace dev` running in its own process.
 type devProcess struct {
 	t       *testing.T
+	args    []string
 	env     []string
+	natsURL string
 	besAddr string
 	cmd     *exec.Cmd
 	log     *bytes.Buffer
@@ -81,11 +84,13 @@ type devProcess struct {
 // newDev prepares a dev process with its own NATS store, ports and database.
 func newDev(t *testing.T, databaseURL string) *devProcess {
 	dir := t.TempDir()
-	d := &devProcess{t: t, besAddr: freePort(t)}
+	d := &devProcess{t: t, args: []string{"dev"}, besAddr: freePort(t)}
+	natsAddr := freePort(t)
+	d.natsURL = "nats://" + natsAddr
 	d.env = append(os.Environ(),
 		"DATABASE_URL="+databaseURL,
 		"MILLRACE_NATS_DIR="+filepath.Join(dir, "nats"),
-		"MILLRACE_NATS_LISTEN="+freePort(t),
+		"MILLRACE_NATS_LISTEN="+natsAddr,
 		"MILLRACE_BES_LISTEN="+d.besAddr,
 		"MILLRACE_HTTP_LISTEN=127.0.0.1:0",
 		"MILLRACE_BUILDS_MAX_WAIT=50ms",
@@ -100,7 +105,7 @@ func newDev(t *testing.T, databaseURL string) *devProcess {
 func (d *devProcess) start() time.Duration {
 	d.t.Helper()
 	d.mu.Lock()
-	d.cmd = exec.Command(binary(d.t), "dev")
+	d.cmd = exec.Command(binary(d.t), d.args...)
 	d.cmd.Env = d.env
 	d.log = &bytes.Buffer{}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
@@ -108,6 +113,9 @@ func (d *devProcess) start() time.Duration {
 	begin := time.Now()
 	if err := d.cmd.Start(); err != nil {
 		d.t.Fatal(err)
+	}
+	if d.besAddr == "" {
+		return 0 // not an edge
 	}
 	for {
 		c, err := net.DialTimeout("tcp", d.besAddr, 100*time.Millisecond)
@@ -417,5 +425,120 @@ func checkCountedOnce(t *testing.T, db, id string, s *bazelws.JSONSummary) {
 	}
 	if rollupBuilds != 1 {
 		t.Errorf("hourly rollups count %d builds for project %s, want 1", rollupBuilds, b.Project)
+	}
+}
+
+// TestPostgresOutage: PostgreSQL is away for 10 s while Bazel builds; the
+// edge keeps acknowledging, Bazel's upload succeeds, and the projector
+// catches up once the database is back.
+func TestPostgresOutage(t *testing.T) {
+	needBazel(t)
+	ctx := context.Background()
+	pg, err := devdb.StartPrivate(ctx, filepath.Join(t.TempDir(), "pg"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pg.Stop(context.Background()) })
+	db, err := devdb.WithDatabase(pg.URL, "millrace")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, "create database millrace"); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close()
+	dev := newDev(t, db)
+	dev.start()
+	// Wait until the projector is connected and has migrated the database.
+	waitUntil(t, "the projector applies", func() bool { return strings.Contains(dev.output(), "msg=applying") })
+
+	if err := pg.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	down := time.Now()
+	run := newBazelRun(t, 60, dev.besAddr)
+	code, out := run.start(t)()
+	wantCode, _ := run.exp.ExitCode("test")
+	if code != wantCode {
+		t.Fatalf("bazel exited %d with the database down, want %d: the edge must keep acknowledging\n%s\n--- millrace:\n%s", code, wantCode, out, dev.output())
+	}
+	if d := 10*time.Second - time.Since(down); d > 0 {
+		time.Sleep(d) // the outage lasts 10 s in all
+	}
+	if err := pg.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	summary, err := bazelws.ParseJSONFile(run.opt.JSONFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compare(t, showJSON(t, db, run.invocationID), summary)
+	checkCountedOnce(t, db, run.invocationID, summary)
+	dev.stop()
+}
+
+// TestProjectorKilledMidBatch: the projector runs as its own process with
+// small batches and is killed (SIGKILL) again and again while Bazel builds;
+// the projection ends complete, nothing applied twice.
+func TestProjectorKilledMidBatch(t *testing.T) {
+	needBazel(t)
+	db := testenv.Database(t)
+	edge := newDev(t, db)
+	edge.args = []string{"serve", "bes"}
+	edge.start()
+	proj := newDev(t, db)
+	proj.besAddr = ""
+	proj.args = []string{"project", "builds"}
+	proj.env = append(proj.env, "MILLRACE_NATS_URL="+edge.natsURL, "MILLRACE_BUILDS_BATCH=7", "MILLRACE_BUILDS_MAX_WAIT=10ms")
+	proj.start()
+
+	run := newBazelRun(t, 60, edge.besAddr)
+	wait := run.start(t)
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	kills := 0
+	deadline := time.Now().Add(90 * time.Second)
+	for last := int64(0); kills < 4 && time.Now().Before(deadline); {
+		var n int64
+		pool.QueryRow(context.Background(), "select coalesce(max(event_count), 0) from invocations where id = $1", run.invocationID).Scan(&n)
+		if n > last+30 {
+			proj.kill()
+			kills++
+			last = n
+			proj.start()
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if kills < 2 {
+		t.Fatalf("the projector was killed only %d times during the build", kills)
+	}
+	code, out := wait()
+	wantCode, _ := run.exp.ExitCode("test")
+	if code != wantCode {
+		t.Fatalf("bazel exited %d, want %d\n%s", code, wantCode, out)
+	}
+	summary, err := bazelws.ParseJSONFile(run.opt.JSONFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compare(t, showJSON(t, db, run.invocationID), summary)
+	checkCountedOnce(t, db, run.invocationID, summary)
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
