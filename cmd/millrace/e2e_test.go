@@ -507,7 +507,11 @@ func TestProjectorKilledMidBatch(t *testing.T) {
 	deadline := time.Now().Add(90 * time.Second)
 	for last := int64(0); kills < 4 && time.Now().Before(deadline); {
 		var n int64
-		pool.QueryRow(context.Background(), "select coalesce(max(event_count), 0) from invocations where id = $1", run.invocationID).Scan(&n)
+		var status string
+		pool.QueryRow(context.Background(), "select event_count, status from invocations where id = $1", run.invocationID).Scan(&n, &status)
+		if status != "" && status != "running" {
+			break // projected to the end
+		}
 		if n > last+30 {
 			proj.kill()
 			kills++
