@@ -77,8 +77,26 @@ type devProcess struct {
 	natsURL string
 	besAddr string
 	cmd     *exec.Cmd
-	log     *bytes.Buffer
+	log     *syncBuffer
 	mu      sync.Mutex
+}
+
+// syncBuffer collects a process's output while tests read it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // newDev prepares a dev process with its own NATS store, ports and database.
@@ -107,7 +125,7 @@ func (d *devProcess) start() time.Duration {
 	d.mu.Lock()
 	d.cmd = exec.Command(binary(d.t), d.args...)
 	d.cmd.Env = d.env
-	d.log = &bytes.Buffer{}
+	d.log = &syncBuffer{}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
 	d.mu.Unlock()
 	begin := time.Now()
@@ -132,11 +150,12 @@ func (d *devProcess) start() time.Duration {
 
 func (d *devProcess) output() string {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.log == nil {
+	log := d.log
+	d.mu.Unlock()
+	if log == nil {
 		return ""
 	}
-	return d.log.String()
+	return log.String()
 }
 
 // kill ends the process with SIGKILL, as a crash would.

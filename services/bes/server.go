@@ -439,8 +439,8 @@ func wellFormed(b []byte) error {
 		if n < 0 {
 			return protowire.ParseError(n)
 		}
-		if num == 0 {
-			return fmt.Errorf("field number 0")
+		if !num.IsValid() {
+			return fmt.Errorf("invalid field number %d", num)
 		}
 		b = b[n:]
 		m := protowire.ConsumeFieldValue(num, typ, b)
