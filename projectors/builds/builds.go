@@ -1,0 +1,202 @@
+package builds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/schemas/envelope"
+	"github.com/millrace/millrace/streams/projection"
+)
+
+// ConsumerName is the projector's durable consumer name and position key.
+const ConsumerName = "builds"
+
+// DefaultAbandonAfter is Config.AbandonAfter's default.
+const DefaultAbandonAfter = 30 * time.Minute
+
+// Config configures the builds projector. The zero value is the default.
+type Config struct {
+	// AbandonAfter is how long a running invocation may go without any
+	// event before Sweep marks it abandoned. Zero means DefaultAbandonAfter.
+	AbandonAfter time.Duration
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	if c.AbandonAfter < 0 {
+		return fmt.Errorf("builds: AbandonAfter %v is negative", c.AbandonAfter)
+	}
+	return nil
+}
+
+func (c Config) withDefaults() Config {
+	if c.AbandonAfter == 0 {
+		c.AbandonAfter = DefaultAbandonAfter
+	}
+	return c
+}
+
+// Projector projects the BES stream into the builds tables. It holds no
+// state between calls; it is safe for concurrent use.
+type Projector struct {
+	cfg Config
+}
+
+var (
+	_ projection.Projector = (*Projector)(nil)
+	_ projection.Sweeper   = (*Projector)(nil)
+)
+
+// New returns a projector. Call cfg.Validate first to reject a bad config;
+// New applies the defaults.
+func New(cfg Config) *Projector {
+	return &Projector{cfg: cfg.withDefaults()}
+}
+
+// Name is the durable consumer name.
+func (p *Projector) Name() string { return ConsumerName }
+
+// event is one decoded stream message.
+type event struct {
+	body
+	inv     string    // invocation id
+	project string    // Millrace-Project
+	at      time.Time // JetStream storage time (or the event's own time)
+}
+
+// Apply projects a batch. A message that cannot be decoded makes Apply
+// return its *projection.PoisonError before anything is written.
+func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Message) error {
+	evs := make([]event, 0, len(batch))
+	for _, m := range batch {
+		ev, keep, err := decodeMessage(m)
+		if err != nil {
+			return projection.Poison(m, err)
+		}
+		if keep {
+			evs = append(evs, ev)
+		}
+	}
+	if len(evs) == 0 {
+		return nil
+	}
+	s := newState()
+	for i := range evs {
+		s.add(&evs[i])
+	}
+	if err := s.load(ctx, tx); err != nil {
+		return err
+	}
+	for i := range evs {
+		s.apply(&evs[i])
+	}
+	return s.write(ctx, tx)
+}
+
+// errNoInvocation marks an invocation-level event without an invocation id.
+var errNoInvocation = errors.New("event has no invocation id")
+
+// decodeMessage decodes headers and body. keep is false for messages that
+// are valid but not part of the projection (build-level lifecycle events).
+func decodeMessage(m projection.Message) (ev event, keep bool, err error) {
+	if s := m.Header(envelope.Schema); s != envelope.SchemaBESv1 {
+		return ev, false, fmt.Errorf("unknown schema %q in header %s (want %q)", s, envelope.Schema, envelope.SchemaBESv1)
+	}
+	kind := m.Header(envelope.Kind)
+	if kind != envelope.KindTool && kind != envelope.KindLifecycle {
+		return ev, false, fmt.Errorf("unknown kind %q in header %s", kind, envelope.Kind)
+	}
+	ev.body, err = decodeBody(m.Data())
+	if err != nil {
+		return ev, false, err
+	}
+	if kind == envelope.KindTool {
+		if ev.kind == kindIgnore || ev.kind == kindAttemptStarted || ev.kind == kindAttemptFinished {
+			if ev.kind != kindIgnore {
+				return ev, false, errors.New("tool message holds a lifecycle event")
+			}
+			ev.kind = kindOtherTool // e.g. console_output: still a numbered tool event
+		}
+		if ev.sequence <= 0 {
+			return ev, false, fmt.Errorf("tool event has sequence number %d", ev.sequence)
+		}
+	} else {
+		if ev.kind.tool() {
+			return ev, false, errors.New("lifecycle message holds a tool event")
+		}
+		if ev.kind == kindIgnore {
+			return ev, false, nil // build enqueued / build finished: build-level
+		}
+	}
+	ev.inv = clean(m.Header(envelope.InvocationID))
+	switch {
+	case ev.inv == "":
+		ev.inv = ev.invocationID
+	case ev.invocationID != "" && ev.invocationID != ev.inv:
+		return ev, false, fmt.Errorf("header %s %q differs from the event's invocation id %q",
+			envelope.InvocationID, ev.inv, ev.invocationID)
+	}
+	if ev.inv == "" {
+		return ev, false, errNoInvocation
+	}
+	ev.project = clean(m.Header(envelope.Project))
+	if b := clean(m.Header(envelope.BuildID)); b != "" {
+		ev.buildID = b
+	}
+	ev.at = validTime(m.Time())
+	if ev.at.IsZero() {
+		ev.at = ev.eventTime
+	}
+	if ev.at.IsZero() {
+		ev.at = time.Unix(0, 0).UTC()
+	}
+	return ev, true, nil
+}
+
+// Sweep marks running invocations without events for AbandonAfter as
+// abandoned (finished at their last event), folds their output and that of
+// other idle finished invocations into the canonical rows, and counts them
+// in the rollups. now is the wall clock; the rows it writes depend only on
+// the events (and on which invocations it abandons).
+func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
+	cutoff := now.Add(-p.cfg.AbandonAfter)
+	rows, err := tx.Query(ctx, sqlAbandon, cutoff)
+	if err != nil {
+		return fmt.Errorf("builds: sweep: %w", err)
+	}
+	abandoned, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("builds: sweep: %w", err)
+	}
+	rows, err = tx.Query(ctx, sqlIdleOutput, cutoff)
+	if err != nil {
+		return fmt.Errorf("builds: sweep output: %w", err)
+	}
+	idle, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return fmt.Errorf("builds: sweep output: %w", err)
+	}
+	if len(idle) > 0 {
+		fin := make(map[string]*inv, len(idle))
+		for _, id := range idle {
+			fin[id] = &inv{id: id, stored: true}
+		}
+		b := &pgx.Batch{}
+		if err := queueFinalize(ctx, tx, b, fin, idle); err != nil {
+			return err
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("builds: sweep output: %w", err)
+		}
+	}
+	if len(abandoned) > 0 {
+		if err := reconcile(ctx, tx, abandoned); err != nil {
+			return fmt.Errorf("builds: sweep rollups: %w", err)
+		}
+	}
+	return nil
+}

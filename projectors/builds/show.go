@@ -1,0 +1,216 @@
+package builds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ErrNotFound is returned by Show and Output for an invocation id that the
+// projection does not know.
+var ErrNotFound = errors.New("builds: invocation not found")
+
+// Querier is what the read side needs of a database handle; *pgxpool.Pool,
+// *pgx.Conn and pgx.Tx all have it.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Build is the projection of one invocation, as `millrace builds show <id>
+// --json` prints it. The JSON names are a contract (docs and DESIGN.md).
+type Build struct {
+	ID     string `json:"id"`
+	Status string `json:"status"` // running, succeeded, failed or abandoned
+	// ExitCode and ExitCodeName are Bazel's (BuildFinished.exit_code); null
+	// until Bazel reported them.
+	ExitCode     *int32     `json:"exit_code"`
+	ExitCodeName *string    `json:"exit_code_name"`
+	Project      string     `json:"project"`
+	Command      *string    `json:"command"`
+	StartedAt    *time.Time `json:"started_at"`
+	FinishedAt   *time.Time `json:"finished_at"`
+	DurationMs   *int64     `json:"duration_ms"`
+	Targets      []Target   `json:"targets"` // sorted by label
+	Tests        []Test     `json:"tests"`   // sorted by label
+	Metrics      *Metrics   `json:"metrics"` // null until BuildMetrics came
+}
+
+// Target is one target of a build.
+type Target struct {
+	Label         string  `json:"label"`
+	Kind          string  `json:"kind"` // e.g. "genrule rule"; "" if Bazel did not say
+	Success       bool    `json:"success"`
+	FailureReason *string `json:"failure_reason"`
+}
+
+// Test is one test target's outcome.
+type Test struct {
+	Label string `json:"label"`
+	// Status is Bazel's TestStatus name: PASSED, FLAKY, TIMEOUT, FAILED,
+	// INCOMPLETE, REMOTE_FAILURE, FAILED_TO_BUILD,
+	// TOOL_HALTED_BEFORE_TESTING or NO_STATUS.
+	Status     string `json:"status"`
+	Attempts   int32  `json:"attempts"`
+	DurationMs int64  `json:"duration_ms"`
+	Cached     bool   `json:"cached"`
+}
+
+// Metrics are Bazel's BuildMetrics of the invocation.
+type Metrics struct {
+	ActionsCreated        int64 `json:"actions_created"`
+	ActionsExecuted       int64 `json:"actions_executed"`
+	ActionCacheHits       int64 `json:"action_cache_hits"`
+	ActionCacheMisses     int64 `json:"action_cache_misses"`
+	RemoteCacheHits       int64 `json:"remote_cache_hits"`
+	CPUTimeMs             int64 `json:"cpu_time_ms"`
+	WallTimeMs            int64 `json:"wall_time_ms"`
+	AnalysisPhaseMs       int64 `json:"analysis_phase_ms"`
+	ExecutionPhaseMs      int64 `json:"execution_phase_ms"`
+	UsedHeapSizePostBuild int64 `json:"used_heap_size_post_build"`
+	PeakPostGCHeapSize    int64 `json:"peak_post_gc_heap_size"`
+	PackagesLoaded        int64 `json:"packages_loaded"`
+	TargetsLoaded         int64 `json:"targets_loaded"`
+	TargetsConfigured     int64 `json:"targets_configured"`
+}
+
+// Show returns the projection of one invocation, or ErrNotFound.
+func Show(ctx context.Context, q Querier, invocationID string) (*Build, error) {
+	b := &Build{Targets: []Target{}, Tests: []Test{}}
+	err := q.QueryRow(ctx, `
+		select id, status, exit_code, exit_code_name, project, command, started_at, finished_at, duration_ms
+		from invocations where id = $1`, invocationID).Scan(
+		&b.ID, &b.Status, &b.ExitCode, &b.ExitCodeName, &b.Project, &b.Command,
+		&b.StartedAt, &b.FinishedAt, &b.DurationMs)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("builds: show %s: %w", invocationID, err)
+	}
+	for _, t := range []*time.Time{b.StartedAt, b.FinishedAt} {
+		if t != nil {
+			*t = t.UTC()
+		}
+	}
+
+	rows, err := q.Query(ctx, `
+		select label, coalesce(kind, ''), coalesce(success, false), failure_reason
+		from targets where invocation_id = $1 order by label collate "C"`, invocationID)
+	if err != nil {
+		return nil, fmt.Errorf("builds: show %s targets: %w", invocationID, err)
+	}
+	var t Target
+	if _, err := pgx.ForEachRow(rows, []any{&t.Label, &t.Kind, &t.Success, &t.FailureReason}, func() error {
+		b.Targets = append(b.Targets, t)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("builds: show %s targets: %w", invocationID, err)
+	}
+
+	rows, err = q.Query(ctx, `
+		select label, status, attempts, duration_ms, cached
+		from tests where invocation_id = $1 order by label collate "C"`, invocationID)
+	if err != nil {
+		return nil, fmt.Errorf("builds: show %s tests: %w", invocationID, err)
+	}
+	var ts Test
+	if _, err := pgx.ForEachRow(rows, []any{&ts.Label, &ts.Status, &ts.Attempts, &ts.DurationMs, &ts.Cached}, func() error {
+		b.Tests = append(b.Tests, ts)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("builds: show %s tests: %w", invocationID, err)
+	}
+
+	var m Metrics
+	err = q.QueryRow(ctx, `
+		select coalesce(actions_created, 0), coalesce(actions_executed, 0), coalesce(action_cache_hits, 0),
+		       coalesce(action_cache_misses, 0), coalesce(remote_cache_hits, 0), coalesce(cpu_time_ms, 0),
+		       coalesce(wall_time_ms, 0), coalesce(analysis_phase_ms, 0), coalesce(execution_phase_ms, 0),
+		       coalesce(used_heap_size_post_build, 0), coalesce(peak_post_gc_heap_size, 0),
+		       coalesce(packages_loaded, 0), coalesce(targets_loaded, 0), coalesce(targets_configured, 0)
+		from build_metrics where invocation_id = $1`, invocationID).Scan(
+		&m.ActionsCreated, &m.ActionsExecuted, &m.ActionCacheHits, &m.ActionCacheMisses,
+		&m.RemoteCacheHits, &m.CPUTimeMs, &m.WallTimeMs, &m.AnalysisPhaseMs, &m.ExecutionPhaseMs,
+		&m.UsedHeapSizePostBuild, &m.PeakPostGCHeapSize, &m.PackagesLoaded, &m.TargetsLoaded,
+		&m.TargetsConfigured)
+	switch {
+	case err == nil:
+		b.Metrics = &m
+	case !errors.Is(err, pgx.ErrNoRows):
+		return nil, fmt.Errorf("builds: show %s metrics: %w", invocationID, err)
+	}
+	return b, nil
+}
+
+// Output returns an invocation's console output as Bazel printed it (the
+// progress events' stdout and stderr, concatenated), whether or not the
+// invocation has finished. It returns ErrNotFound for an unknown invocation.
+func Output(ctx context.Context, q Querier, invocationID string) (stdout, stderr []byte, err error) {
+	var exists bool
+	if err := q.QueryRow(ctx, `select exists (select 1 from invocations where id = $1)`, invocationID).Scan(&exists); err != nil {
+		return nil, nil, fmt.Errorf("builds: output %s: %w", invocationID, err)
+	}
+	if !exists {
+		return nil, nil, ErrNotFound
+	}
+	rows, err := q.Query(ctx, sqlStoredOutput, []string{invocationID})
+	if err != nil {
+		return nil, nil, fmt.Errorf("builds: output %s: %w", invocationID, err)
+	}
+	var (
+		id   string
+		seq  int64
+		o, e []byte
+	)
+	stdout, stderr = []byte{}, []byte{}
+	var dec decompressor
+	_, err = pgx.ForEachRow(rows, []any{&id, &seq, &o, &e}, func() error {
+		var err error
+		if stdout, err = dec.appendTo(stdout, o); err != nil {
+			return err
+		}
+		stderr, err = dec.appendTo(stderr, e)
+		return err
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("builds: output %s: %w", invocationID, err)
+	}
+	return stdout, stderr, nil
+}
+
+// DigestTables are the tables that make up the projection, in the order
+// Digest reports them. build_output_chunks (scratch whose rows depend on
+// batch boundaries) and consumer_positions are not among them.
+var DigestTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "hourly_rollups"}
+
+var digestOrder = map[string]string{
+	"invocations":    `id collate "C"`,
+	"targets":        `invocation_id collate "C", label collate "C"`,
+	"tests":          `invocation_id collate "C", label collate "C"`,
+	"build_metrics":  `invocation_id collate "C"`,
+	"build_output":   `invocation_id collate "C"`,
+	"hourly_rollups": `project collate "C", hour`,
+}
+
+// Digest returns, per projection table, the md5 of all its rows (their text
+// form, every column) in primary-key order. Two databases hold the same
+// projection iff the digests are equal, which is how a replay is checked
+// against the live run. Timestamps are rendered in the session's time zone:
+// compare digests taken with the same TimeZone setting.
+func Digest(ctx context.Context, q Querier) (map[string]string, error) {
+	out := make(map[string]string, len(DigestTables))
+	for _, table := range DigestTables {
+		var sum string
+		sql := fmt.Sprintf(`select md5(coalesce(string_agg(t::text, E'\n' order by %s), '')) from %s t`,
+			digestOrder[table], table)
+		if err := q.QueryRow(ctx, sql).Scan(&sum); err != nil {
+			return nil, fmt.Errorf("builds: digest %s: %w", table, err)
+		}
+		out[table] = sum
+	}
+	return out, nil
+}

@@ -1,0 +1,442 @@
+package builds
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/schemas/bep"
+)
+
+// The merge rules below are the ones the SQL in write.go applies when a
+// batch's values meet a stored row; keeping the two in step is what makes
+// the rows independent of batch boundaries.
+
+// state is one batch merged in memory.
+type state struct {
+	invs map[string]*inv
+	ids  []string // in order of first appearance
+
+	// Target and test rows the batch may write, and which of them exist.
+	targetKeys, testKeys     keys
+	targetExists, testExists map[rowKey]bool
+}
+
+type rowKey struct{ inv, label string }
+
+// keys is a set of (invocation, label) pairs kept as unnest() arguments.
+type keys struct {
+	seen       map[rowKey]bool
+	inv, label []string
+}
+
+func (k *keys) add(inv, label string) {
+	key := rowKey{inv, label}
+	if k.seen[key] {
+		return
+	}
+	if k.seen == nil {
+		k.seen = make(map[rowKey]bool)
+	}
+	k.seen[key] = true
+	k.inv = append(k.inv, inv)
+	k.label = append(k.label, label)
+}
+
+// inv is what one batch says about one invocation.
+type inv struct {
+	id string
+
+	// As stored before this batch.
+	stored       bool
+	storedSeq    int64
+	storedStatus string
+	storedDone   bool
+
+	write      bool // the batch changes the invocation
+	project    string
+	buildID    string
+	firstAt    time.Time
+	lastAt     time.Time
+	maxSeq     int64
+	count      int64
+	command    string
+	version    string
+	workspace  string
+	user       string
+	host       string
+	startedAt  time.Time
+	patterns   []string
+	hasExit    bool
+	exitCode   int32
+	exitName   string
+	finishedAt time.Time // BuildFinished, else InvocationAttemptFinished
+	result     string    // InvocationAttemptFinished
+	done       bool      // the tool stream has ended
+
+	stdout, stderr []byte
+	outSeq         int64 // sequence of the first progress event with output
+
+	targets     map[string]*target
+	targetOrder []string
+	tests       map[string]*test
+	testOrder   []string
+	metrics     *bep.BuildMetrics
+}
+
+type target struct {
+	label   string
+	known   bool // a target event (not only a failed action) names it
+	kind    string
+	success int8 // 0 unknown, 1 true, -1 false
+	reason  string
+	rank    int16
+	hasTags bool
+	tags    []string
+}
+
+// Ranks of failure reasons; the strongest source wins, the first of equals.
+const (
+	rankAction   = 1
+	rankAborted  = 2
+	rankComplete = 3
+)
+
+type test struct {
+	label         string
+	hasSummary    bool
+	status        string
+	attempts      int32
+	runCount      int32
+	shardCount    int32
+	totalRunCount int32
+	results       int32
+	durationMs    int64
+	numCached     int32
+}
+
+func newState() *state {
+	return &state{invs: make(map[string]*inv)}
+}
+
+// add registers an event's invocation and the row it may write.
+func (s *state) add(e *event) {
+	if _, ok := s.invs[e.inv]; !ok {
+		s.invs[e.inv] = &inv{id: e.inv}
+		s.ids = append(s.ids, e.inv)
+	}
+	if e.kind != kindBazel || e.bazel.label == "" {
+		return
+	}
+	switch e.bazel.payload {
+	case payTestResult, payTestSummary:
+		s.testKeys.add(e.inv, e.bazel.label)
+	default:
+		s.targetKeys.add(e.inv, e.bazel.label)
+	}
+}
+
+// load reads, in one round trip, what the database knows of the batch's
+// invocations and which of its target and test rows exist.
+func (s *state) load(ctx context.Context, tx pgx.Tx) error {
+	b := &pgx.Batch{}
+	var (
+		id     string
+		seq    int64
+		status string
+		done   bool
+		label  string
+	)
+	b.Queue(sqlLoad, s.ids).Query(func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&id, &seq, &status, &done}, func() error {
+			if v := s.invs[id]; v != nil {
+				v.stored, v.storedSeq, v.storedStatus, v.storedDone = true, seq, status, done
+			}
+			return nil
+		})
+		return err
+	})
+	exists := func(sql string, k *keys, into *map[rowKey]bool) {
+		if len(k.inv) == 0 {
+			return
+		}
+		*into = make(map[rowKey]bool)
+		b.Queue(sql, k.inv, k.label).Query(func(rows pgx.Rows) error {
+			_, err := pgx.ForEachRow(rows, []any{&id, &label}, func() error {
+				(*into)[rowKey{id, label}] = true
+				return nil
+			})
+			return err
+		})
+	}
+	exists(sqlExistingTargets, &s.targetKeys, &s.targetExists)
+	exists(sqlExistingTests, &s.testKeys, &s.testExists)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("builds: load: %w", err)
+	}
+	return nil
+}
+
+// apply merges one event.
+func (s *state) apply(e *event) {
+	v := s.invs[e.inv]
+	if e.kind.tool() {
+		if e.sequence <= v.storedSeq || e.sequence <= v.maxSeq {
+			return // a resend of an event already applied
+		}
+		v.maxSeq = e.sequence
+		v.count++
+	}
+	v.write = true
+	if v.project == "" {
+		v.project = e.project
+	}
+	if v.buildID == "" {
+		v.buildID = e.buildID
+	}
+	if v.firstAt.IsZero() || e.at.Before(v.firstAt) {
+		v.firstAt = e.at
+	}
+	if e.at.After(v.lastAt) {
+		v.lastAt = e.at
+	}
+	switch e.kind {
+	case kindStreamFinished:
+		v.done = true
+	case kindAttemptFinished:
+		v.result = e.attemptResult
+		v.done = true
+		if !v.hasExit {
+			v.finishedAt = e.eventTime
+			if v.finishedAt.IsZero() {
+				v.finishedAt = e.at
+			}
+		}
+	case kindBazel:
+		v.applyBazel(e)
+	}
+}
+
+func (v *inv) applyBazel(e *event) {
+	be := &e.bazel
+	if be.last {
+		v.done = true
+	}
+	switch be.payload {
+	case payProgress:
+		if len(be.stdout) > 0 || len(be.stderr) > 0 {
+			if v.outSeq == 0 {
+				v.outSeq = e.sequence
+			}
+			v.stdout = append(v.stdout, be.stdout...)
+			v.stderr = append(v.stderr, be.stderr...)
+		}
+
+	case payStarted:
+		m := be.msg.(*bep.BuildStarted)
+		v.command = setIf(v.command, m.GetCommand())
+		v.version = setIf(v.version, m.GetBuildToolVersion())
+		v.workspace = setIf(v.workspace, m.GetWorkspaceDirectory())
+		if t := pbTime(m.GetStartTime(), m.GetStartTimeMillis()); !t.IsZero() {
+			v.startedAt = t
+		}
+
+	case payWorkspace:
+		for _, it := range be.msg.(*bep.WorkspaceStatus).GetItem() {
+			switch it.GetKey() {
+			case "BUILD_USER":
+				v.user = setIf(v.user, it.GetValue())
+			case "BUILD_HOST":
+				v.host = setIf(v.host, it.GetValue())
+			}
+		}
+
+	case payExpanded:
+		for _, p := range be.id.GetPattern().GetPattern() {
+			v.patterns = append(v.patterns, clean(p))
+		}
+
+	case payAborted:
+		m := be.msg.(*bep.Aborted)
+		reason := m.GetDescription()
+		if reason == "" {
+			reason = m.GetReason().String()
+		}
+		switch {
+		case be.label != "":
+			v.target(be.label).fail(rankAborted, reason)
+		case be.id.GetPattern() != nil:
+			for _, p := range be.id.GetPattern().GetPattern() {
+				v.patterns = append(v.patterns, clean(p))
+			}
+		}
+
+	case payConfigured:
+		if be.label == "" {
+			return
+		}
+		m := be.msg.(*bep.TargetConfigured)
+		t := v.target(be.label)
+		t.known = true
+		t.setKind(m.GetTargetKind())
+		t.setTags(m.GetTag())
+
+	case payAction:
+		if be.label == "" {
+			return // successful actions are not even unmarshalled
+		}
+		m := be.msg.(*bep.ActionExecuted)
+		reason := m.GetFailureDetail().GetMessage()
+		if reason == "" {
+			typ := m.GetType()
+			if typ == "" {
+				typ = "action"
+			}
+			reason = fmt.Sprintf("%s failed: exit code %d", typ, m.GetExitCode())
+		}
+		v.target(be.label).fail(rankAction, reason)
+
+	case payCompleted:
+		if be.label == "" {
+			return
+		}
+		m := be.msg.(*bep.TargetComplete)
+		t := v.target(be.label)
+		t.known = true
+		t.setKind(m.GetTargetKind())
+		t.setTags(m.GetTag())
+		if m.GetSuccess() {
+			t.succeed()
+		} else {
+			t.fail(rankComplete, m.GetFailureDetail().GetMessage())
+		}
+
+	case payTestResult:
+		if be.label == "" {
+			return
+		}
+		id := be.id.GetTestResult()
+		m := be.msg.(*bep.TestResult)
+		t := v.test(be.label)
+		t.results++
+		t.attempts = max(t.attempts, id.GetAttempt())
+		t.runCount = max(t.runCount, id.GetRun())
+		t.shardCount = max(t.shardCount, id.GetShard())
+		if !t.hasSummary {
+			t.status = m.GetStatus().String()
+			t.durationMs += pbMillis(m.GetTestAttemptDuration(), m.GetTestAttemptDurationMillis())
+			if m.GetCachedLocally() || m.GetExecutionInfo().GetCachedRemotely() {
+				t.numCached++
+			}
+		}
+
+	case payTestSummary:
+		if be.label == "" {
+			return
+		}
+		m := be.msg.(*bep.TestSummary)
+		t := v.test(be.label)
+		t.hasSummary = true
+		t.status = m.GetOverallStatus().String()
+		t.totalRunCount = m.GetTotalRunCount()
+		t.durationMs = pbMillis(m.GetTotalRunDuration(), m.GetTotalRunDurationMillis())
+		t.numCached = m.GetTotalNumCached()
+		t.attempts = max(t.attempts, m.GetAttemptCount())
+		t.runCount = max(t.runCount, m.GetRunCount())
+		t.shardCount = max(t.shardCount, m.GetShardCount())
+
+	case payFinished:
+		m := be.msg.(*bep.BuildFinished)
+		v.hasExit = true
+		if ec := m.GetExitCode(); ec != nil {
+			v.exitCode, v.exitName = ec.GetCode(), clean(ec.GetName())
+		} else if m.GetOverallSuccess() {
+			v.exitCode, v.exitName = 0, "SUCCESS"
+		} else {
+			v.exitCode, v.exitName = 1, ""
+		}
+		v.finishedAt = pbTime(m.GetFinishTime(), m.GetFinishTimeMillis())
+		if v.finishedAt.IsZero() {
+			v.finishedAt = e.eventTime
+		}
+		if v.finishedAt.IsZero() {
+			v.finishedAt = e.at
+		}
+
+	case payBuildMetrics:
+		v.metrics = be.msg.(*bep.BuildMetrics)
+	}
+}
+
+// setIf returns s cleaned if it is not empty, else old: the newest value wins.
+func setIf(old, s string) string {
+	if s == "" {
+		return old
+	}
+	return clean(s)
+}
+
+func (v *inv) target(label string) *target {
+	if v.targets == nil {
+		v.targets = make(map[string]*target)
+	}
+	t := v.targets[label]
+	if t == nil {
+		t = &target{label: label}
+		v.targets[label] = t
+		v.targetOrder = append(v.targetOrder, label)
+	}
+	return t
+}
+
+func (v *inv) test(label string) *test {
+	if v.tests == nil {
+		v.tests = make(map[string]*test)
+	}
+	t := v.tests[label]
+	if t == nil {
+		t = &test{label: label}
+		v.tests[label] = t
+		v.testOrder = append(v.testOrder, label)
+	}
+	return t
+}
+
+// setKind keeps the first kind: TargetConfigured's comes before
+// TargetComplete's deprecated one.
+func (t *target) setKind(kind string) {
+	if t.kind == "" {
+		t.kind = clean(kind)
+	}
+}
+
+func (t *target) setTags(tags []string) {
+	if t.hasTags {
+		return
+	}
+	t.hasTags = true
+	t.tags = make([]string, len(tags))
+	for i, s := range tags {
+		t.tags[i] = clean(s)
+	}
+}
+
+// succeed and fail combine completions of several configurations of one
+// label: the target succeeded only if every one did.
+func (t *target) succeed() {
+	if t.success == 0 {
+		t.success = 1
+	}
+}
+
+func (t *target) fail(rank int16, reason string) {
+	if rank != rankAction {
+		t.success = -1
+		t.known = true
+	}
+	if reason != "" && rank > t.rank {
+		t.rank, t.reason = rank, clean(reason)
+	}
+}

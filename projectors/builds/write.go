@@ -1,0 +1,660 @@
+package builds
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// listSep joins a text[] value into one text element of an unnest()
+// argument (PostgreSQL arrays cannot be ragged). It is a control character
+// that clean() lets through, so joinList replaces it in the elements.
+const listSep = "\x1f"
+
+func joinList(xs []string) string {
+	for i, x := range xs {
+		if strings.Contains(x, listSep) {
+			xs[i] = strings.ReplaceAll(x, listSep, "\uFFFD")
+		}
+	}
+	return strings.Join(xs, listSep)
+}
+
+// Writes avoid INSERT ... ON CONFLICT for the tables written with every
+// batch: its speculative insertion and row locks add two WAL records per
+// row (about 35 bytes per event measured). Instead, the batch's first
+// round trip reads which invocations, targets and tests exist, and then
+// new rows are INSERTed and existing ones UPDATEd, each with one statement
+// over unnest() arrays. The UPDATEs apply the same merge rules as the
+// in-memory merge in state.go. (A second projector writing concurrently
+// would make an INSERT fail on the primary key and its batch be retried;
+// the runner does not do that.)
+
+const sqlLoad = `
+select id, last_sequence, status, stream_done
+from invocations where id = any($1::text[])`
+
+const sqlExistingTargets = `
+select t.invocation_id, t.label
+from unnest($1::text[], $2::text[]) as u(inv, label)
+join targets t on t.invocation_id = u.inv and t.label = u.label`
+
+const sqlExistingTests = `
+select t.invocation_id, t.label
+from unnest($1::text[], $2::text[]) as u(inv, label)
+join tests t on t.invocation_id = u.inv and t.label = u.label`
+
+// invocationRows is the batch's invocations as rows (status derived from
+// this batch alone: BuildFinished's exit code, else the attempt's result).
+const invocationRows = `
+select u.id, u.build_id, u.project, nullif(u.command, '') as command,
+       coalesce(string_to_array(nullif(u.patterns, ''), E'\x1f'), '{}') as patterns,
+       nullif(u.user_name, '') as user_name, nullif(u.host, '') as host,
+       nullif(u.workspace_dir, '') as workspace_dir, nullif(u.bazel_version, '') as bazel_version,
+       u.started_at, u.finished_at, u.exit_code,
+       case when u.exit_code is not null then nullif(u.exit_code_name, '') end as exit_code_name,
+       nullif(u.attempt_result, '') as attempt_result,
+       case when u.exit_code is not null then case when u.exit_code = 0 then 'succeeded' else 'failed' end
+            when u.attempt_result <> '' then case when u.attempt_result = 'COMMAND_SUCCEEDED' then 'succeeded' else 'failed' end
+            else 'running' end as status,
+       u.done, u.first_at, u.last_at, u.last_seq, u.n
+from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+            $8::text[], $9::text[], $10::timestamptz[], $11::timestamptz[], $12::int4[], $13::text[],
+            $14::text[], $15::timestamptz[], $16::timestamptz[], $17::int8[], $18::int8[], $19::bool[])
+     as u(id, build_id, project, command, patterns, user_name, host, workspace_dir, bazel_version,
+          started_at, finished_at, exit_code, exit_code_name, attempt_result,
+          first_at, last_at, last_seq, n, done)`
+
+const sqlInsertInvocations = `
+insert into invocations (id, build_id, project, command, patterns, user_name, host, workspace_dir,
+    bazel_version, started_at, finished_at, exit_code, exit_code_name, attempt_result, status,
+    stream_done, first_event_at, last_event_at, last_sequence, event_count)
+` + invocationRows
+
+// sqlUpdateInvocations merges the batch into stored invocations. Status and
+// finished_at: BuildFinished decides (exit code 0 = succeeded); else
+// InvocationAttemptFinished's result; else an abandoned invocation stays
+// abandoned and ends at its last event; else it is running. Descriptive
+// fields: the newest value wins; patterns accumulate.
+const sqlUpdateInvocations = `
+update invocations i set
+    build_id       = case when i.build_id = '' then u.build_id else i.build_id end,
+    project        = case when i.project = '' then u.project else i.project end,
+    command        = coalesce(u.command, i.command),
+    patterns       = i.patterns || u.patterns,
+    user_name      = coalesce(u.user_name, i.user_name),
+    host           = coalesce(u.host, i.host),
+    workspace_dir  = coalesce(u.workspace_dir, i.workspace_dir),
+    bazel_version  = coalesce(u.bazel_version, i.bazel_version),
+    started_at     = coalesce(u.started_at, i.started_at),
+    finished_at    = case when u.exit_code is not null then u.finished_at
+                          when i.exit_code is not null then i.finished_at
+                          when u.attempt_result is not null then u.finished_at
+                          when i.attempt_result is not null then i.finished_at
+                          when i.status = 'abandoned' then greatest(i.last_event_at, u.last_at)
+                     end,
+    exit_code      = coalesce(u.exit_code, i.exit_code),
+    exit_code_name = case when u.exit_code is not null then u.exit_code_name else i.exit_code_name end,
+    attempt_result = coalesce(u.attempt_result, i.attempt_result),
+    status         = case when u.exit_code is not null then u.status
+                          when i.exit_code is not null then i.status
+                          when u.attempt_result is not null then u.status
+                          when i.attempt_result is not null then i.status
+                          when i.status = 'abandoned' then 'abandoned'
+                          else 'running' end,
+    stream_done    = i.stream_done or u.done,
+    first_event_at = least(i.first_event_at, u.first_at),
+    last_event_at  = greatest(i.last_event_at, u.last_at),
+    last_sequence  = greatest(i.last_sequence, u.last_seq),
+    event_count    = i.event_count + u.n
+from (` + invocationRows + `) u
+where i.id = u.id`
+
+const targetRows = `
+select u.inv, u.label, nullif(u.kind, '') as kind, u.success, nullif(u.reason, '') as reason, u.rank,
+       case when u.has_tags then string_to_array(u.tags, E'\x1f') end as tags
+from unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::int2[], $7::bool[], $8::text[])
+     as u(inv, label, kind, success, reason, rank, has_tags, tags)`
+
+const sqlInsertTargets = `
+insert into targets (invocation_id, label, kind, success, failure_reason, failure_rank, tags)
+` + targetRows
+
+// sqlUpdateTargets: the first kind and tags win; a target succeeded only if
+// all its completions (one per configuration) did; the failure reason from
+// the strongest source wins, the first of equals.
+const sqlUpdateTargets = `
+update targets t set
+    kind           = coalesce(t.kind, u.kind),
+    success        = case when t.success is null then u.success
+                          when u.success is null then t.success
+                          else t.success and u.success end,
+    failure_reason = case when u.rank > t.failure_rank then u.reason else t.failure_reason end,
+    failure_rank   = greatest(t.failure_rank, u.rank),
+    tags           = coalesce(t.tags, u.tags)
+from (` + targetRows + `) u
+where t.invocation_id = u.inv and t.label = u.label`
+
+const testRows = `
+select * from unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::int4[], $6::int4[], $7::int4[],
+                     $8::int4[], $9::int4[], $10::int8[], $11::int4[])
+     as u(inv, label, status, has_summary, attempts, run_count, shard_count, total_run_count,
+          results, duration_ms, num_cached)`
+
+const sqlInsertTests = `
+insert into tests (invocation_id, label, status, has_summary, attempts, run_count, shard_count,
+                   total_run_count, results, duration_ms, num_cached)
+` + testRows
+
+// sqlUpdateTests: a TestSummary decides status, run totals, duration and
+// cache counts; before it, TestResults accumulate.
+const sqlUpdateTests = `
+update tests t set
+    status          = case when u.has_summary or not t.has_summary then u.status else t.status end,
+    has_summary     = t.has_summary or u.has_summary,
+    attempts        = greatest(t.attempts, u.attempts),
+    run_count       = greatest(t.run_count, u.run_count),
+    shard_count     = greatest(t.shard_count, u.shard_count),
+    total_run_count = case when u.has_summary then u.total_run_count else t.total_run_count end,
+    results         = t.results + u.results,
+    duration_ms     = case when u.has_summary then u.duration_ms
+                           when t.has_summary then t.duration_ms
+                           else t.duration_ms + u.duration_ms end,
+    num_cached      = case when u.has_summary then u.num_cached
+                           when t.has_summary then t.num_cached
+                           else t.num_cached + u.num_cached end
+from (` + testRows + `) u
+where t.invocation_id = u.inv and t.label = u.label`
+
+const sqlMetrics = `
+insert into build_metrics as m (invocation_id, actions_created, actions_executed, action_cache_hits,
+    action_cache_misses, remote_cache_hits, cpu_time_ms, wall_time_ms, analysis_phase_ms,
+    execution_phase_ms, used_heap_size_post_build, peak_post_gc_heap_size, packages_loaded,
+    targets_loaded, targets_configured)
+select * from unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
+                     $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[],
+                     $14::int8[], $15::int8[])
+on conflict (invocation_id) do update set
+    actions_created = excluded.actions_created, actions_executed = excluded.actions_executed,
+    action_cache_hits = excluded.action_cache_hits, action_cache_misses = excluded.action_cache_misses,
+    remote_cache_hits = excluded.remote_cache_hits, cpu_time_ms = excluded.cpu_time_ms,
+    wall_time_ms = excluded.wall_time_ms, analysis_phase_ms = excluded.analysis_phase_ms,
+    execution_phase_ms = excluded.execution_phase_ms,
+    used_heap_size_post_build = excluded.used_heap_size_post_build,
+    peak_post_gc_heap_size = excluded.peak_post_gc_heap_size, packages_loaded = excluded.packages_loaded,
+    targets_loaded = excluded.targets_loaded, targets_configured = excluded.targets_configured`
+
+// Chunks are new by construction: first_seq is above the invocation's
+// stored last_sequence.
+const sqlChunks = `
+insert into build_output_chunks (invocation_id, first_seq, stdout, stderr)
+select * from unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[])`
+
+const sqlStoredOutput = `
+select invocation_id, -1::bigint as first_seq, stdout, stderr from build_output where invocation_id = any($1::text[])
+union all
+select invocation_id, first_seq, stdout, stderr from build_output_chunks where invocation_id = any($1::text[])
+order by 1, 2`
+
+const sqlOutput = `
+insert into build_output as o (invocation_id, stdout, stderr, stdout_bytes, stderr_bytes)
+select * from unnest($1::text[], $2::bytea[], $3::bytea[], $4::int8[], $5::int8[])
+on conflict (invocation_id) do update set
+    stdout = excluded.stdout, stderr = excluded.stderr,
+    stdout_bytes = excluded.stdout_bytes, stderr_bytes = excluded.stderr_bytes`
+
+const sqlDropChunks = `delete from build_output_chunks where invocation_id = any($1::text[])`
+
+const sqlAbandon = `
+update invocations set status = 'abandoned', finished_at = last_event_at
+where status = 'running' and last_event_bucket < $1 and last_event_at < $1
+returning id`
+
+// sqlIdleOutput finds output chunks of invocations that will get no
+// finalizing event: abandoned ones, and finished ones whose tool stream
+// never reported its end.
+const sqlIdleOutput = `
+select distinct c.invocation_id
+from build_output_chunks c join invocations i on i.id = c.invocation_id
+where i.status <> 'running' and i.last_event_at < $1
+order by 1`
+
+// durationBuckets is the number of duration_hist counters (see
+// build_duration_bucket in migrations/002_builds.sql).
+const durationBuckets = 12
+
+// sqlReconcile brings hourly_rollups in line with the given invocations: it
+// subtracts what each counted before (counted_*) and adds what it counts
+// now, for those whose contribution changed, and records the new one. The
+// hour is that of the invocation's start (or first event), in UTC; a
+// negative duration (client clock skew) counts as 0.
+var sqlReconcile = `
+with cur as (
+    select i.id, i.counted_project, i.counted_hour, i.counted_status, i.counted_duration_ms,
+           i.counted_tests_passed, i.counted_tests_failed, i.counted_tests_flaky,
+           i.project, date_trunc('hour', coalesce(i.started_at, i.first_event_at), 'UTC') as hour,
+           i.status, greatest(coalesce(i.duration_ms, 0), 0) as duration_ms, n.passed, n.failed, n.flaky
+    from invocations i
+    cross join lateral (
+        select count(*) filter (where t.status = 'PASSED')::int as passed,
+               count(*) filter (where t.status not in ('PASSED', 'FLAKY', 'NO_STATUS'))::int as failed,
+               count(*) filter (where t.status = 'FLAKY')::int as flaky
+        from tests t where t.invocation_id = i.id) n
+    where i.id = any($1::text[]) and (i.status <> 'running' or i.counted_status is not null)
+), changed as (
+    select * from cur
+    where status = 'running'
+       or (counted_project, counted_hour, counted_status, counted_duration_ms,
+           counted_tests_passed, counted_tests_failed, counted_tests_flaky)
+          is distinct from (project, hour, status, duration_ms, passed, failed, flaky)
+), mark as (
+    update invocations i set
+        counted_project      = case when c.status <> 'running' then c.project end,
+        counted_hour         = case when c.status <> 'running' then c.hour end,
+        counted_status       = case when c.status <> 'running' then c.status end,
+        counted_duration_ms  = case when c.status <> 'running' then c.duration_ms end,
+        counted_tests_passed = case when c.status <> 'running' then c.passed end,
+        counted_tests_failed = case when c.status <> 'running' then c.failed end,
+        counted_tests_flaky  = case when c.status <> 'running' then c.flaky end
+    from changed c where i.id = c.id
+), delta as (
+    select counted_project as project, counted_hour as hour, -1 as sign, counted_status as status,
+           counted_duration_ms as duration_ms, counted_tests_passed as passed,
+           counted_tests_failed as failed, counted_tests_flaky as flaky
+    from changed where counted_status is not null
+    union all
+    select project, hour, 1, status, duration_ms, passed, failed, flaky
+    from changed where status <> 'running'
+)
+insert into hourly_rollups as r (project, hour, builds, succeeded, failed, abandoned, duration_hist,
+                                 duration_sum_ms, tests_passed, tests_failed, tests_flaky)
+select project, hour, sum(sign),
+       coalesce(sum(sign) filter (where status = 'succeeded'), 0),
+       coalesce(sum(sign) filter (where status = 'failed'), 0),
+       coalesce(sum(sign) filter (where status = 'abandoned'), 0),
+       ` + histArray() + `,
+       sum(sign * duration_ms)::bigint, sum(sign * passed), sum(sign * failed), sum(sign * flaky)
+from delta group by project, hour
+on conflict (project, hour) do update set
+    builds          = r.builds + excluded.builds,
+    succeeded       = r.succeeded + excluded.succeeded,
+    failed          = r.failed + excluded.failed,
+    abandoned       = r.abandoned + excluded.abandoned,
+    duration_hist   = array(select a + b from unnest(r.duration_hist, excluded.duration_hist)
+                            with ordinality as h(a, b, n) order by n),
+    duration_sum_ms = r.duration_sum_ms + excluded.duration_sum_ms,
+    tests_passed    = r.tests_passed + excluded.tests_passed,
+    tests_failed    = r.tests_failed + excluded.tests_failed,
+    tests_flaky     = r.tests_flaky + excluded.tests_flaky
+returning project, hour, builds`
+
+func histArray() string {
+	var b strings.Builder
+	b.WriteString("array[")
+	for i := 1; i <= durationBuckets; i++ {
+		if i > 1 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "coalesce(sum(sign) filter (where build_duration_bucket(duration_ms) = %d), 0)", i)
+	}
+	b.WriteString("]::bigint[]")
+	return b.String()
+}
+
+// sqlDropEmptyRollups removes rollup rows that a move left at zero, so that
+// they look as if the invocation had never been counted there (as in a
+// replay that never saw the intermediate state).
+const sqlDropEmptyRollups = `
+delete from hourly_rollups r
+using unnest($1::text[], $2::timestamptz[]) as u(project, hour)
+where r.project = u.project and r.hour = u.hour and r.builds = 0`
+
+// write sends the batch's statements in one pipeline (plus one read ahead of
+// it when an invocation's output is finalized).
+func (s *state) write(ctx context.Context, tx pgx.Tx) error {
+	slices.Sort(s.ids)
+	b := &pgx.Batch{}
+	var (
+		newInv, oldInv invCols
+		newTgt, oldTgt targetCols
+		newTst, oldTst testCols
+		met            metricCols
+		chunks         chunkCols
+		finalize       = map[string]*inv{}
+		finIDs         []string
+		reconcIDs      []string
+	)
+	for _, id := range s.ids {
+		v := s.invs[id]
+		if !v.write {
+			continue
+		}
+		if v.stored {
+			oldInv.add(v)
+		} else {
+			newInv.add(v)
+		}
+		slices.Sort(v.targetOrder)
+		for _, l := range v.targetOrder {
+			switch t := v.targets[l]; {
+			case s.targetExists[rowKey{id, l}]:
+				oldTgt.add(id, t)
+			case t.known:
+				newTgt.add(id, t)
+				// else: only a failed action names the label, and it is not a
+				// target of this build (a dependency's action): no row.
+			}
+		}
+		slices.Sort(v.testOrder)
+		for _, l := range v.testOrder {
+			if s.testExists[rowKey{id, l}] {
+				oldTst.add(id, v.tests[l])
+			} else {
+				newTst.add(id, v.tests[l])
+			}
+		}
+		if v.metrics != nil {
+			met.add(id, v)
+		}
+
+		abandoned := v.storedStatus == "abandoned" && !v.hasExit && v.result == ""
+		final := v.storedDone || v.done || abandoned
+		hasOut := len(v.stdout) > 0 || len(v.stderr) > 0
+		switch {
+		case final && (hasOut || (v.done && !v.storedDone)):
+			finalize[id] = v
+			finIDs = append(finIDs, id)
+		case hasOut:
+			chunks.add(id, v)
+		}
+
+		if v.hasExit || v.result != "" || (v.storedStatus != "" && v.storedStatus != "running") {
+			reconcIDs = append(reconcIDs, id)
+		}
+	}
+	if len(newInv.id)+len(oldInv.id) == 0 {
+		return nil
+	}
+
+	// Reads come first: a pipeline cannot wait for its own results.
+	if len(finIDs) > 0 {
+		if err := queueFinalize(ctx, tx, b, finalize, finIDs); err != nil {
+			return err
+		}
+	}
+	queue := func(sql string, n int, args func() []any) {
+		if n > 0 {
+			b.Queue(sql, args()...)
+		}
+	}
+	queue(sqlInsertInvocations, len(newInv.id), newInv.args)
+	queue(sqlUpdateInvocations, len(oldInv.id), oldInv.args)
+	queue(sqlInsertTargets, len(newTgt.inv), newTgt.args)
+	queue(sqlUpdateTargets, len(oldTgt.inv), oldTgt.args)
+	queue(sqlInsertTests, len(newTst.inv), newTst.args)
+	queue(sqlUpdateTests, len(oldTst.inv), oldTst.args)
+	queue(sqlMetrics, len(met.inv), met.args)
+	queue(sqlChunks, len(chunks.inv), chunks.args)
+	// Rollups read invocations and tests, so they come after them.
+	var empty rollupKeys
+	if len(reconcIDs) > 0 {
+		b.Queue(sqlReconcile, reconcIDs).Query(empty.collect)
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("builds: write batch: %w", err)
+	}
+	if len(empty.project) > 0 {
+		if _, err := tx.Exec(ctx, sqlDropEmptyRollups, empty.project, empty.hour); err != nil {
+			return fmt.Errorf("builds: drop empty rollups: %w", err)
+		}
+	}
+	return nil
+}
+
+// reconcile runs the rollup reconciliation alone (for Sweep).
+func reconcile(ctx context.Context, tx pgx.Tx, ids []string) error {
+	rows, err := tx.Query(ctx, sqlReconcile, ids)
+	if err != nil {
+		return err
+	}
+	var empty rollupKeys
+	if err := empty.collect(rows); err != nil {
+		return err
+	}
+	if len(empty.project) > 0 {
+		_, err = tx.Exec(ctx, sqlDropEmptyRollups, empty.project, empty.hour)
+	}
+	return err
+}
+
+// rollupKeys collects the rollup rows that a reconciliation left empty.
+type rollupKeys struct {
+	project []string
+	hour    []pgtype.Timestamptz
+}
+
+func (k *rollupKeys) collect(rows pgx.Rows) error {
+	var (
+		project string
+		hour    pgtype.Timestamptz
+		builds  int64
+	)
+	_, err := pgx.ForEachRow(rows, []any{&project, &hour, &builds}, func() error {
+		if builds == 0 {
+			k.project = append(k.project, project)
+			k.hour = append(k.hour, hour)
+		}
+		return nil
+	})
+	return err
+}
+
+// queueFinalize reads the stored output of the given invocations, appends
+// the batch's, and queues the canonical rows and the removal of the chunks.
+// ids is sorted.
+func queueFinalize(ctx context.Context, tx pgx.Tx, b *pgx.Batch, fin map[string]*inv, ids []string) error {
+	type stored struct{ stdout, stderr []byte }
+	prior := make(map[string]*stored)
+	var storedIDs []string
+	for _, id := range ids {
+		if fin[id].stored {
+			storedIDs = append(storedIDs, id)
+		}
+	}
+	if len(storedIDs) > 0 {
+		var dec decompressor
+		rows, err := tx.Query(ctx, sqlStoredOutput, storedIDs)
+		if err != nil {
+			return fmt.Errorf("builds: read output: %w", err)
+		}
+		var (
+			id             string
+			seq            int64
+			stdout, stderr []byte
+		)
+		_, err = pgx.ForEachRow(rows, []any{&id, &seq, &stdout, &stderr}, func() error {
+			p := prior[id]
+			if p == nil {
+				p = &stored{}
+				prior[id] = p
+			}
+			var err error
+			if p.stdout, err = dec.appendTo(p.stdout, stdout); err != nil {
+				return fmt.Errorf("invocation %s: stdout at %d: %w", id, seq, err)
+			}
+			if p.stderr, err = dec.appendTo(p.stderr, stderr); err != nil {
+				return fmt.Errorf("invocation %s: stderr at %d: %w", id, seq, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("builds: read output: %w", err)
+		}
+	}
+	var (
+		outIDs                 []string
+		stdouts, stderrs       [][]byte
+		stdoutLens, stderrLens []int64
+		drop                   []string
+	)
+	for _, id := range ids {
+		v := fin[id]
+		stdout, stderr := v.stdout, v.stderr
+		if p := prior[id]; p != nil {
+			drop = append(drop, id)
+			stdout = append(p.stdout, stdout...)
+			stderr = append(p.stderr, stderr...)
+		}
+		if len(stdout) == 0 && len(stderr) == 0 {
+			continue
+		}
+		outIDs = append(outIDs, id)
+		stdouts = append(stdouts, compress(stdout))
+		stderrs = append(stderrs, compress(stderr))
+		stdoutLens = append(stdoutLens, int64(len(stdout)))
+		stderrLens = append(stderrLens, int64(len(stderr)))
+	}
+	if len(outIDs) > 0 {
+		b.Queue(sqlOutput, outIDs, stdouts, stderrs, stdoutLens, stderrLens)
+	}
+	if len(drop) > 0 {
+		b.Queue(sqlDropChunks, drop)
+	}
+	return nil
+}
+
+// Column builders: one slice per unnest() argument.
+
+type invCols struct {
+	id, buildID, project, command, patterns, user, host, workspace, version []string
+	startedAt, finishedAt                                                   []pgtype.Timestamptz
+	exitCode                                                                []pgtype.Int4
+	exitName, result                                                        []string
+	firstAt, lastAt                                                         []pgtype.Timestamptz
+	lastSeq, count                                                          []int64
+	done                                                                    []bool
+}
+
+func (c *invCols) add(v *inv) {
+	c.id = append(c.id, v.id)
+	c.buildID = append(c.buildID, v.buildID)
+	c.project = append(c.project, v.project)
+	c.command = append(c.command, v.command)
+	c.patterns = append(c.patterns, joinList(v.patterns))
+	c.user = append(c.user, v.user)
+	c.host = append(c.host, v.host)
+	c.workspace = append(c.workspace, v.workspace)
+	c.version = append(c.version, v.version)
+	c.startedAt = append(c.startedAt, pgtype.Timestamptz{Time: v.startedAt, Valid: !v.startedAt.IsZero()})
+	c.finishedAt = append(c.finishedAt, pgtype.Timestamptz{Time: v.finishedAt, Valid: !v.finishedAt.IsZero()})
+	c.exitCode = append(c.exitCode, pgtype.Int4{Int32: v.exitCode, Valid: v.hasExit})
+	c.exitName = append(c.exitName, v.exitName)
+	c.result = append(c.result, v.result)
+	c.firstAt = append(c.firstAt, pgtype.Timestamptz{Time: v.firstAt, Valid: true})
+	c.lastAt = append(c.lastAt, pgtype.Timestamptz{Time: v.lastAt, Valid: true})
+	c.lastSeq = append(c.lastSeq, max(v.maxSeq, v.storedSeq))
+	c.count = append(c.count, v.count)
+	c.done = append(c.done, v.done)
+}
+
+func (c *invCols) args() []any {
+	return []any{c.id, c.buildID, c.project, c.command, c.patterns, c.user, c.host, c.workspace,
+		c.version, c.startedAt, c.finishedAt, c.exitCode, c.exitName, c.result, c.firstAt, c.lastAt,
+		c.lastSeq, c.count, c.done}
+}
+
+type targetCols struct {
+	inv, label, kind, reason, tags []string
+	success                        []pgtype.Bool
+	rank                           []int16
+	hasTags                        []bool
+}
+
+func (c *targetCols) add(id string, t *target) {
+	c.inv = append(c.inv, id)
+	c.label = append(c.label, t.label)
+	c.kind = append(c.kind, t.kind)
+	c.success = append(c.success, pgtype.Bool{Bool: t.success > 0, Valid: t.success != 0})
+	c.reason = append(c.reason, t.reason)
+	c.rank = append(c.rank, t.rank)
+	c.hasTags = append(c.hasTags, t.hasTags)
+	c.tags = append(c.tags, joinList(t.tags))
+}
+
+func (c *targetCols) args() []any {
+	return []any{c.inv, c.label, c.kind, c.success, c.reason, c.rank, c.hasTags, c.tags}
+}
+
+type testCols struct {
+	inv, label, status                                          []string
+	hasSummary                                                  []bool
+	attempts, runCount, shardCount, totalRuns, results, nCached []int32
+	duration                                                    []int64
+}
+
+func (c *testCols) add(id string, t *test) {
+	c.inv = append(c.inv, id)
+	c.label = append(c.label, t.label)
+	c.status = append(c.status, t.status)
+	c.hasSummary = append(c.hasSummary, t.hasSummary)
+	c.attempts = append(c.attempts, t.attempts)
+	c.runCount = append(c.runCount, t.runCount)
+	c.shardCount = append(c.shardCount, t.shardCount)
+	c.totalRuns = append(c.totalRuns, t.totalRunCount)
+	c.results = append(c.results, t.results)
+	c.duration = append(c.duration, t.durationMs)
+	c.nCached = append(c.nCached, t.numCached)
+}
+
+func (c *testCols) args() []any {
+	return []any{c.inv, c.label, c.status, c.hasSummary, c.attempts, c.runCount, c.shardCount,
+		c.totalRuns, c.results, c.duration, c.nCached}
+}
+
+type metricCols struct {
+	inv  []string
+	cols [14][]int64
+}
+
+func (c *metricCols) add(id string, v *inv) {
+	m := v.metrics
+	a, mem, tg, pk, tm := m.GetActionSummary(), m.GetMemoryMetrics(), m.GetTargetMetrics(), m.GetPackageMetrics(), m.GetTimingMetrics()
+	c.inv = append(c.inv, id)
+	for i, x := range [14]int64{
+		a.GetActionsCreated(), a.GetActionsExecuted(),
+		int64(a.GetActionCacheStatistics().GetHits()), int64(a.GetActionCacheStatistics().GetMisses()),
+		a.GetRemoteCacheHits(), tm.GetCpuTimeInMs(), tm.GetWallTimeInMs(),
+		tm.GetAnalysisPhaseTimeInMs(), tm.GetExecutionPhaseTimeInMs(),
+		mem.GetUsedHeapSizePostBuild(), mem.GetPeakPostGcHeapSize(), pk.GetPackagesLoaded(),
+		tg.GetTargetsLoaded(), tg.GetTargetsConfigured(),
+	} {
+		c.cols[i] = append(c.cols[i], x)
+	}
+}
+
+func (c *metricCols) args() []any {
+	args := []any{c.inv}
+	for i := range c.cols {
+		args = append(args, c.cols[i])
+	}
+	return args
+}
+
+type chunkCols struct {
+	inv            []string
+	seq            []int64
+	stdout, stderr [][]byte
+}
+
+func (c *chunkCols) args() []any { return []any{c.inv, c.seq, c.stdout, c.stderr} }
+
+func (c *chunkCols) add(id string, v *inv) {
+	c.inv = append(c.inv, id)
+	c.seq = append(c.seq, v.outSeq)
+	c.stdout = append(c.stdout, compressChunk(v.stdout))
+	c.stderr = append(c.stderr, compressChunk(v.stderr))
+}
