@@ -65,6 +65,10 @@ func Connect(url, name string) (*nats.Conn, error) {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250*time.Millisecond),
 		nats.RetryOnFailedConnect(false),
+		// No reconnect buffer: a publish while disconnected fails at once
+		// instead of being stored later, after events published behind it,
+		// which would break the order of an invocation's events.
+		nats.ReconnectBufSize(-1),
 	)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats at %s: %w", url, err)

@@ -12,5 +12,5 @@
 // FAILED_PRECONDITION, resending from the first unacknowledged event, so the
 // edge answers UNAVAILABLE for anything transient (the backbone is away)
 // and INVALID_ARGUMENT only for input that would fail again. A resend is a
-// no-op thanks to each event's Nats-Msg-Id (<invocation>/<sequence>).
+// no-op thanks to each event's Nats-Msg-Id (<project>/<invocation>/<sequence>).
 package bes

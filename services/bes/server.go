@@ -72,6 +72,20 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 	}
 }
 
+// MaxIDBytes bounds project, build and invocation ids: they become subject
+// tokens, and a subject beyond NATS's 4 KiB control line would cost the
+// edge its connection. Bazel's ids are 36-byte UUIDs.
+const MaxIDBytes = 512
+
+func checkIDs(ids ...string) error {
+	for _, id := range ids {
+		if len(id) > MaxIDBytes {
+			return status.Errorf(codes.InvalidArgument, "millrace: an id of %d bytes is longer than the limit of %d", len(id), MaxIDBytes)
+		}
+	}
+	return nil
+}
+
 // authorize returns the project a request may publish to.
 func (s *Server) authorize(ctx context.Context, projectID string) (string, error) {
 	if s.cfg.Keys.Len() == 0 {
@@ -135,6 +149,10 @@ func (s *Server) PublishLifecycleEvent(ctx context.Context, req *buildpb.Publish
 		return nil, err
 	}
 	obe := req.GetBuildEvent()
+	if err := checkIDs(project, obe.GetStreamId().GetBuildId(), obe.GetStreamId().GetInvocationId()); err != nil {
+		s.m.rejected("lifecycle", codes.InvalidArgument)
+		return nil, err
+	}
 	if err := checkLifecycle(obe); err != nil {
 		s.m.rejected("lifecycle", codes.InvalidArgument)
 		return nil, err
@@ -149,7 +167,8 @@ func (s *Server) PublishLifecycleEvent(ctx context.Context, req *buildpb.Publish
 		key = sid.GetBuildId() // build-level events (enqueued, finished) name no invocation
 	}
 	msg, err := s.message(project, envelope.KindLifecycle, obe,
-		"lc/"+sid.GetBuildId()+"/"+sid.GetInvocationId()+"/"+strconv.FormatInt(obe.GetSequenceNumber(), 10), streams.BESSubject(project, key))
+		"lc/"+streams.Token(project)+"/"+streams.Token(sid.GetBuildId())+"/"+streams.Token(sid.GetInvocationId())+"/"+strconv.FormatInt(obe.GetSequenceNumber(), 10),
+		streams.BESSubject(project, key))
 	if err != nil {
 		return nil, err
 	}
@@ -294,11 +313,12 @@ type toolStream struct {
 	project string
 	// projectID is the first request's project_id, as sent (it may be an
 	// API key: never logged). Bazel repeats it on every request.
-	projectID string
-	streamID  *buildpb.StreamId
-	subject   string
-	next      int64 // sequence expected next
-	finished  bool
+	projectID   string
+	streamID    *buildpb.StreamId
+	subject     string
+	msgIDPrefix string
+	next        int64 // sequence expected next
+	finished    bool
 }
 
 // start checks the first request and finds where the stream stands: a
@@ -310,6 +330,13 @@ func (t *toolStream) start(ctx context.Context, first *buildpb.PublishBuildToolE
 	if sid.GetInvocationId() == "" || sid.GetBuildId() == "" {
 		return status.Error(codes.InvalidArgument, "millrace: the stream's first event has no stream_id.build_id and invocation_id")
 	}
+	if err := checkIDs(t.project, sid.GetBuildId(), sid.GetInvocationId()); err != nil {
+		return err
+	}
+	// Msg-Ids name the project too, so that two projects (tenants) using
+	// the same invocation id never deduplicate each other's events, and
+	// use subject tokens, which NATS header handling leaves intact.
+	t.msgIDPrefix = streams.Token(t.project) + "/" + streams.Token(sid.GetInvocationId()) + "/"
 	t.streamID = sid
 	t.projectID = first.GetProjectId()
 	t.subject = streams.BESSubject(t.project, sid.GetInvocationId())
@@ -364,7 +391,7 @@ func (t *toolStream) receive(ctx context.Context, stream buildpb.PublishBuildEve
 		}
 		obe := req.GetOrderedBuildEvent()
 		msg, err := t.s.message(t.project, envelope.KindTool, obe,
-			t.streamID.GetInvocationId()+"/"+strconv.FormatInt(obe.GetSequenceNumber(), 10), t.subject)
+			t.msgIDPrefix+strconv.FormatInt(obe.GetSequenceNumber(), 10), t.subject)
 		if err != nil {
 			return err
 		}
