@@ -60,21 +60,17 @@ func Token(s string) string {
 	return b.String()
 }
 
-// Untoken reverses Token; ok is false when t is not a Token encoding.
+// Untoken reverses Token; ok is false when t is not the Token encoding of
+// any string (including non-canonical escapes such as "%41" for "A", so
+// that one id has exactly one subject).
 func Untoken(t string) (s string, ok bool) {
 	if t == "_" {
 		return "", true
-	}
-	if !strings.Contains(t, "%") {
-		return t, isPlain(t)
 	}
 	var b strings.Builder
 	for i := 0; i < len(t); i++ {
 		c := t[i]
 		if c != '%' {
-			if !plain(c) {
-				return "", false
-			}
 			b.WriteByte(c)
 			continue
 		}
@@ -89,7 +85,8 @@ func Untoken(t string) (s string, ok bool) {
 		b.WriteByte(hi<<4 | lo)
 		i += 2
 	}
-	return b.String(), true
+	s = b.String()
+	return s, Token(s) == t
 }
 
 func plain(c byte) bool {

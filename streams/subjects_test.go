@@ -100,3 +100,11 @@ func FuzzToken(f *testing.F) {
 		}
 	})
 }
+
+func TestUntokenRefusesNonCanonical(t *testing.T) {
+	for _, tok := range []string{"%41", "a%2e", "%5F%5F"} {
+		if s, ok := streams.Untoken(tok); ok {
+			t.Errorf("Untoken(%q) = %q, ok; want refused (not how Token writes it)", tok, s)
+		}
+	}
+}

@@ -363,6 +363,10 @@ func (t *toolStream) start(ctx context.Context, first *buildpb.PublishBuildToolE
 // lastStored is the highest tool-event sequence the backbone holds for the
 // stream's invocation (0 if none).
 func (t *toolStream) lastStored(ctx context.Context) (int64, error) {
+	// Bazel sets no deadline of its own: bound the lookup so that a client
+	// hears UNAVAILABLE (and retries) while the backbone is away.
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
 	msg, err := t.s.stream.GetLastMsgForSubject(ctx, t.subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil

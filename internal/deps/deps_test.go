@@ -1,0 +1,43 @@
+package deps
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// depsOf lists every package pkg imports, transitively (go list -deps).
+func depsOf(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", pkg).Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	return strings.Fields(string(out))
+}
+
+func TestDependencyDirection(t *testing.T) {
+	const mod = "github.com/millrace/millrace"
+	rules := []struct {
+		pkg       string
+		forbidden []string // prefixes
+		why       string
+	}{
+		{mod + "/services/...", []string{mod + "/projectors"}, "edges publish; they never depend on a projection"},
+		{mod + "/projectors/...", []string{"github.com/nats-io/", mod + "/streams"}, "projectors are plain packages tested against PostgreSQL alone (streams/projection is allowed)"},
+		{mod + "/streams/projection", []string{"github.com/nats-io/"}, "the projector contract must not drag NATS into projectors"},
+		{mod + "/schemas/...", []string{mod + "/cmd", mod + "/streams", mod + "/services", mod + "/projectors", mod + "/internal", mod + "/loadtest", mod + "/migrations"}, "schemas is a leaf module outside programs import"},
+	}
+	for _, r := range rules {
+		for _, dep := range depsOf(t, r.pkg) {
+			if dep == mod+"/streams/projection" {
+				continue
+			}
+			for _, f := range r.forbidden {
+				if strings.HasPrefix(dep, f) {
+					t.Errorf("%s depends on %s: %s", r.pkg, dep, r.why)
+				}
+			}
+		}
+	}
+}
