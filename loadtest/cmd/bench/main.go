@@ -1,0 +1,232 @@
+// Command bench is millrace's load test (`make bench`): it replays recorded
+// Bazel build events (loadtest/fixtures/*.besrec) against the real binary
+// (bin/millrace) in several scenarios, each on fresh state, measures
+// throughput, latency and the CPU each process spends per event, and writes
+// one JSON report per scenario and a summary to -out. Everything listens on
+// 127.0.0.1 and every run stops by itself. See loadtest/README.md.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Scenario names, in the order they run.
+const (
+	scEdgeEmbedded  = "edge-embedded"
+	scEdgeNATSApart = "edge-nats-apart"
+	scProjector     = "projector"
+	scProjectorLive = "projector-live"
+	scPaced1000     = "paced-1000"
+)
+
+var allScenarios = []string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}
+
+type config struct {
+	out, bin, natsd, fixtures, tmp, pgDir string
+	scenarios                             map[string]bool
+
+	events   int64 // flat out: events per run
+	streams  []int // flat out: concurrent streams per run
+	natsSync string
+
+	pacedStreams int
+	pacedRate    float64
+	duration     time.Duration // paced-1000 measured window
+	warmup       time.Duration
+	warmupPhase  float64
+
+	liveStreams  int
+	liveRate     float64
+	liveDuration time.Duration
+	liveWarmup   time.Duration
+
+	buildsBatch   int           // projector: events per transaction (0: the binary's default)
+	buildsMaxWait time.Duration // projector: fetch wait (0: the binary's default)
+
+	quietWait time.Duration // paced runs: how long to wait for the machine to calm down first
+
+	lagPoll, lagTimeout, drainTimeout time.Duration
+	keep                              bool
+}
+
+func main() {
+	var c config
+	var scenarios, streams string
+	flag.StringVar(&c.out, "out", "loadtest/results", "directory for the JSON reports")
+	flag.StringVar(&c.bin, "bin", "bin/millrace", "the millrace binary to run (make build)")
+	flag.StringVar(&c.natsd, "natsd", "", "natsd binary; empty: build ./loadtest/cmd/natsd")
+	flag.StringVar(&c.fixtures, "fixtures", "loadtest/fixtures/*.besrec", "recordings to replay (glob)")
+	flag.StringVar(&c.tmp, "tmp", os.TempDir(), "where the scenarios' state (file stores, logs) goes")
+	flag.StringVar(&c.pgDir, "pg-dir", "var/pg", "private PostgreSQL cluster, used only when DATABASE_URL is unset and 127.0.0.1:5432 does not answer")
+	flag.StringVar(&scenarios, "scenarios", strings.Join(allScenarios, ","), "scenarios to run, comma-separated: "+strings.Join(allScenarios, ", "))
+	flag.Int64Var(&c.events, "events", 200_000, "flat-out runs: events to replay per run")
+	flag.StringVar(&streams, "streams", "8,64", "flat-out runs: concurrent streams, one run per number")
+	flag.StringVar(&c.natsSync, "nats-sync", "1s", `JetStream fsync interval ("always" fsyncs every write)`)
+	flag.IntVar(&c.pacedStreams, "paced-streams", 1000, "paced-1000: concurrent streams")
+	flag.Float64Var(&c.pacedRate, "paced-rate", 2500, "paced-1000: total events/s over all streams")
+	flag.DurationVar(&c.duration, "duration", 60*time.Second, "paced-1000: measured time after the warm-up")
+	flag.DurationVar(&c.warmup, "warmup", 20*time.Second, "paced-1000: warm-up that spreads the invocations over their lives")
+	flag.Float64Var(&c.warmupPhase, "warmup-phase", 0.5, "paced runs: each stream's first invocation starts at a random point within this fraction of its build, sent during the warm-up")
+	flag.IntVar(&c.liveStreams, "live-streams", 64, "projector-live: concurrent streams")
+	flag.Float64Var(&c.liveRate, "live-rate", 5000, "projector-live: total events/s")
+	flag.DurationVar(&c.liveDuration, "live-duration", 30*time.Second, "projector-live: measured time after the warm-up")
+	flag.DurationVar(&c.liveWarmup, "live-warmup", 10*time.Second, "projector-live: warm-up")
+	flag.IntVar(&c.buildsBatch, "builds-batch", 0, "projector: MILLRACE_BUILDS_BATCH (0: the binary's default)")
+	flag.DurationVar(&c.buildsMaxWait, "builds-max-wait", 0, "projector: MILLRACE_BUILDS_MAX_WAIT (0: the binary's default)")
+	flag.DurationVar(&c.quietWait, "quiet-wait", time.Minute, "paced runs: wait up to this long for other work on the machine to fall below a quarter of a core (latency is not the system's own otherwise)")
+	flag.DurationVar(&c.lagPoll, "lag-poll", 50*time.Millisecond, "how often projection lag is polled")
+	flag.DurationVar(&c.lagTimeout, "lag-timeout", 60*time.Second, "how long to wait for the last invocations to be projected")
+	flag.DurationVar(&c.drainTimeout, "drain-timeout", 5*time.Minute, "projector: longest drain before giving up")
+	flag.BoolVar(&c.keep, "keep", false, "keep the scenarios' state and logs")
+	flag.Parse()
+
+	c.scenarios = map[string]bool{}
+	for _, s := range strings.Split(scenarios, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if !contains(allScenarios, s) {
+			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want %s)\n", s, strings.Join(allScenarios, ", "))
+			os.Exit(2)
+		}
+		c.scenarios[s] = true
+	}
+	for _, s := range strings.Split(streams, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			fmt.Fprintf(os.Stderr, "bench: -streams %q: want positive numbers, comma-separated\n", streams)
+			os.Exit(2)
+		}
+		c.streams = append(c.streams, n)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, c)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func run(ctx context.Context, c config) error {
+	started := time.Now()
+	if _, err := os.Stat(c.bin); err != nil {
+		return fmt.Errorf("%s: %w (run `make build` first)", c.bin, err)
+	}
+	if abs, err := filepath.Abs(c.bin); err == nil {
+		c.bin = abs
+	}
+	nofile := raiseNoFile()
+
+	b := &bench{cfg: c}
+	if err := b.loadFixtures(); err != nil {
+		return err
+	}
+	tmp, err := mkdir(c.tmp, "millrace-bench")
+	if err != nil {
+		return err
+	}
+	b.tmp = tmp
+	defer func() {
+		if !c.keep {
+			os.RemoveAll(tmp)
+		} else {
+			fmt.Printf("bench: state and logs kept in %s\n", tmp)
+		}
+	}()
+	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scProjector]) {
+		if b.natsd, err = buildNATSD(ctx, tmp); err != nil {
+			return err
+		}
+	}
+	if b.pg, err = openPG(ctx, c.pgDir); err != nil {
+		return fmt.Errorf("PostgreSQL: %w", err)
+	}
+	defer b.pg.close()
+	b.machine = collectMachine(ctx, c.bin, b.pg, nofile)
+	fmt.Printf("bench: %d builds from %d fixture files (%d-%d events each); %s; PostgreSQL at %s; %d CPUs\n",
+		b.fixtureInfo.Builds, len(b.fixtureInfo.Files), b.fixtureInfo.EventsMin, b.fixtureInfo.EventsMax,
+		b.machine.GoVersion, b.machine.PGURL, b.machine.NProc)
+	defer b.releaseKept()
+
+	sum := summary{Started: started, Command: strings.Join(os.Args, " "), Machine: b.machine, Fixtures: b.fixtureInfo}
+	for _, name := range allScenarios {
+		if !c.scenarios[name] {
+			continue
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		fmt.Printf("\n=== %s\n", name)
+		rep := b.runScenario(ctx, name)
+		file := filepath.Join(c.out, name+".json")
+		if err := writeJSON(file, rep); err != nil {
+			return err
+		}
+		b.reports = append(b.reports, rep)
+		sum.Scenarios = append(sum.Scenarios, scenarioSummary{Scenario: name, File: filepath.Base(file), Error: rep.Error})
+		sum.Checks = append(sum.Checks, rep.Checks...)
+		if rep.Error != "" {
+			fmt.Printf("bench: %s failed: %s\n", name, rep.Error)
+		}
+	}
+	sum.Finished = time.Now()
+	sum.DurationS = round(sum.Finished.Sub(started).Seconds(), 1)
+	for _, ch := range sum.Checks {
+		if ch.Pass {
+			sum.Passed++
+		} else {
+			sum.Failed++
+		}
+	}
+	if err := writeJSON(filepath.Join(c.out, "summary.json"), sum); err != nil {
+		return err
+	}
+	printTable(os.Stdout, b.reports)
+	printChecks(os.Stdout, sum.Checks)
+	fmt.Printf("\nbench: %d passed, %d failed in %.0f s; reports in %s\n", sum.Passed, sum.Failed, sum.DurationS, c.out)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	for _, s := range sum.Scenarios {
+		if s.Error != "" {
+			return fmt.Errorf("scenario %s: %s", s.Scenario, s.Error)
+		}
+	}
+	return nil
+}
+
+// raiseNoFile lifts the soft file-descriptor limit to the hard one: a
+// thousand streams on their own connections need a few thousand
+// descriptors here and in the edge (which inherits the limit).
+func raiseNoFile() uint64 {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return 0
+	}
+	if lim.Cur < lim.Max {
+		lim.Cur = lim.Max
+		syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+		syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}
+	return lim.Cur
+}

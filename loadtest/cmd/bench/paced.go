@@ -1,0 +1,333 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/loadtest/replay"
+)
+
+// quietThreshold is how much of the machine other work may take before a
+// latency measurement waits for it to go away.
+const quietThreshold = 0.25 // cores
+
+// waitQuiet waits up to max for the machine's busy CPU (nothing of the
+// bench's runs between scenarios) to fall below quietThreshold, and
+// returns the last reading in cores.
+func waitQuiet(ctx context.Context, max time.Duration) float64 {
+	deadline := time.Now().Add(max)
+	said := false
+	for {
+		before, self0 := readMachineCPU(), selfCPU()
+		select {
+		case <-ctx.Done():
+			return 0
+		case <-time.After(2 * time.Second):
+		}
+		m := readMachineCPU().sub(before)
+		other := (m.busy - (selfCPU() - self0)).Seconds() / 2
+		if other < quietThreshold || time.Now().After(deadline) {
+			if said {
+				fmt.Printf("  other work now takes %.2f cores\n", other)
+			}
+			return round(other, 2)
+		}
+		if !said {
+			fmt.Printf("  waiting up to %s for other work on the machine (%.2f cores) to stop\n", max, other)
+			said = true
+		}
+	}
+}
+
+func selfCPU() time.Duration {
+	t, _ := readCPU(os.Getpid())
+	return t.self()
+}
+
+// pacedRun replays at a fixed rate into an edge (embedded JetStream) with
+// the projector running, and measures ack latency and projection lag.
+func (b *bench) pacedRun(ctx context.Context, scenario string, n int, rate float64, warmup, window time.Duration) (runReport, error) {
+	dir, err := mkdir(b.tmp, scenario)
+	if err != nil {
+		return runReport{}, err
+	}
+	if !b.cfg.keep {
+		defer os.RemoveAll(dir)
+	}
+	db, dbURL, err := b.pg.createDB(ctx, scenario)
+	if err != nil {
+		return runReport{}, err
+	}
+	defer b.pg.dropDB(db)
+	if err := b.migrate(ctx, dbURL); err != nil {
+		return runReport{}, err
+	}
+	e, err := b.startEdge(ctx, dir, "")
+	if err != nil {
+		return runReport{}, err
+	}
+	defer e.p.stop(stopGrace)
+	proj, projMetrics, err := b.startProjector(ctx, dir, e.natsURL, dbURL, true)
+	if err != nil {
+		return runReport{}, err
+	}
+	defer proj.stop(stopGrace)
+	// Two connections of the bench's own: one polls for lag, the other
+	// for the projector's position. Their backends are not the projector's
+	// cost.
+	var conns [2]*pgx.Conn
+	var connPIDs []int
+	for i := range conns {
+		c, err := pgx.Connect(ctx, dbURL)
+		if err != nil {
+			return runReport{}, err
+		}
+		defer c.Close(context.Background())
+		var pid int
+		if err := c.QueryRow(ctx, "select pg_backend_pid()").Scan(&pid); err != nil {
+			return runReport{}, err
+		}
+		conns[i], connPIDs = c, append(connPIDs, pid)
+	}
+	lagConn, conn := conns[0], conns[1]
+
+	procs := map[string]*proc{"edge": e.p, "projector": proj}
+	var quiet float64
+	if b.cfg.quietWait > 0 {
+		quiet = waitQuiet(ctx, b.cfg.quietWait)
+	}
+	start := time.Now()
+	measureFrom := start.Add(warmup)
+	lag := newLagTracker(measureFrom)
+	lagCtx, stopLag := context.WithCancel(ctx)
+	lagDone := make(chan error, 1)
+	go func() { lagDone <- lag.poll(lagCtx, lagConn, b.cfg.lagPoll) }()
+	defer stopLag()
+
+	// The window's CPU and PostgreSQL figures start at the end of the
+	// warm-up.
+	type windowStart struct {
+		snap       snapshot
+		meter      *pgMeter
+		edge, proj promSample
+		err        error
+	}
+	wsC := make(chan windowStart, 1)
+	received := false
+	defer func() {
+		if received {
+			return
+		}
+		// The run failed: let the window's goroutine finish and stop its
+		// meter.
+		go func() {
+			if ws := <-wsC; ws.meter != nil {
+				ws.meter.stop(context.Background())
+			}
+		}()
+	}()
+	go func() {
+		select {
+		case <-time.After(time.Until(measureFrom)):
+		case <-ctx.Done():
+			wsC <- windowStart{err: ctx.Err()}
+			return
+		}
+		var ws windowStart
+		ws.edge, ws.proj = scrape(e.metrics), scrape(projMetrics)
+		ws.snap, ws.err = takeSnapshot(procs)
+		if ws.err == nil {
+			ws.meter, ws.err = b.pg.meter(ctx, db, connPIDs...)
+		}
+		wsC <- ws
+	}()
+
+	fmt.Printf("  %d streams at %.0f events/s: %s warm-up, then %s measured\n", n, rate, warmup, window)
+	res, err := replay.Run(ctx, replay.Config{
+		Target: e.bes, Scripts: b.scripts, Streams: n, Projects: projectsFor(n),
+		Rate: rate, Warmup: warmup, WarmupPhase: b.cfg.warmupPhase, Duration: warmup + window, Seed: 1,
+		OnStreamDone: lag.done,
+	})
+	if err != nil {
+		return runReport{}, err
+	}
+	edgeAfter, err := takeSnapshot(procs)
+	if err != nil {
+		return runReport{}, err
+	}
+	edgeProm := scrape(e.metrics)
+	ws := <-wsC
+	received = true
+	if ws.meter != nil {
+		defer ws.meter.stop(context.Background()) // a no-op after the stop below
+	}
+	if ws.err != nil {
+		return runReport{}, ws.err
+	}
+	// The projector's and PostgreSQL's share ends once everything sent is
+	// projected.
+	_, last, _, err := streamState(ctx, e.natsURL)
+	if err != nil {
+		return runReport{}, err
+	}
+	if err := waitPosition(ctx, conn, proj, last, b.cfg.lagTimeout); err != nil {
+		return runReport{}, err
+	}
+	projAfter, err := takeSnapshot(procs)
+	if err != nil {
+		return runReport{}, err
+	}
+	projProm := scrape(projMetrics)
+	cost, err := ws.meter.stop(ctx)
+	if err != nil {
+		return runReport{}, err
+	}
+	lag.wait(b.cfg.lagTimeout)
+	stopLag()
+	<-lagDone
+
+	run := fillRun(fmt.Sprintf("%d streams paced", n), res, n, natsEmbedded, b.cfg.natsSync)
+	run.Mode = "paced"
+	run.TargetEventsPerS = rate
+	run.WarmupAckLatency = summaryPtr(res.WarmupAck)
+	events := res.WindowEvents
+	edgeFig, _ := cpuFigures(ws.snap, edgeAfter, events, nil)
+	projFig, machine := cpuFigures(ws.snap, projAfter, events, &cost)
+	run.CPU = map[string]cpuFigure{
+		"edge":                edgeFig["edge"],
+		"bench_client":        edgeFig["bench_client"],
+		"projector":           projFig["projector"],
+		"postgres_all":        projFig["postgres_all"],
+		"postgres_attributed": projFig["postgres_attributed"],
+	}
+	run.Machine = machine
+	run.Machine.Load1Start = ws.snap.loadavg()
+	run.Machine.OtherCoresBefore = quiet
+	run.Postgres = b.pgReport(cost, events)
+	run.Lag = lag.report(b.cfg.lagPoll)
+	run.Server = serverReport(edgeProm.delta(ws.edge), projProm.delta(ws.proj))
+	return run, nil
+}
+
+// lagTracker measures projection lag: from the moment the last event of an
+// invocation's stream was acknowledged to the first poll that sees its row
+// with that event applied (last_sequence) and a final status. Waiting for
+// the last event, not only for the status, matters for slow streams: Bazel's
+// BuildFinished comes a few events before the end, and at a few events per
+// second a row can look finished seconds before the stream ends.
+type lagTracker struct {
+	from time.Time
+
+	mu           sync.Mutex
+	pending      map[string]replay.StreamDone
+	lag, warmLag replay.Histogram
+	measured     int
+	empty        *sync.Cond
+}
+
+func newLagTracker(from time.Time) *lagTracker {
+	l := &lagTracker{from: from, pending: map[string]replay.StreamDone{}}
+	l.empty = sync.NewCond(&l.mu)
+	return l
+}
+
+func (l *lagTracker) done(d replay.StreamDone) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending[d.InvocationID] = d
+}
+
+// maxPollIDs bounds one poll's id list.
+const maxPollIDs = 5000
+
+func (l *lagTracker) poll(ctx context.Context, conn *pgx.Conn, every time.Duration) error {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		l.mu.Lock()
+		ids := make([]string, 0, min(len(l.pending), maxPollIDs))
+		seqs := make([]int64, 0, cap(ids))
+		for id, d := range l.pending {
+			if len(ids) == maxPollIDs {
+				break
+			}
+			ids, seqs = append(ids, id), append(seqs, d.LastSequence)
+		}
+		l.mu.Unlock()
+		if len(ids) == 0 {
+			continue
+		}
+		// The query's snapshot is taken when it starts: a row it sees was
+		// committed before then (and after the previous poll, at worst).
+		seen := time.Now()
+		rows, err := conn.Query(ctx, `select i.id from invocations i
+			join unnest($1::text[], $2::bigint[]) as p(id, seq) on i.id = p.id
+			where i.status <> 'running' and i.last_sequence >= p.seq`, ids, seqs)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		found, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		l.mu.Lock()
+		for _, id := range found {
+			at := l.pending[id].LastAck
+			delete(l.pending, id)
+			if at.Before(l.from) {
+				l.warmLag.Record(seen.Sub(at))
+			} else {
+				l.lag.Record(seen.Sub(at))
+				l.measured++
+			}
+		}
+		if len(l.pending) == 0 {
+			l.empty.Broadcast()
+		}
+		l.mu.Unlock()
+	}
+}
+
+// wait blocks until every finished invocation was seen projected, or timeout.
+func (l *lagTracker) wait(timeout time.Duration) {
+	timer := time.AfterFunc(timeout, func() {
+		l.mu.Lock()
+		l.empty.Broadcast()
+		l.mu.Unlock()
+	})
+	defer timer.Stop()
+	deadline := time.Now().Add(timeout)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for len(l.pending) > 0 && time.Now().Before(deadline) {
+		l.empty.Wait()
+	}
+}
+
+func (l *lagTracker) report(poll time.Duration) *lagReport {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return &lagReport{
+		Measured:       l.measured,
+		NotProjected:   len(l.pending),
+		PollIntervalMS: float64(poll) / 1e6,
+		Lag:            l.lag.Summary(),
+		WarmupLag:      l.warmLag.Summary(),
+	}
+}

@@ -1,0 +1,518 @@
+package replay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// Config of one replay run. Scripts and Target are required.
+type Config struct {
+	// Target is the BES server's host:port.
+	Target string
+	// Scripts are the builds to replay, taken round robin.
+	Scripts []*Script
+	// Streams is how many invocations run at once (each worker replays one
+	// invocation after another). Default 1.
+	Streams int
+	// Conns is how many gRPC connections the workers share. Default
+	// Streams: one per worker, as every Bazel client has its own.
+	Conns int
+	// Projects are the project ids the workers send, worker i taking
+	// Projects[i % len]. Empty: the recorded project ids.
+	Projects []string
+
+	// Events stops the run once workers have started invocations holding
+	// this many events; the invocations under way finish. 0: no limit.
+	Events int64
+	// Duration stops the run after this long; invocations under way are cut
+	// short (their streams half-close early, as if the build stopped, and
+	// every event sent is still acknowledged). 0: no limit.
+	Duration time.Duration
+
+	// Rate is the total events per second to send, spread evenly over the
+	// workers; 0 sends flat out.
+	Rate float64
+	// RateJitter spreads the workers' rates uniformly over
+	// (1 ± RateJitter) × Rate/Streams, so that streams do not move in step.
+	// Default 0.2; negative: none.
+	RateJitter float64
+	// Warmup (paced only) starts each worker's first invocation at a random
+	// point of its script, and sends the events before that point during
+	// the warm-up, so that at its end the invocations are spread over their
+	// lives as in a steady state and some finish every second. Ack latency
+	// and window counts only include events sent after the warm-up.
+	Warmup time.Duration
+	// WarmupPhase bounds that random point to the first WarmupPhase of
+	// the script (0 < WarmupPhase <= 1; default 1), which keeps the
+	// warm-up's burst smaller on a small machine.
+	WarmupPhase float64
+	// Seed makes the phases and rates repeatable.
+	Seed uint64
+
+	// OnStreamDone, when set, is called as soon as a tool event stream has
+	// sent and had acknowledged every one of its events, before the
+	// finishing lifecycle events (from the worker's goroutine: it should be
+	// quick).
+	OnStreamDone func(StreamDone)
+}
+
+// StreamDone describes a tool event stream replayed to the end.
+type StreamDone struct {
+	// InvocationID is the stream's (new) invocation id.
+	InvocationID string
+	// LastSequence is the sequence number of the stream's last event
+	// (ComponentStreamFinished), and LastAck when its ack arrived.
+	LastSequence int64
+	LastAck      time.Time
+}
+
+func (c Config) withDefaults() Config {
+	if c.Streams <= 0 {
+		c.Streams = 1
+	}
+	if c.Conns <= 0 || c.Conns > c.Streams {
+		c.Conns = c.Streams
+	}
+	if c.RateJitter == 0 {
+		c.RateJitter = 0.2
+	}
+	if c.RateJitter < 0 {
+		c.RateJitter = 0
+	}
+	if c.WarmupPhase <= 0 || c.WarmupPhase > 1 {
+		c.WarmupPhase = 1
+	}
+	return c
+}
+
+// Result of a run.
+type Result struct {
+	// Elapsed is from the start until every worker finished.
+	Elapsed time.Duration
+	// Window is the measurement window: from the end of the warm-up to the
+	// stop (the whole run when flat out).
+	Window time.Duration
+	// ToolEvents acknowledged, LifecycleEvents stored, in the whole run.
+	ToolEvents      int64
+	LifecycleEvents int64
+	// ToolEventsSent may exceed ToolEvents when streams failed.
+	ToolEventsSent int64
+	// WindowEvents were sent inside the window and acknowledged.
+	WindowEvents int64
+	// Invocations replayed to the end, cut short by the stop, or failed.
+	Invocations int64
+	Truncated   int64
+	Failed      int64
+	// Errors by kind ("stream Unavailable", "ack mismatch", ...), and the
+	// first few messages.
+	Errors       map[string]int64
+	ErrorSamples []string
+	// Ack latencies of tool events sent in the window; of those sent during
+	// the warm-up; and of lifecycle calls in the window.
+	Ack       *Histogram
+	WarmupAck *Histogram
+	Lifecycle *Histogram
+}
+
+// Events is every event stored: tool and lifecycle.
+func (r *Result) Events() int64 { return r.ToolEvents + r.LifecycleEvents }
+
+// Run replays until the configured stop, or until ctx ends (which cancels
+// the streams under way and returns ctx's error).
+func Run(ctx context.Context, cfg Config) (*Result, error) {
+	cfg = cfg.withDefaults()
+	if len(cfg.Scripts) == 0 {
+		return nil, errors.New("replay: no scripts")
+	}
+	if cfg.Target == "" {
+		return nil, errors.New("replay: no target")
+	}
+	r := &runner{
+		cfg:   cfg,
+		stopC: make(chan struct{}),
+		res: &Result{
+			Errors: map[string]int64{}, Ack: new(Histogram), WarmupAck: new(Histogram), Lifecycle: new(Histogram),
+		},
+		codec: grpc.ForceCodecV2(newRawCodec()),
+	}
+	for range cfg.Conns {
+		cc, err := grpc.NewClient(cfg.Target,
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+		if err != nil {
+			r.close()
+			return nil, fmt.Errorf("replay: dial %s: %w", cfg.Target, err)
+		}
+		r.conns = append(r.conns, cc)
+		r.clients = append(r.clients, buildpb.NewPublishBuildEventClient(cc))
+	}
+	defer r.close()
+
+	r.start = time.Now()
+	r.measureFrom = r.start
+	if cfg.Rate > 0 {
+		r.measureFrom = r.start.Add(cfg.Warmup)
+	}
+	if cfg.Duration > 0 {
+		t := time.AfterFunc(cfg.Duration, r.stop)
+		defer t.Stop()
+	}
+	var wg sync.WaitGroup
+	for i := range cfg.Streams {
+		wg.Go(func() { r.worker(ctx, i) })
+	}
+	wg.Wait()
+	end := time.Now()
+	r.stop()
+	res := r.res
+	res.Elapsed = end.Sub(r.start)
+	stopAt := r.stopAt.Load()
+	if stopAt == nil || stopAt.After(end) {
+		stopAt = &end
+	}
+	res.Window = max(0, stopAt.Sub(r.measureFrom))
+	res.ToolEvents = r.toolEvents.Load()
+	res.LifecycleEvents = r.lifecycleEvents.Load()
+	res.ToolEventsSent = r.sent.Load()
+	res.WindowEvents = r.windowEvents.Load()
+	res.Invocations = r.invocations.Load()
+	res.Truncated = r.truncated.Load()
+	res.Failed = r.failed.Load()
+	return res, ctx.Err()
+}
+
+type runner struct {
+	cfg     Config
+	conns   []*grpc.ClientConn
+	clients []buildpb.PublishBuildEventClient
+	codec   grpc.CallOption
+
+	start, measureFrom time.Time
+	stopOnce           sync.Once
+	stopC              chan struct{}
+	stopAt             atomic.Pointer[time.Time]
+
+	next, claimed atomic.Int64
+	toolEvents, lifecycleEvents, sent, windowEvents,
+	invocations, truncated, failed atomic.Int64
+
+	mu  sync.Mutex // guards res.Errors and res.ErrorSamples
+	res *Result
+}
+
+func (r *runner) close() {
+	for _, cc := range r.conns {
+		cc.Close()
+	}
+}
+
+func (r *runner) stop() {
+	r.stopOnce.Do(func() {
+		now := time.Now()
+		r.stopAt.Store(&now)
+		close(r.stopC)
+	})
+}
+
+func (r *runner) stopping() bool {
+	select {
+	case <-r.stopC:
+		return true
+	default:
+		return false
+	}
+}
+
+func (r *runner) error(kind string, err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.res.Errors[kind]++
+	if len(r.res.ErrorSamples) < 10 {
+		r.res.ErrorSamples = append(r.res.ErrorSamples, kind+": "+err.Error())
+	}
+}
+
+// worker is one stream slot: one invocation after another.
+type worker struct {
+	client  buildpb.PublishBuildEventClient
+	project string
+	rng     *rand.Rand
+	pace    pacer
+}
+
+func (r *runner) worker(ctx context.Context, i int) {
+	w := &worker{
+		client: r.clients[i%len(r.clients)],
+		rng:    rand.New(rand.NewPCG(r.cfg.Seed, uint64(i))),
+		pace:   pacer{stopC: r.stopC},
+	}
+	if len(r.cfg.Projects) > 0 {
+		w.project = r.cfg.Projects[i%len(r.cfg.Projects)]
+	}
+	first := true
+	for ctx.Err() == nil && !r.stopping() {
+		s := r.cfg.Scripts[int(r.next.Add(1)-1)%len(r.cfg.Scripts)]
+		n := int64(s.Events())
+		if r.cfg.Events > 0 && r.claimed.Add(n)-n >= r.cfg.Events {
+			return
+		}
+		if r.cfg.Rate > 0 && first {
+			rate := r.cfg.Rate / float64(r.cfg.Streams) * (1 + r.cfg.RateJitter*(2*w.rng.Float64()-1))
+			w.pace.interval = time.Duration(float64(time.Second) / rate)
+			// Each stream starts at its own offset within one interval,
+			// so that the streams do not send in step.
+			steady := r.measureFrom.Add(time.Duration(w.rng.Float64() * float64(w.pace.interval)))
+			w.pace.next = steady
+			if phase := int(w.rng.Float64() * r.cfg.WarmupPhase * float64(n)); r.cfg.Warmup > 0 && phase > 0 {
+				// Send the first phase events of this invocation during
+				// the warm-up, then go on at the stream's own pace.
+				w.pace.warm = phase
+				w.pace.warmInterval = r.cfg.Warmup / time.Duration(phase+1)
+				w.pace.next = r.start.Add(w.pace.warmInterval)
+				w.pace.steadyFrom = steady
+			}
+		}
+		first = false
+		r.invocation(ctx, w, s)
+		if ctx.Err() == nil && r.stopping() {
+			return
+		}
+	}
+}
+
+// backoff after a failed invocation, so that a refusing server is not
+// hammered in a tight loop.
+const backoff = 100 * time.Millisecond
+
+func (r *runner) invocation(ctx context.Context, w *worker, s *Script) {
+	buildID := NewID()
+	invs := make(map[string]string, len(s.Streams))
+	for _, ts := range s.Streams {
+		invs[ts.InvocationID] = NewID()
+	}
+	fail := func() {
+		r.failed.Add(1)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+		}
+	}
+	for _, req := range s.Before {
+		if !w.pace.wait(ctx) {
+			r.truncated.Add(1)
+			return
+		}
+		if _, err := r.lifecycle(ctx, w, lifecycle(req, buildID, invs, w.project)); err != nil {
+			fail()
+			return
+		}
+	}
+	for _, ts := range s.Streams {
+		ids, err := newStreamIDs(buildID, invs[ts.InvocationID], w.project, ts.component)
+		if err != nil {
+			r.error("encode", err)
+			fail()
+			return
+		}
+		complete, at, err := r.stream(ctx, w, ts, ids)
+		if err != nil {
+			fail()
+			return
+		}
+		if !complete {
+			r.truncated.Add(1)
+			return
+		}
+		if r.cfg.OnStreamDone != nil {
+			r.cfg.OnStreamDone(StreamDone{InvocationID: ids.sid.InvocationId, LastSequence: int64(len(ts.Requests)), LastAck: at})
+		}
+	}
+	// The finishing events go out even after the stop: the invocation's
+	// stream is complete and a build would not leave them out.
+	for _, req := range s.After {
+		if !r.stopping() {
+			w.pace.wait(ctx)
+		}
+		if _, err := r.lifecycle(ctx, w, lifecycle(req, buildID, invs, w.project)); err != nil {
+			fail()
+			return
+		}
+	}
+	r.invocations.Add(1)
+}
+
+func (r *runner) lifecycle(ctx context.Context, w *worker, req *buildpb.PublishLifecycleEventRequest) (time.Time, error) {
+	t0 := time.Now()
+	_, err := w.client.PublishLifecycleEvent(ctx, req)
+	t1 := time.Now()
+	if err != nil {
+		if ctx.Err() == nil {
+			r.error("lifecycle "+status.Code(err).String(), err)
+		}
+		return t1, err
+	}
+	r.lifecycleEvents.Add(1)
+	if !t0.Before(r.measureFrom) {
+		r.res.Lifecycle.Record(t1.Sub(t0))
+		r.windowEvents.Add(1)
+	}
+	return t1, nil
+}
+
+// stream sends one invocation's tool events as Bazel does and reads the
+// acks as they come. complete is false when the run's stop cut the stream
+// short; at is when the last ack arrived.
+func (r *runner) stream(ctx context.Context, w *worker, ts *ToolStream, ids streamIDs) (complete bool, at time.Time, err error) {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cs, err := w.client.PublishBuildToolEventStream(sctx, r.codec)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.error("stream "+status.Code(err).String(), err)
+		}
+		return false, time.Time{}, err
+	}
+	n := len(ts.Requests)
+	sentAt := make([]atomic.Int64, n)
+
+	type recvResult struct {
+		acked int
+		last  time.Time
+		err   error
+		kind  string
+	}
+	recvDone := make(chan recvResult, 1)
+	go func() {
+		var res recvResult
+		var ack buildpb.PublishBuildToolEventStreamResponse
+		for {
+			err := cs.RecvMsg(&ack)
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				res.err, res.kind = err, "stream "+status.Code(err).String()
+				break
+			}
+			now := time.Now()
+			i := res.acked
+			if i >= n || ack.GetSequenceNumber() != ts.Requests[i].GetOrderedBuildEvent().GetSequenceNumber() ||
+				ack.GetStreamId().GetInvocationId() != ids.sid.InvocationId || ack.GetStreamId().GetBuildId() != ids.sid.BuildId {
+				res.err = fmt.Errorf("invocation %s: ack #%d is for %s/%s sequence %d", ids.sid.InvocationId, i+1,
+					ack.GetStreamId().GetBuildId(), ack.GetStreamId().GetInvocationId(), ack.GetSequenceNumber())
+				res.kind = "ack mismatch"
+				cancel()
+				break
+			}
+			sent := time.Unix(0, sentAt[i].Load())
+			if sent.Before(r.measureFrom) {
+				r.res.WarmupAck.Record(now.Sub(sent))
+			} else {
+				r.res.Ack.Record(now.Sub(sent))
+				r.windowEvents.Add(1)
+			}
+			r.toolEvents.Add(1)
+			res.acked++
+			res.last = now
+		}
+		recvDone <- res
+	}()
+
+	sent := 0
+	for i := range n {
+		if !w.pace.wait(sctx) {
+			break
+		}
+		b := ts.request(i, ids)
+		sentAt[i].Store(time.Now().UnixNano())
+		if err := cs.SendMsg(frame(b)); err != nil {
+			break // the stream ended; RecvMsg has the status
+		}
+		sent++
+	}
+	r.sent.Add(int64(sent))
+	cs.CloseSend()
+	res := <-recvDone
+	switch {
+	case res.err != nil:
+		if ctx.Err() == nil {
+			r.error(res.kind, res.err)
+		}
+		return false, res.last, res.err
+	case res.acked != sent:
+		err := fmt.Errorf("invocation %s: the server closed the stream OK after %d acks for %d events", ids.sid.InvocationId, res.acked, sent)
+		r.error("early close", err)
+		return false, res.last, err
+	}
+	return sent == n, res.last, nil
+}
+
+// pacer spaces one worker's events.
+type pacer struct {
+	interval time.Duration // 0: flat out
+	next     time.Time
+	stopC    <-chan struct{}
+	// warm-up: the first warm events are spaced by warmInterval, and the
+	// steady pace starts at steadyFrom.
+	warm         int
+	warmInterval time.Duration
+	steadyFrom   time.Time
+}
+
+// maxLag is how far a paced worker may fall behind its schedule before it
+// gives up catching up (a burst to catch up would not be the pace asked).
+const maxLag = time.Second
+
+// wait blocks until the next event is due; false when the run stops first.
+func (p *pacer) wait(ctx context.Context) bool {
+	if p.interval == 0 {
+		select {
+		case <-p.stopC:
+			return false
+		default:
+			return ctx.Err() == nil
+		}
+	}
+	if d := time.Until(p.next); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-p.stopC:
+			return false
+		case <-ctx.Done():
+			return false
+		}
+	} else {
+		select {
+		case <-p.stopC:
+			return false
+		default:
+		}
+	}
+	switch {
+	case p.warm > 0:
+		p.warm--
+		p.next = p.next.Add(p.warmInterval)
+		if p.warm == 0 {
+			p.next = p.steadyFrom
+		}
+	default:
+		p.next = p.next.Add(p.interval)
+		if now := time.Now(); now.Sub(p.next) > maxLag {
+			p.next = now
+		}
+	}
+	return ctx.Err() == nil
+}
