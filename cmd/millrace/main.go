@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"sort"
 	"strings"
 	"syscall"
@@ -39,6 +40,13 @@ var commands = []command{
 }
 
 func main() {
+	// The edge allocates per event and spent a third of its CPU in the
+	// garbage collector at the default GOGC=100; at 400 it used about 30%
+	// less CPU per event (make bench) for a heap of some tens of MB more.
+	// GOGC in the environment still wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(400)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
