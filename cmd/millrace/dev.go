@@ -61,16 +61,12 @@ func runDev(ctx context.Context, o devOptions) error {
 	if err != nil {
 		return err
 	}
-	natsCfg, err := o.nats.config()
-	if err != nil {
-		return err
-	}
 	t := newTelemetry()
 	start := time.Now()
 
 	// The edge comes first: Bazel's retries span about 9 s, so a restarted
 	// edge must serve again within seconds, whatever the database is doing.
-	bb, err := streams.Open(ctx, natsCfg, "millrace-dev", t.sm)
+	bb, _, err := o.nats.open(ctx, "millrace-dev", t.sm)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -93,6 +94,17 @@ func (o *natsOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.retentionDays, "retention-raw-days", "RETENTION_RAW_DAYS", 30, "days the BES stream keeps raw build events")
 	envDuration(fs, &o.dupWindow, "nats-duplicate-window", "MILLRACE_NATS_DUPLICATE_WINDOW", streams.DefaultDuplicateWindow, "how long a resent event is recognised as a duplicate")
 	envInt(fs, &o.maxPayload, "nats-max-payload", "MILLRACE_NATS_MAX_PAYLOAD", streams.DefaultMaxPayload, "embedded server: largest message in bytes")
+}
+
+// open checks the options and opens the backbone (starting the embedded
+// server when no URL is set), as client name.
+func (o *natsOptions) open(ctx context.Context, name string, m *streams.Metrics) (*streams.Backbone, streams.Config, error) {
+	c, err := o.config()
+	if err != nil {
+		return nil, c, err
+	}
+	bb, err := streams.Open(ctx, c, name, m)
+	return bb, c, err
 }
 
 func (o *natsOptions) config() (streams.Config, error) {

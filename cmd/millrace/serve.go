@@ -39,12 +39,8 @@ once stored. Several instances may run behind a balancer.`,
 				if err != nil {
 					return err
 				}
-				nc, err := no.config()
-				if err != nil {
-					return err
-				}
 				t := newTelemetry()
-				bb, err := streams.Open(ctx, nc, "millrace-bes", t.sm)
+				bb, _, err := no.open(ctx, "millrace-bes", t.sm)
 				if err != nil {
 					return err
 				}
@@ -102,12 +98,8 @@ others stand by (a PostgreSQL advisory lock decides).`,
 				if err != nil {
 					return err
 				}
-				nc, err := no.config()
-				if err != nil {
-					return err
-				}
 				t := newTelemetry()
-				bb, err := streams.Open(ctx, nc, "millrace-project-builds", t.sm)
+				bb, _, err := no.open(ctx, "millrace-project-builds", t.sm)
 				if err != nil {
 					return err
 				}

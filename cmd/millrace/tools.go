@@ -71,11 +71,7 @@ func streamsApplyCommand() command {
 				if _, err := lo.logger(); err != nil {
 					return err
 				}
-				nc, err := no.config()
-				if err != nil {
-					return err
-				}
-				bb, err := streams.Open(ctx, nc, "millrace-streams", nil)
+				bb, nc, err := no.open(ctx, "millrace-streams", nil)
 				if err != nil {
 					return err
 				}
@@ -109,11 +105,7 @@ func streamsInfoCommand() command {
 				if _, err := lo.logger(); err != nil {
 					return err
 				}
-				nc, err := no.config()
-				if err != nil {
-					return err
-				}
-				bb, err := streams.Open(ctx, nc, "millrace-streams", nil)
+				bb, nc, err := no.open(ctx, "millrace-streams", nil)
 				if err != nil {
 					return err
 				}
@@ -193,11 +185,7 @@ equals what the live projector would have built. Stop the builds projector first
 				if err != nil {
 					return err
 				}
-				nc, err := no.config()
-				if err != nil {
-					return err
-				}
-				bb, err := streams.Open(ctx, nc, "millrace-replay", nil)
+				bb, _, err := no.open(ctx, "millrace-replay", nil)
 				if err != nil {
 					return err
 				}
