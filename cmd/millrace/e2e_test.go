@@ -430,6 +430,7 @@ func TestBazelSurvivesEdgeKill(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	dev.kill()
+	t.Logf("killed the edge after %d events were projected", lastSeen(pool, run.invocationID))
 	if d := dev.start(); d > 3*time.Second {
 		t.Errorf("restarted millrace dev took %v to serve BES", d)
 	}
@@ -595,4 +596,10 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+func lastSeen(pool *pgxpool.Pool, id string) int64 {
+	var n int64
+	pool.QueryRow(context.Background(), "select event_count from invocations where id = $1", id).Scan(&n)
+	return n
 }
