@@ -253,6 +253,27 @@ func (r *bazelRun) start(t *testing.T) (wait func() (int, string)) {
 	}
 }
 
+// checkExit fails the test unless Bazel exited as the workspace demands;
+// context says what the run went through, logs is millrace's output.
+func (r *bazelRun) checkExit(t *testing.T, code int, out, context, logs string) {
+	t.Helper()
+	if want, _ := r.exp.ExitCode("test"); code != want {
+		t.Fatalf("bazel exited %d%s, want %d\n%s\n--- millrace:\n%s", code, context, want, out, logs)
+	}
+}
+
+// checkProjection compares the projection of the run with the JSON file
+// Bazel wrote and checks that the build was counted once.
+func (r *bazelRun) checkProjection(t *testing.T, db string) {
+	t.Helper()
+	summary, err := bazelws.ParseJSONFile(r.opt.JSONFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	compare(t, showJSON(t, db, r.invocationID), summary)
+	checkCountedOnce(t, db, r.invocationID, summary)
+}
+
 // showJSON runs `millrace builds show <id> --json` once the build is no
 // longer running, and decodes what it prints.
 func showJSON(t *testing.T, databaseURL, id string) map[string]any {
@@ -355,17 +376,8 @@ func TestBazelEndToEnd(t *testing.T) {
 	}
 	run := newBazelRun(t, 60, dev.besAddr)
 	code, out := run.start(t)()
-	wantCode, _ := run.exp.ExitCode("test")
-	if code != wantCode {
-		t.Fatalf("bazel exited %d, want %d\n%s\n--- millrace:\n%s", code, wantCode, out, dev.output())
-	}
-	summary, err := bazelws.ParseJSONFile(run.opt.JSONFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := showJSON(t, db, run.invocationID)
-	compare(t, got, summary)
-	checkCountedOnce(t, db, run.invocationID, summary)
+	run.checkExit(t, code, out, "", dev.output())
+	run.checkProjection(t, db)
 	dev.stop()
 
 	// Replay rebuilds exactly the same rows (every row of every table digested).
@@ -400,6 +412,14 @@ func digest(t *testing.T, db string) map[string]string {
 	return d
 }
 
+// lastSeen is how many tool events of invocation id are projected (0 before
+// its first).
+func lastSeen(pool *pgxpool.Pool, id string) int64 {
+	var n int64
+	pool.QueryRow(context.Background(), "select event_count from invocations where id = $1", id).Scan(&n)
+	return n
+}
+
 // TestBazelSurvivesEdgeKill: the edge is killed mid-build and restarted;
 // Bazel resumes its stream, the build ends as it would have, and the
 // projection is complete with nothing counted twice.
@@ -419,9 +439,7 @@ func TestBazelSurvivesEdgeKill(t *testing.T) {
 	defer pool.Close()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		var n int64
-		pool.QueryRow(context.Background(), "select coalesce(max(event_count), 0) from invocations where id = $1", run.invocationID).Scan(&n)
-		if n >= 20 {
+		if lastSeen(pool, run.invocationID) >= 20 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -435,17 +453,8 @@ func TestBazelSurvivesEdgeKill(t *testing.T) {
 		t.Errorf("restarted millrace dev took %v to serve BES", d)
 	}
 	code, out := wait()
-	wantCode, _ := run.exp.ExitCode("test")
-	if code != wantCode {
-		t.Fatalf("bazel exited %d after the edge restart, want %d (38/45 mean the BES upload failed)\n%s\n--- millrace:\n%s",
-			code, wantCode, out, dev.output())
-	}
-	summary, err := bazelws.ParseJSONFile(run.opt.JSONFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	compare(t, showJSON(t, db, run.invocationID), summary)
-	checkCountedOnce(t, db, run.invocationID, summary)
+	run.checkExit(t, code, out, " after the edge restart (38/45 mean the BES upload failed)", dev.output())
+	run.checkProjection(t, db)
 	dev.stop()
 }
 
@@ -513,22 +522,14 @@ func TestPostgresOutage(t *testing.T) {
 	down := time.Now()
 	run := newBazelRun(t, 60, dev.besAddr)
 	code, out := run.start(t)()
-	wantCode, _ := run.exp.ExitCode("test")
-	if code != wantCode {
-		t.Fatalf("bazel exited %d with the database down, want %d: the edge must keep acknowledging\n%s\n--- millrace:\n%s", code, wantCode, out, dev.output())
-	}
+	run.checkExit(t, code, out, " with the database down (the edge must keep acknowledging)", dev.output())
 	if d := 10*time.Second - time.Since(down); d > 0 {
 		time.Sleep(d) // the outage lasts 10 s in all
 	}
 	if err := pg.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	summary, err := bazelws.ParseJSONFile(run.opt.JSONFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	compare(t, showJSON(t, db, run.invocationID), summary)
-	checkCountedOnce(t, db, run.invocationID, summary)
+	run.checkProjection(t, db)
 	dev.stop()
 }
 
@@ -575,16 +576,8 @@ func TestProjectorKilledMidBatch(t *testing.T) {
 		t.Fatalf("the projector was killed only %d times during the build", kills)
 	}
 	code, out := wait()
-	wantCode, _ := run.exp.ExitCode("test")
-	if code != wantCode {
-		t.Fatalf("bazel exited %d, want %d\n%s", code, wantCode, out)
-	}
-	summary, err := bazelws.ParseJSONFile(run.opt.JSONFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	compare(t, showJSON(t, db, run.invocationID), summary)
-	checkCountedOnce(t, db, run.invocationID, summary)
+	run.checkExit(t, code, out, " while the projector was being killed", proj.output())
+	run.checkProjection(t, db)
 }
 
 func waitUntil(t *testing.T, what string, cond func() bool) {
@@ -596,10 +589,4 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-func lastSeen(pool *pgxpool.Pool, id string) int64 {
-	var n int64
-	pool.QueryRow(context.Background(), "select event_count from invocations where id = $1", id).Scan(&n)
-	return n
 }
