@@ -37,17 +37,29 @@ type Config struct {
 	DuplicateWindow time.Duration
 	// DeadMaxAge is how long dead letters are kept. Default 90 days.
 	DeadMaxAge time.Duration
+	// FleetNodesMaxAge is how long node transitions and liveness batches
+	// are kept. Default 7 days; gateways republish every live session's
+	// inventory more often than that (services/fleet), so a replay always
+	// finds every live node.
+	FleetNodesMaxAge time.Duration
+	// FleetResvMaxAge and FleetPlaceMaxAge keep reservation requests and
+	// placement decisions. Default 0 = kept until deleted by an operator: a
+	// replay rebuilds bookings from the decisions, so every decision of a
+	// live reservation must still be there (a few hundred bytes each).
+	FleetResvMaxAge  time.Duration
+	FleetPlaceMaxAge time.Duration
 }
 
 // Defaults.
 const (
-	DefaultListen          = "127.0.0.1:4223"
-	DefaultDataDir         = "var/nats"
-	DefaultSyncInterval    = time.Second
-	DefaultMaxPayload      = 8 << 20
-	DefaultBESMaxAge       = 30 * 24 * time.Hour
-	DefaultDuplicateWindow = 2 * time.Minute
-	DefaultDeadMaxAge      = 90 * 24 * time.Hour
+	DefaultListen           = "127.0.0.1:4223"
+	DefaultDataDir          = "var/nats"
+	DefaultSyncInterval     = time.Second
+	DefaultMaxPayload       = 8 << 20
+	DefaultBESMaxAge        = 30 * 24 * time.Hour
+	DefaultDuplicateWindow  = 2 * time.Minute
+	DefaultDeadMaxAge       = 90 * 24 * time.Hour
+	DefaultFleetNodesMaxAge = 7 * 24 * time.Hour
 )
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -76,6 +88,9 @@ func (c Config) WithDefaults() Config {
 	if c.DeadMaxAge == 0 {
 		c.DeadMaxAge = DefaultDeadMaxAge
 	}
+	if c.FleetNodesMaxAge == 0 {
+		c.FleetNodesMaxAge = DefaultFleetNodesMaxAge
+	}
 	return c
 }
 
@@ -95,7 +110,8 @@ func (c Config) Validate() error {
 	if c.DuplicateWindow < 10*time.Second {
 		errs = append(errs, fmt.Errorf("duplicate window %s is shorter than a client's retries", c.DuplicateWindow))
 	}
-	if c.SyncInterval < 0 || c.BESMaxAge < 0 || c.DeadMaxAge < 0 {
+	if c.SyncInterval < 0 || c.BESMaxAge < 0 || c.DeadMaxAge < 0 ||
+		c.FleetNodesMaxAge < 0 || c.FleetResvMaxAge < 0 || c.FleetPlaceMaxAge < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
 	return errors.Join(errs...)

@@ -40,3 +40,30 @@ const (
 	// invocation attempt started/finished).
 	KindLifecycle = "lifecycle"
 )
+
+// Fleet schema: bodies are millrace.fleet.v1 messages (schemas/fleet) in
+// protobuf binary encoding; Millrace-Kind says which.
+const (
+	SchemaFleetV1 = "fleet.v1"
+
+	// KindNode marks a NodeEvent on fleet.node.<pool>.<node>.
+	KindNode = "node"
+	// KindLiveness marks a LivenessBatch on fleet.node.<pool>.
+	KindLiveness = "liveness"
+	// KindReservation marks a ReservationEvent on fleet.resv.<pool>.
+	KindReservation = "reservation"
+	// KindDecision marks a PlacementDecision on fleet.place.<pool>.
+	KindDecision = "decision"
+)
+
+// Fleet headers.
+const (
+	// Pool and Node name the pool and node a fleet message is about
+	// (decoded, as the ids were given).
+	Pool = "Millrace-Pool"
+	Node = "Millrace-Node"
+	// Gateway names the gateway instance that published a node message.
+	Gateway = "Millrace-Gateway"
+	// Reservation names the reservation of a reservation event or decision.
+	Reservation = "Millrace-Reservation"
+)
