@@ -179,6 +179,7 @@ func (r *Runner) lead(ctx context.Context, wait bool) error {
 	}
 	r.conn = conn
 	r.m.active(r.name, 1)
+	r.settle(false)
 	pos, err := r.readPosition(ctx)
 	if err != nil {
 		r.drop()
@@ -300,7 +301,9 @@ func (r *Runner) sweep(ctx context.Context) error {
 	if !ok {
 		return nil
 	}
-	if err := r.inTx(ctx, func(tx pgx.Tx) error { return s.Sweep(ctx, tx, time.Now()) }); err != nil {
+	err := r.inTx(ctx, func(tx pgx.Tx) error { return s.Sweep(ctx, tx, time.Now()) })
+	r.settle(err == nil)
+	if err != nil {
 		return r.checkConn(fmt.Errorf("sweep: %w", err))
 	}
 	r.lastSweep = time.Now()
@@ -438,6 +441,7 @@ func (r *Runner) commit(ctx context.Context, msgs []*message, upTo uint64) (int,
 		return err
 	})
 	r.m.step(r.name, "apply_commit", time.Since(start))
+	r.settle(err == nil)
 	if err != nil {
 		return 0, err
 	}
@@ -470,6 +474,20 @@ func (r *Runner) apply(ctx context.Context, tx pgx.Tx, batch []projection.Messag
 		}
 	}()
 	return r.p.Apply(ctx, tx, batch)
+}
+
+// settle tells a projector that keeps a cache whether the transaction it
+// worked in committed (see projection.Committer).
+func (r *Runner) settle(committed bool) {
+	c, ok := r.p.(projection.Committer)
+	if !ok {
+		return
+	}
+	if committed {
+		c.Committed()
+	} else {
+		c.Aborted()
+	}
 }
 
 // PanicError is a projector's panic, recovered by the runner.

@@ -79,3 +79,14 @@ func AsPoison(err error) (*PoisonError, bool) {
 type Resetter interface {
 	Reset(ctx context.Context, tx pgx.Tx) error
 }
+
+// Committer is implemented by projectors that keep a cache of what their
+// tables hold (the placer's index of free GPUs). The runner calls Committed
+// after a transaction in which it called Apply or Sweep commits, and
+// Aborted after one rolls back and whenever it starts to lead (another
+// process may have written meanwhile): the projector then forgets what the
+// cache learnt since the last commit, or reloads it.
+type Committer interface {
+	Committed()
+	Aborted()
+}
