@@ -388,3 +388,30 @@ func TestRunnerSurvivesProjectorPanic(t *testing.T) {
 		return info != nil && info.State.Msgs == 1
 	})
 }
+
+// cachingProjector counts the runner's Committed and Aborted calls.
+type cachingProjector struct {
+	rowsProjector
+	committed, aborted atomic.Int32
+}
+
+func (p *cachingProjector) Committed() { p.committed.Add(1) }
+func (p *cachingProjector) Aborted()   { p.aborted.Add(1) }
+
+// A projector with a cache hears Aborted when it starts to lead and after
+// each rolled-back attempt, and Committed after each commit: a transient
+// failure must never leave it believing the failed attempt's writes.
+func TestRunnerTellsCommitterTheOutcome(t *testing.T) {
+	e := setup(t)
+	p := &cachingProjector{rowsProjector: rowsProjector{name: "cache"}}
+	p.flaky.Store(2)
+	start(t, e, p, runnerConfig())
+	waitFor(t, "the lead", func() bool { return p.aborted.Load() >= 1 })
+	e.publish(t, "a", "flaky", "b")
+	waitFor(t, "3 rows", func() bool { return len(e.rows(t, "cache")) == 3 })
+	waitFor(t, "a commit", func() bool { return p.committed.Load() >= 1 })
+	// One Aborted for taking the lead, one per failed attempt.
+	if got := p.aborted.Load(); got < 3 {
+		t.Fatalf("Aborted called %d times, want at least 3 (lead + 2 failed attempts)", got)
+	}
+}

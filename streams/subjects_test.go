@@ -108,3 +108,27 @@ func TestUntokenRefusesNonCanonical(t *testing.T) {
 		}
 	}
 }
+
+func TestFleetSubjects(t *testing.T) {
+	if got := streams.FleetNodeSubject("gpu.a", "n 1"); got != "fleet.node.gpu%2Ea.n%201" {
+		t.Fatalf("FleetNodeSubject = %q", got)
+	}
+	for _, c := range []struct {
+		subject, pool, node string
+		ok                  bool
+	}{
+		{streams.FleetNodeSubject("gpu.a", "n 1"), "gpu.a", "n 1", true},
+		{streams.FleetLivenessSubject("p*"), "p*", "", true},
+		{streams.FleetResvSubject("p"), "p", "", true},
+		{streams.FleetPlaceSubject(""), "", "", true},
+		{"fleet.node.a.b.c", "", "", false},
+		{"fleet.node.a%2e", "", "", false},
+		{"fleet.other.a", "", "", false},
+		{"bes.a.b", "", "", false},
+	} {
+		pool, node, ok := streams.FleetSubjectPool(c.subject)
+		if ok != c.ok || pool != c.pool || node != c.node {
+			t.Errorf("FleetSubjectPool(%q) = %q, %q, %v; want %q, %q, %v", c.subject, pool, node, ok, c.pool, c.node, c.ok)
+		}
+	}
+}
