@@ -72,7 +72,12 @@ create table fleet_allocation_reports (
 -- unreachable.
 create table fleet_clock (
     id             boolean primary key default true check (id),
-    liveness_time  timestamptz not null
+    liveness_time  timestamptz not null,
+    -- The stored time of the first liveness batch after a silence longer
+    -- than the sweep's clock slack: nodes age from no earlier than this, so
+    -- that those still reconnecting after an outage of the control plane
+    -- get a whole grace period (projectors/fleet README).
+    resumed_at     timestamptz
 );
 
 -- Reservations as requested, from FLEET_RESV.

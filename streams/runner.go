@@ -37,8 +37,9 @@ type RunnerConfig struct {
 	// RetryMin and RetryMax bound the backoff between attempts of a batch
 	// that failed with a transient error. Defaults 100ms and 5s.
 	RetryMin, RetryMax time.Duration
-	// SweepEvery is how often an idle runner calls the projector's Sweep.
-	// Default 30s.
+	// SweepEvery is how often a runner that has caught up with its stream
+	// (idle, or fetching less than a full batch) calls the projector's
+	// Sweep. Default 30s.
 	SweepEvery time.Duration
 	// Progress, if set, is called after each committed batch.
 	Progress func(Progress)
@@ -286,13 +287,21 @@ func (r *Runner) step(ctx context.Context) error {
 	}
 	r.m.step(r.name, "fetch", time.Since(start))
 	r.backlogged = len(msgs) == r.cfg.Batch
-	if len(msgs) == 0 {
-		if time.Since(r.lastSweep) >= r.cfg.SweepEvery {
-			return r.sweep(ctx)
+	if len(msgs) > 0 {
+		if err := r.handle(ctx, msgs); err != nil {
+			return err
 		}
-		return nil
 	}
-	return r.handle(ctx, msgs)
+	// Sweep once the projection has caught up (this fetch did not fill a
+	// batch), not only when the stream is idle: a stream with a steady
+	// trickle, such as reservation requests, is never idle, and its
+	// projector's timeouts must still fire. A backlogged runner does not
+	// sweep: its tables are behind the stream, and time-based decisions
+	// taken on them (a node unheard, a bind unconfirmed) would be wrong.
+	if !r.backlogged && time.Since(r.lastSweep) >= r.cfg.SweepEvery {
+		return r.sweep(ctx)
+	}
+	return nil
 }
 
 // sweep lets a projector act on the passage of time (see projection.Sweeper).

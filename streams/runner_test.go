@@ -415,3 +415,41 @@ func TestRunnerTellsCommitterTheOutcome(t *testing.T) {
 		t.Fatalf("Aborted called %d times, want at least 3 (lead + 2 failed attempts)", got)
 	}
 }
+
+// sweepCounter counts sweeps.
+type sweepCounter struct {
+	rowsProjector
+	sweeps atomic.Int32
+}
+
+func (p *sweepCounter) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
+	p.sweeps.Add(1)
+	return nil
+}
+
+// A stream that is never idle (a message every few milliseconds) must still
+// be swept: the placer's bind and pending timeouts depend on it.
+func TestRunnerSweepsABusyStream(t *testing.T) {
+	e := setup(t)
+	p := &sweepCounter{rowsProjector: rowsProjector{name: "busy"}}
+	cfg := runnerConfig()
+	cfg.MaxWait = 5 * time.Millisecond
+	cfg.SweepEvery = 50 * time.Millisecond
+	start(t, e, p, cfg)
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			e.publish(t, "t"+strconv.Itoa(i))
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	waitFor(t, "3 sweeps while messages keep coming", func() bool { return p.sweeps.Load() >= 3 })
+}

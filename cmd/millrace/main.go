@@ -31,6 +31,9 @@ var commands = []command{
 	devCommand(),
 	serveBESCommand(),
 	projectBuildsCommand(),
+	serveFleetCommand(),
+	serveReservationsCommand(),
+	projectFleetCommand(),
 	migrateCommand(),
 	streamsApplyCommand(),
 	streamsInfoCommand(),
@@ -133,8 +136,12 @@ func usage(w io.Writer) {
 	fmt.Fprintf(w, "millrace: an event-sourced pipeline for build and compute infrastructure.\n\nUsage: millrace <command> [flags]\n\nCommands:\n")
 	cs := append([]command(nil), commands...)
 	sort.SliceStable(cs, func(i, j int) bool { return cs[i].name < cs[j].name })
+	width := 0
 	for _, c := range cs {
-		fmt.Fprintf(w, "  %-16s %s\n", c.name, c.summary)
+		width = max(width, len(c.name))
+	}
+	for _, c := range cs {
+		fmt.Fprintf(w, "  %-*s  %s\n", width, c.name, c.summary)
 	}
 	fmt.Fprintf(w, "\nRun `millrace <command> -h` for a command's flags.\n")
 }

@@ -42,7 +42,8 @@ type Projector interface {
 
 // Sweeper is implemented by projectors that also act on the passage of time
 // (for example, marking builds abandoned). The runner calls Sweep in its own
-// transaction when the stream is idle; now is the wall clock.
+// transaction once it has caught up with the stream (never while it is
+// behind: its tables would be stale); now is the wall clock.
 type Sweeper interface {
 	Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error
 }

@@ -1,0 +1,440 @@
+package fleet
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	fleetpb "github.com/millrace/millrace/schemas/fleet"
+)
+
+// A batch is folded in memory, one message after the other in stream order,
+// over what the database held before it (one read); then the result is
+// written with a few statements over unnest() arrays (write.go). Because
+// the fold is sequential, the rows do not depend on batch boundaries.
+//
+// Nodes the batch names only once, in a liveness entry (nearly every node
+// of a live batch: a gateway lists a node every flush, a runner batch holds
+// a fraction of a flush interval), are not read: their one entry goes to a
+// single UPDATE that applies the same rule in SQL (sqlLiveness), so that
+// the common batch is one read of the clock row and one write.
+
+// Node states.
+const (
+	StateHealthy     = "healthy"
+	StateSuspect     = "suspect"
+	StateUnreachable = "unreachable"
+)
+
+// node is one node as the fold sees it.
+type node struct {
+	id      string
+	created bool // a connected event of this batch creates the row
+
+	// Always known (loaded, then folded).
+	session, gateway string
+	connected        bool
+	state            string
+	stateSince       time.Time
+	firstSeen        time.Time // only for a created row
+	lastSeen         time.Time
+
+	// Known only when this batch sets them; nil = keep the stored value.
+	pool, labels, agent, statusHash, conditions *string
+
+	full     bool // more than last_seen changed: the whole row is written, with a new rev
+	seenMove bool // last_seen moved
+
+	// Devices: replaced by a connected event, or health set by index.
+	replace bool
+	devices []device
+	health  map[uint32]string // index -> health, when not replaced
+}
+
+type device struct {
+	index  uint32
+	model  string
+	memory uint64
+	uuid   string
+	health string
+}
+
+type report struct {
+	node, state, err string
+	at               time.Time
+}
+
+// fold is one batch merged in memory.
+type fold struct {
+	cfg Config
+
+	nodes    map[string]*node
+	order    []string       // node ids the batch names, in order of first mention
+	mentions map[string]int // how often; -1 once a node event names it
+
+	// One liveness entry per node named nowhere else (sqlLiveness).
+	fast fastCols
+
+	reports map[string]*report // allocation id -> latest report
+	repIDs  []string
+
+	// The liveness clock: stored time of the newest liveness batch, and
+	// when it last resumed after a silence (fleet_clock).
+	clock, resumed time.Time
+	hasClock       bool
+	clockMoved     bool
+
+	// A sweep of every node that the stream's own clock calls for, run
+	// after the fold's writes (sweepAt); split ends the fold after the
+	// message that set it, so that it runs before what follows.
+	pending *sweepAt
+	split   bool
+
+	stats Stats
+}
+
+// fastCols are the arguments of sqlLiveness: per entry, the node, when it
+// was seen, whether that is fresh (within SuspectAfter of the stored
+// time), and the horizon and resumed time of the aging that precedes it
+// (NULL: none).
+type fastCols struct {
+	id               []string
+	seen             []time.Time
+	fresh            []bool
+	horizon, resumed []*time.Time
+}
+
+func newFold(cfg Config) *fold {
+	return &fold{cfg: cfg, nodes: make(map[string]*node), mentions: make(map[string]int),
+		reports: make(map[string]*report)}
+}
+
+// mention registers the node ids an event names, for load.
+func (f *fold) mention(e *event) {
+	if e.kind == kindLiveness {
+		for _, a := range e.live.GetNodes() {
+			if id := a.GetNodeId(); storableID(id) {
+				if f.mentions[id] == 0 {
+					f.order = append(f.order, id)
+				}
+				if f.mentions[id] >= 0 {
+					f.mentions[id]++
+				}
+			}
+		}
+		return
+	}
+	id := e.node.GetNodeId()
+	if _, ok := f.mentions[id]; !ok {
+		f.order = append(f.order, id)
+	}
+	f.mentions[id] = -1
+}
+
+// simple reports whether a node goes to sqlLiveness rather than the fold.
+func (f *fold) simple(id string) bool { return f.mentions[id] == 1 }
+
+const sqlLoadNodes = `
+select node_id, session_id, gateway_id, connected, state, state_since, last_seen
+from fleet_nodes where node_id = any($1::text[])`
+
+const sqlLoadClock = `select liveness_time, resumed_at from fleet_clock`
+
+// load reads, in one round trip, the clock and the stored state of every
+// node the batch names, but for those left to sqlLiveness.
+func (f *fold) load(ctx context.Context, tx pgx.Tx) error {
+	b := &pgx.Batch{}
+	b.Queue(sqlLoadClock).QueryRow(func(row pgx.Row) error {
+		var resumed *time.Time
+		err := row.Scan(&f.clock, &resumed)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+			return nil
+		case err != nil:
+			return err
+		}
+		f.hasClock = true
+		f.clock = f.clock.UTC()
+		if resumed != nil {
+			f.resumed = resumed.UTC()
+		}
+		return nil
+	})
+	var load []string
+	for _, id := range f.order {
+		if !f.simple(id) {
+			load = append(load, id)
+		}
+	}
+	if len(load) > 0 {
+		b.Queue(sqlLoadNodes, load).Query(func(rows pgx.Rows) error {
+			var n node
+			_, err := pgx.ForEachRow(rows, []any{&n.id, &n.session, &n.gateway, &n.connected, &n.state,
+				&n.stateSince, &n.lastSeen}, func() error {
+				c := n
+				c.stateSince, c.lastSeen = c.stateSince.UTC(), c.lastSeen.UTC()
+				f.nodes[c.id] = &c
+				return nil
+			})
+			return err
+		})
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("fleet: load: %w", err)
+	}
+	return nil
+}
+
+// apply folds one event into the batch.
+func (f *fold) apply(e *event) {
+	switch e.kind {
+	case kindLiveness:
+		f.liveness(e)
+	case kindConnected:
+		f.connected(e)
+	case kindDisconnected:
+		n := f.nodes[e.node.NodeId]
+		if n == nil || e.node.SessionId != n.session {
+			f.stats.IgnoredEvents++
+			return
+		}
+		if !n.connected && n.gateway == "" {
+			return // a redelivery, or a second disconnect of the session
+		}
+		n.connected, n.gateway = false, ""
+		n.full = true
+		// The state stays: whether the node is gone is the sweep's to say,
+		// after the grace period, since it may be re-homing.
+	case kindStatus:
+		n := f.nodes[e.node.NodeId]
+		if n == nil || e.node.SessionId != n.session {
+			f.stats.IgnoredEvents++
+			return
+		}
+		sc := e.node.GetStatusChanged()
+		n.statusHash = ptr(clean(sc.GetStatusHash()))
+		n.conditions = ptr(conditionsJSON(sc.GetConditions()))
+		for _, g := range sc.GetGpus() {
+			h := gpuHealth(g.GetHealth())
+			if n.replace {
+				if i := slices.IndexFunc(n.devices, func(d device) bool { return d.index == g.GetIndex() }); i >= 0 {
+					n.devices[i].health = h
+				}
+				continue
+			}
+			if n.health == nil {
+				n.health = make(map[uint32]string)
+			}
+			n.health[g.GetIndex()] = h
+		}
+		n.full = true
+	case kindAllocation:
+		a := e.node.GetAllocation()
+		r, ok := f.reports[a.AllocationId]
+		if !ok {
+			r = &report{}
+			f.reports[a.AllocationId] = r
+			f.repIDs = append(f.repIDs, a.AllocationId)
+		}
+		*r = report{node: e.node.NodeId, state: allocationState(a.State), err: clean(a.Error), at: e.at}
+	}
+}
+
+// connected: the node holds a new session (or the gateway republished the
+// live one). It is alive at the event's stored time, whatever the sweep had
+// concluded: it counts as a liveness entry of age 0. (Unless the node was
+// heard since: then the event is no news of its liveness, only of its
+// session and inventory.)
+func (f *fold) connected(e *event) {
+	ev, c := e.node, e.node.GetConnected()
+	n := f.nodes[ev.NodeId]
+	if n == nil {
+		n = &node{id: ev.NodeId, created: true, state: StateHealthy, stateSince: e.at, firstSeen: e.at, lastSeen: e.at}
+		f.nodes[ev.NodeId] = n
+	}
+	if e.at.After(n.lastSeen) {
+		f.age(n, e.at)
+		n.lastSeen, n.seenMove = e.at, true
+		if n.state != StateHealthy {
+			n.state, n.stateSince = StateHealthy, e.at
+		}
+	}
+	n.session, n.gateway, n.connected = ev.SessionId, ev.GatewayId, true
+	n.pool = ptr(ev.Pool)
+	n.labels = ptr(labelsJSON(c.GetLabels()))
+	n.agent = ptr(clean(c.GetAgentVersion()))
+	n.replace, n.health = true, nil
+	n.devices = n.devices[:0]
+	for _, g := range c.GetGpus() {
+		n.devices = append(n.devices, device{index: g.GetIndex(), model: clean(g.GetModel()),
+			memory: g.GetMemoryMib(), uuid: clean(g.GetUuid()), health: gpuHealth(g.GetHealth())})
+	}
+	slices.SortFunc(n.devices, func(a, b device) int { return cmp.Compare(a.index, b.index) })
+	n.full = true
+}
+
+// liveness: last_seen = greatest(last_seen, stored time - age) for each
+// listed node the projection knows; a fresh entry brings a suspect or
+// unreachable node back to healthy. Then the clock moves.
+func (f *fold) liveness(e *event) {
+	fresh := e.at.Add(-f.cfg.SuspectAfter)
+	var h, r *time.Time // sqlLiveness's horizon and resumed, as of this message
+	if f.hasClock {
+		h = ptr(f.horizon(e.at))
+	}
+	if !f.resumed.IsZero() {
+		r = ptr(f.resumed)
+	}
+	for _, a := range e.live.GetNodes() {
+		f.stats.Liveness++
+		id := a.GetNodeId()
+		seen := e.at.Add(-time.Duration(a.GetAgeMs()) * time.Millisecond)
+		if storableID(id) && f.simple(id) {
+			f.fast.id = append(f.fast.id, id)
+			f.fast.seen = append(f.fast.seen, seen)
+			f.fast.fresh = append(f.fast.fresh, !seen.Before(fresh))
+			f.fast.horizon = append(f.fast.horizon, h)
+			f.fast.resumed = append(f.fast.resumed, r)
+			continue // sqlLiveness counts it if it changes nothing
+		}
+		var n *node
+		if storableID(id) {
+			n = f.nodes[id]
+		}
+		if n == nil || !seen.After(n.lastSeen) {
+			// An unknown node: its connected event precedes it in the
+			// stream, except after retention cut it off, and it appears
+			// with its next one. Or not news: a redelivery, two gateways.
+			f.stats.IgnoredLiveness++
+			continue
+		}
+		f.age(n, e.at)
+		n.lastSeen, n.seenMove = seen, true
+		if n.state != StateHealthy && !seen.Before(fresh) {
+			n.state, n.stateSince = StateHealthy, seen
+			n.full = true
+		}
+	}
+	f.clockMoved = true
+	if f.hasClock && !e.at.After(f.clock) {
+		return
+	}
+	prev, had := f.clock, f.hasClock
+	f.clock, f.hasClock = e.at, true
+	switch {
+	case had && e.at.Sub(prev) > f.cfg.ClockSlack:
+		// The stream was silent for longer than the slack: sweeps in the
+		// silence may have aged nodes up to prev + ClockSlack, under the
+		// old resumed time; from now on nodes age from no earlier than
+		// this batch. That sweep runs before anything after this message.
+		f.pending = &sweepAt{horizon: prev.Add(f.cfg.ClockSlack), resumed: f.resumed}
+		f.split = true
+		f.resumed = e.at
+	case !had:
+		f.resumed = e.at
+	case e.at.Truncate(f.cfg.SweepTick).After(prev.Truncate(f.cfg.SweepTick)):
+		// The clock crossed a tick: age every node to it. The runner
+		// sweeps only when the stream is idle, which a busy fleet's never
+		// is; this sweep keeps time with the stream instead.
+		f.pending = &sweepAt{horizon: e.at.Truncate(f.cfg.SweepTick), resumed: f.resumed}
+	}
+}
+
+// sweepAt is a sweep of every node to a horizon, with nodes aging from no
+// earlier than resumed (zero: no resume yet).
+type sweepAt struct{ horizon, resumed time.Time }
+
+// run folds events in order until the end or a split, and returns how many
+// it folded.
+func (f *fold) run(evs []event) int {
+	for i := range evs {
+		f.apply(&evs[i])
+		if f.split {
+			return i + 1
+		}
+	}
+	return len(evs)
+}
+
+// age applies to one node, just before news of it at stored time at, what
+// a sweep could have done to it since it was last heard: the latest such
+// sweep had the horizon min(at, clock + ClockSlack). Sweeps compose (one
+// at a later horizon does what an earlier one did and more), so whether the
+// runner happened to sweep in between or not, the node ends up the same;
+// that is what makes a replay, which sweeps only at its end, yield the
+// rows of the live run.
+func (f *fold) age(n *node, at time.Time) {
+	if !f.hasClock {
+		return
+	}
+	if state, since, ok := f.cfg.aged(n.state, n.lastSeen, f.resumed, f.horizon(at)); ok {
+		n.state, n.stateSince = state, since
+		n.full = true
+	}
+}
+
+// horizon is the latest horizon a sweep could have had before news stored
+// at time at: min(at, clock + ClockSlack).
+func (f *fold) horizon(at time.Time) time.Time {
+	if h := f.clock.Add(f.cfg.ClockSlack); h.Before(at) {
+		return h
+	}
+	return at
+}
+
+// aged is the sweep's rule for one node (agedSQL is the same in SQL): it
+// ages from base = max(last seen, resumed); past UnreachableAfter it is
+// unreachable, else past SuspectAfter a healthy node is suspect. The state
+// starts at base plus the threshold crossed, not at the sweep's time.
+func (c Config) aged(state string, lastSeen, resumed, horizon time.Time) (string, time.Time, bool) {
+	if state == StateUnreachable {
+		return "", time.Time{}, false
+	}
+	base := lastSeen
+	if resumed.After(base) {
+		base = resumed
+	}
+	switch {
+	case base.Before(horizon.Add(-c.UnreachableAfter)):
+		return StateUnreachable, base.Add(c.UnreachableAfter), true
+	case state == StateHealthy && base.Before(horizon.Add(-c.SuspectAfter)):
+		return StateSuspect, base.Add(c.SuspectAfter), true
+	}
+	return "", time.Time{}, false
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// labelsJSON renders labels as a JSON object (keys sorted, so the jsonb
+// text is canonical either way).
+func labelsJSON(labels map[string]string) string {
+	m := make(map[string]string, len(labels))
+	for k, v := range labels {
+		m[clean(k)] = clean(v)
+	}
+	b, _ := json.Marshal(m) // a map of strings always marshals
+	return string(b)
+}
+
+// Condition is one of a node's conditions, as its last status reported it.
+type Condition struct {
+	Type   string `json:"type"`
+	Status bool   `json:"status"`
+	Reason string `json:"reason"`
+}
+
+// conditionsJSON renders conditions as a JSON array, in the node's order.
+func conditionsJSON(cs []*fleetpb.Condition) string {
+	out := make([]Condition, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, Condition{Type: clean(c.GetType()), Status: c.GetStatus(), Reason: clean(c.GetReason())})
+	}
+	b, _ := json.Marshal(out)
+	return string(b)
+}
