@@ -1,0 +1,91 @@
+package reservations
+
+import (
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseKeys(t *testing.T) {
+	k, err := ParseKeys(`
+# owners and their keys
+alice=alice-key-0123456789
+bob : a100 | h100 = bob-key-0123456789==,alice=alice-second-key-0123
+`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if k.Len() != 3 {
+		t.Fatalf("%d keys", k.Len())
+	}
+	for _, c := range []struct {
+		key, owner string
+		pools      []string
+	}{
+		{"alice-key-0123456789", "alice", nil},
+		{"alice-second-key-0123", "alice", nil},
+		{"bob-key-0123456789==", "bob", []string{"a100", "h100"}},
+	} {
+		p, ok := k.lookup(c.key)
+		if !ok || p.owner != c.owner || !slices.Equal(p.pools, c.pools) {
+			t.Errorf("key %s: %v %v, want %s %v", c.key, p, ok, c.owner, c.pools)
+		}
+	}
+	if p, _ := k.lookup("bob-key-0123456789=="); !p.allows("h100") || p.allows("v100") {
+		t.Error("bob's pools")
+	}
+	if p, _ := k.lookup("alice-key-0123456789"); !p.allows("anything") {
+		t.Error("alice's key is for every pool")
+	}
+	for _, key := range []string{"", "alice-key-012345678", "nope"} {
+		if _, ok := k.lookup(key); ok {
+			t.Errorf("key %q accepted", key)
+		}
+	}
+
+	for _, bad := range []struct{ in, mention string }{
+		{"alice", "owner=key"},
+		{"=k-0123456789abcdef", "owner=key"},
+		{"alice=short", "shorter than 16"},
+		{"alice:=alice-key-0123456789", "names no pool"},
+		{"al ice\x01=alice-key-0123456789", "not a valid owner"},
+		{"alice=alice-key-0123456789,bob=alice-key-0123456789", "given twice"},
+	} {
+		if _, err := ParseKeys(bad.in); err == nil || !strings.Contains(err.Error(), bad.mention) {
+			t.Errorf("ParseKeys(%q) = %v, want an error mentioning %q", bad.in, err, bad.mention)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := (Config{}).Validate(); err == nil || !strings.Contains(err.Error(), "no API keys") {
+		t.Errorf("no keys: %v", err)
+	}
+	k, _ := ParseKeys("alice=alice-key-0123456789")
+	if err := (Config{Keys: k}).Validate(); err != nil {
+		t.Error(err)
+	}
+	if err := (Config{Keys: k, MaxWait: -time.Second}).Validate(); err == nil {
+		t.Error("negative max wait accepted")
+	}
+	c := Config{Keys: k}.withDefaults()
+	if c.MaxPendingPerOwner != 1000 || c.MaxWait != time.Minute || c.PublishTimeout != 10*time.Second ||
+		c.SettleTimeout != 2*time.Second || c.RecheckInterval != 5*time.Second {
+		t.Errorf("defaults %+v", c)
+	}
+}
+
+func TestAPIKeyHeaders(t *testing.T) {
+	for _, c := range []struct{ auth, header, want string }{
+		{"Bearer k1", "", "k1"},
+		{"bearer  k1 ", "k2", "k1"},
+		{"Basic k1", "k2", "k2"},
+		{"", " k2 ", "k2"},
+		{"", "", ""},
+	} {
+		if got := apiKey(c.auth, c.header); got != c.want {
+			t.Errorf("apiKey(%q, %q) = %q, want %q", c.auth, c.header, got, c.want)
+		}
+	}
+}
