@@ -1,0 +1,150 @@
+package placer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Consumer names: the durable consumers and position keys of the three
+// projectors of this package.
+const (
+	// ConsumerName is the live placer's (FLEET_RESV, filter fleet.resv.>).
+	ConsumerName = "placer"
+	// DecisionsConsumer is the replay projector of FLEET_PLACE.
+	DecisionsConsumer = "placer-decisions"
+	// RequestsConsumer is the replay projector of FLEET_RESV.
+	RequestsConsumer = "placer-requests"
+)
+
+// NotifyChannel is the PostgreSQL NOTIFY channel the placer signals in
+// every transaction that writes outbox rows; the outbox relay
+// (streams.Outbox) listens on it. PostgreSQL delivers the notification
+// when the transaction commits and drops it when it rolls back.
+const NotifyChannel = "millrace_outbox"
+
+// Defaults of Config.
+const (
+	DefaultBindTimeout    = 30 * time.Second
+	DefaultPendingTimeout = 10 * time.Minute
+	DefaultRounds         = 3
+	DefaultReloadEvery    = 10 * time.Minute
+	DefaultSweepOverdue   = 10 * time.Second
+)
+
+// Config configures the placer. The zero value is the default.
+type Config struct {
+	// BindTimeout is how long an allocation may stay without a BOUND
+	// report from its node (fleet_allocation_reports) after it was placed
+	// before Sweep releases its reservation ("bind_timeout") and places it
+	// again. Zero means DefaultBindTimeout (30s).
+	BindTimeout time.Duration
+	// PendingTimeout is how long a reservation may wait for capacity
+	// (since it was requested, or since it was last released to be placed
+	// again) before Sweep fails it ("no capacity: ..."). Zero means
+	// DefaultPendingTimeout (10 min).
+	PendingTimeout time.Duration
+	// Rounds bounds the plan-and-commit rounds of one transaction: when a
+	// commit guard rejects plans (another placer booked the GPUs, a node
+	// changed under the planner), the index is corrected from the
+	// database and the rejected reservations are planned again, at most
+	// Rounds times in all; what is left waits for the next Apply or
+	// Sweep. Zero means DefaultRounds (3).
+	Rounds int
+	// ReloadEvery is how often the index of nodes, GPUs and bookings is
+	// reloaded from scratch, as a backstop to the incremental refresh by
+	// fleet_nodes.rev. Zero means DefaultReloadEvery (10 min); negative
+	// never reloads but after Aborted.
+	ReloadEvery time.Duration
+	// SweepOverdue bounds how long the policies of Sweep may wait: the
+	// runner sweeps only when the stream is idle, so when requests keep
+	// coming, Apply also does a sweep's work (in its own transaction) once
+	// the last sweep is older than this. Zero means DefaultSweepOverdue
+	// (10s); negative leaves sweeping to the runner alone.
+	SweepOverdue time.Duration
+	// Now is the clock that stamps the decisions Apply makes (Sweep uses
+	// the time the runner passes). Nil means time.Now.
+	Now func() time.Time
+	// Subject names the subject a pool's decisions are published on.
+	// Nil means fleet.place.<pool> with the pool encoded as streams.Token
+	// encodes subject tokens (docs/subjects.md), which is what
+	// streams.FleetPlaceSubject returns; the placer cannot import streams.
+	Subject func(pool string) string
+	// Logger receives the few things worth a line (rejected plans,
+	// reloads). Nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	var errs []error
+	if c.BindTimeout < 0 {
+		errs = append(errs, fmt.Errorf("placer: BindTimeout %v is negative", c.BindTimeout))
+	}
+	if c.PendingTimeout < 0 {
+		errs = append(errs, fmt.Errorf("placer: PendingTimeout %v is negative", c.PendingTimeout))
+	}
+	if c.Rounds < 0 {
+		errs = append(errs, fmt.Errorf("placer: Rounds %d is negative", c.Rounds))
+	}
+	d := c.withDefaults()
+	if d.PendingTimeout < d.BindTimeout {
+		errs = append(errs, fmt.Errorf("placer: PendingTimeout %v is shorter than BindTimeout %v", d.PendingTimeout, d.BindTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+func (c Config) withDefaults() Config {
+	if c.BindTimeout == 0 {
+		c.BindTimeout = DefaultBindTimeout
+	}
+	if c.PendingTimeout == 0 {
+		c.PendingTimeout = DefaultPendingTimeout
+	}
+	if c.Rounds == 0 {
+		c.Rounds = DefaultRounds
+	}
+	if c.ReloadEvery == 0 {
+		c.ReloadEvery = DefaultReloadEvery
+	}
+	if c.SweepOverdue == 0 {
+		c.SweepOverdue = DefaultSweepOverdue
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Subject == nil {
+		c.Subject = PlaceSubject
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// PlaceSubject is fleet.place.<pool>, the pool encoded as a subject token
+// exactly as streams.Token does (letters, digits, '-' and '_' kept, every
+// other byte %XX, "" as "_", "_" as "%5F"); it equals
+// streams.FleetPlaceSubject(pool).
+func PlaceSubject(pool string) string { return "fleet.place." + token(pool) }
+
+func token(s string) string {
+	switch s {
+	case "":
+		return "_"
+	case "_":
+		return "%5F"
+	}
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(s)+8)
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
+			b = append(b, c)
+			continue
+		}
+		b = append(b, '%', hex[c>>4], hex[c&15])
+	}
+	return string(b)
+}
