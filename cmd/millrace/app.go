@@ -78,6 +78,13 @@ func openPool(ctx context.Context, o dbOptions, migrate bool, log *slog.Logger) 
 	if err != nil {
 		return nil, fmt.Errorf("database URL: %w", err)
 	}
+	// millrace's statements are short and run thousands of times; a
+	// planner estimate over jit_above_cost made PostgreSQL JIT-compile the
+	// fleet sweep (~240 ms each time for a 2 ms statement). A URL that sets
+	// jit itself wins.
+	if _, ok := cfg.ConnConfig.RuntimeParams["jit"]; !ok {
+		cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"log/slog"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,8 +22,13 @@ func devCommand() command {
 		summary: "run the whole system in one process on embedded defaults",
 		long: `Starts an embedded JetStream server (or uses $MILLRACE_NATS_URL), finds or starts
 PostgreSQL (or uses $DATABASE_URL), applies migrations, and runs the BES edge,
-the builds projector and the HTTP console (/metrics, /healthz, /readyz).
-Point Bazel at it with: bazel build --bes_backend=grpc://127.0.0.1:1985 //...`,
+the builds projector, the fleet gateway (mTLS, :1986), the reservations API
+(:1988 and /v1/reservations), the liveness projector, the placer and the HTTP
+console (/metrics, /healthz, /readyz).
+Point Bazel at it with: bazel build --bes_backend=grpc://127.0.0.1:1985 //...
+Without configured secrets, dev makes a CA in --fleet-ca-dir (var/fleet/ca)
+and, beside it, a join token for pool "default" (var/fleet/join-tokens) and a
+reservation API key for owner "dev" (var/fleet/api-keys).`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var o devOptions
 			o.register(fs)
@@ -42,6 +48,10 @@ type devOptions struct {
 	db        dbOptions
 	bes       besOptions
 	projector projectorOptions
+	fleet     fleetOptions
+	resv      reservationsOptions
+	fleetProj fleetProjectorOptions
+	placer    placerOptions
 	http      string
 	shutdown  time.Duration
 }
@@ -52,6 +62,10 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.db.register(fs)
 	o.bes.register(fs)
 	o.projector.register(fs)
+	o.fleet.register(fs)
+	o.resv.register(fs)
+	o.fleetProj.register(fs)
+	o.placer.register(fs)
 	envString(fs, &o.http, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
 	envDuration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
 }
@@ -77,12 +91,47 @@ func runDev(ctx context.Context, o devOptions) error {
 	}
 	log.Info("accepting build events", "after", time.Since(start).Round(time.Millisecond))
 
+	// The fleet edges too start before the database: node sessions and
+	// liveness need only the backbone.
+	// The development join token and API key that dev makes on first start
+	// when none is configured live beside the CA (var/fleet by default).
+	devSecretsDir := filepath.Dir(filepath.Clean(o.fleet.caDir))
+	gw, err := startFleet(ctx, o.fleet, devSecretsDir, bb, t, log)
+	if err != nil {
+		edge.stop(ctx)
+		return err
+	}
+	resvCfg, err := o.resv.config(devSecretsDir, log)
+	if err != nil {
+		edge.stop(ctx)
+		gw.stop(ctx)
+		return err
+	}
+	var api lateReservations
+	rg, err := startReservationsGRPC(o.resv, &api, log)
+	if err != nil {
+		edge.stop(ctx)
+		gw.stop(ctx)
+		return err
+	}
+	fleetProj, err := o.fleetProj.projector(log)
+	if err != nil {
+		return err
+	}
+	placerCfg, err := o.placer.config(log)
+	if err != nil {
+		return err
+	}
+
 	var pool atomic.Pointer[pgxpool.Pool]
 	mux := http.NewServeMux()
 	registerConsole(mux, pool.Load)
+	api.register(nil, mux)
 	web, err := startHTTP(o.http, t, readiness(bb, pool.Load), mux, log)
 	if err != nil {
 		edge.stop(ctx)
+		gw.stop(ctx)
+		rg.stop(ctx)
 		return err
 	}
 
@@ -96,6 +145,21 @@ func runDev(ctx context.Context, o devOptions) error {
 			return
 		}
 		pool.Store(p)
+		if err := api.start(resvCfg, p, bb, t, log); err != nil {
+			log.Error("reservations API not started", "err", err)
+		}
+		run := func(name string, f func()) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				f()
+				log.Debug("stopped", "component", name)
+			}()
+		}
+		run("fleet projector", func() {
+			streams.NewRunner(bb.JS, p, fleetProj, o.fleetProj.runnerConfig(log), t.sm).Run(projCtx)
+		})
+		run("placer", func() { runPlacer(projCtx, placerCfg, o.placer, bb, p, t, log) })
 		runner := streams.NewRunner(bb.JS, p, builds.New(builds.Config{AbandonAfter: o.projector.abandonAfter}),
 			withLogger(o.projector.runnerConfig(), log), t.sm)
 		runner.Run(projCtx)
@@ -105,12 +169,19 @@ func runDev(ctx context.Context, o devOptions) error {
 	case <-ctx.Done():
 	case err := <-edge.done:
 		log.Error("BES edge stopped", "err", err)
+	case err := <-gw.done:
+		log.Error("fleet gateway stopped", "err", err)
+	case err := <-rg.done:
+		log.Error("reservations API stopped", "err", err)
 	}
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
 	defer cancel()
+	api.close()     // waiting reservation calls answer now
 	edge.stop(sctx) // stop accepting; open streams drain their acks
-	stopProjector() // the runner finishes or rolls back its batch
+	gw.stop(sctx)   // nodes re-home to another gateway
+	rg.stop(sctx)
+	stopProjector() // the runners finish or roll back their batches
 	wg.Wait()
 	bb.Close() // flush publishes, stop the embedded server
 	if p := pool.Load(); p != nil {

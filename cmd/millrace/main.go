@@ -34,11 +34,14 @@ var commands = []command{
 	serveFleetCommand(),
 	serveReservationsCommand(),
 	projectFleetCommand(),
+	projectPlacerCommand(),
 	migrateCommand(),
 	streamsApplyCommand(),
 	streamsInfoCommand(),
 	replayBuildsCommand(),
+	replayFleetCommand(),
 	buildsShowCommand(),
+	loadtestFleetCommand(),
 	versionCommand(),
 }
 

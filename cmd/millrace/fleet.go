@@ -1,0 +1,472 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/status"
+
+	fleetproj "github.com/millrace/millrace/projectors/fleet"
+	"github.com/millrace/millrace/projectors/placer"
+	fleetpb "github.com/millrace/millrace/schemas/fleet"
+	"github.com/millrace/millrace/services/fleet"
+	"github.com/millrace/millrace/services/reservations"
+	"github.com/millrace/millrace/streams"
+)
+
+// fleetOptions configure the fleet gateway.
+type fleetOptions struct {
+	listen, gatewayID                     string
+	caDir, caCert, caKey                  string
+	tlsCert, tlsKey, tlsHosts             string
+	joinTokens, joinTokensFile            string
+	maxSessions, handshakeRate, hellos    int
+	heartbeat, flush, bindWindow, certTTL time.Duration
+}
+
+func (o *fleetOptions) register(fs *flag.FlagSet) {
+	envString(fs, &o.listen, "fleet-listen", "MILLRACE_FLEET_LISTEN", "127.0.0.1:1986", "fleet gateway gRPC address (mTLS): node sessions and Join")
+	envString(fs, &o.gatewayID, "fleet-gateway-id", "MILLRACE_FLEET_GATEWAY_ID", "", "this gateway instance's id (default: host name and listen port); every instance needs its own")
+	envString(fs, &o.caDir, "fleet-ca-dir", "MILLRACE_FLEET_CA_DIR", "var/fleet/ca", "directory of the fleet CA (ca.crt, ca.key), created on first start when --fleet-ca-cert is not given")
+	envString(fs, &o.caCert, "fleet-ca-cert", "MILLRACE_FLEET_CA_CERT", "", "PEM file of the CA that signs node certificates (with --fleet-ca-key); overrides --fleet-ca-dir")
+	envString(fs, &o.caKey, "fleet-ca-key", "MILLRACE_FLEET_CA_KEY", "", "PEM file of the CA's private key")
+	envString(fs, &o.tlsCert, "fleet-tls-cert", "MILLRACE_FLEET_TLS_CERT", "", "PEM server certificate of the gateway (with --fleet-tls-key); default: one issued by the fleet CA")
+	envString(fs, &o.tlsKey, "fleet-tls-key", "MILLRACE_FLEET_TLS_KEY", "", "PEM private key of --fleet-tls-cert")
+	envString(fs, &o.tlsHosts, "fleet-tls-hosts", "MILLRACE_FLEET_TLS_HOSTS", "", "extra host names and IPs, comma-separated, for the CA-issued server certificate (localhost and the listen host are always in)")
+	envString(fs, &o.joinTokens, "fleet-join-tokens", "MILLRACE_FLEET_JOIN_TOKENS", "", "join tokens as pool=token,pool=token (a node exchanges one for a certificate)")
+	envString(fs, &o.joinTokensFile, "fleet-join-tokens-file", "MILLRACE_FLEET_JOIN_TOKENS_FILE", "", "file of pool=token lines (added to --fleet-join-tokens)")
+	envInt(fs, &o.maxSessions, "fleet-max-sessions", "MILLRACE_FLEET_MAX_SESSIONS", fleet.DefaultMaxSessions, "most node sessions this gateway holds; more are refused with a retry-after")
+	envInt(fs, &o.handshakeRate, "fleet-handshake-rate", "MILLRACE_FLEET_HANDSHAKE_RATE", fleet.DefaultHandshakeRate, "new sessions and joins accepted per second (token bucket, burst the same)")
+	envInt(fs, &o.hellos, "fleet-max-hellos-in-flight", "MILLRACE_FLEET_MAX_HELLOS_IN_FLIGHT", fleet.DefaultMaxHellosInFlight, "Hellos being checked and stored at once")
+	envDuration(fs, &o.heartbeat, "fleet-heartbeat-interval", "MILLRACE_FLEET_HEARTBEAT_INTERVAL", fleet.DefaultHeartbeatInterval, "how often nodes send a heartbeat (told in Welcome)")
+	envDuration(fs, &o.flush, "fleet-flush-interval", "MILLRACE_FLEET_FLUSH_INTERVAL", fleet.DefaultFlushInterval, "how often heartbeat ages are published, one batch per pool")
+	envDuration(fs, &o.bindWindow, "fleet-bind-window", "MILLRACE_FLEET_BIND_WINDOW", fleet.DefaultBindWindow, "how long a gateway keeps binds for nodes not connected to it")
+	envDuration(fs, &o.certTTL, "fleet-node-cert-validity", "MILLRACE_FLEET_NODE_CERT_VALIDITY", fleet.DefaultNodeCertValidity, "validity of node certificates issued by Join")
+}
+
+// config loads the CA and TLS material. devSecrets, when not empty, is the
+// directory where a development join token is kept if none is configured.
+func (o *fleetOptions) config(devSecrets string, log *slog.Logger) (fleet.Config, error) {
+	var (
+		ca  *fleet.CA
+		err error
+	)
+	switch {
+	case o.caCert != "" || o.caKey != "":
+		if o.caCert == "" || o.caKey == "" {
+			return fleet.Config{}, usageError{"--fleet-ca-cert and --fleet-ca-key go together"}
+		}
+		ca, err = fleet.LoadCA(o.caCert, o.caKey)
+	default:
+		ca, err = fleet.LoadOrCreateCA(o.caDir)
+	}
+	if err != nil {
+		return fleet.Config{}, fmt.Errorf("fleet CA: %w", err)
+	}
+	var tc *tls.Config
+	if o.tlsCert != "" || o.tlsKey != "" {
+		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+		if err != nil {
+			return fleet.Config{}, fmt.Errorf("fleet TLS certificate: %w", err)
+		}
+		tc = fleet.ServerTLSConfig(cert)
+	} else {
+		hosts := append([]string{"localhost", "127.0.0.1", "::1"}, splitNonEmpty(o.tlsHosts)...)
+		if h, _, err := net.SplitHostPort(o.listen); err == nil && h != "" {
+			hosts = append(hosts, h)
+		}
+		if tc, err = ca.ServerTLS(hosts); err != nil {
+			return fleet.Config{}, fmt.Errorf("fleet server certificate: %w", err)
+		}
+	}
+	text := o.joinTokens
+	if o.joinTokensFile != "" {
+		b, err := os.ReadFile(o.joinTokensFile)
+		if err != nil {
+			return fleet.Config{}, fmt.Errorf("join tokens file: %w", err)
+		}
+		text += "\n" + string(b)
+	}
+	if strings.TrimSpace(text) == "" && devSecrets != "" {
+		if text, err = devSecret(devSecrets, "join-tokens", "default"); err != nil {
+			return fleet.Config{}, err
+		}
+		log.Info("development join token (pool default) in " + filepath.Join(devSecrets, "join-tokens"))
+	}
+	tokens, err := fleet.ParseJoinTokens(text)
+	if err != nil {
+		return fleet.Config{}, err
+	}
+	id := o.gatewayID
+	if id == "" {
+		host, _ := os.Hostname()
+		_, port, _ := net.SplitHostPort(o.listen)
+		id = host + "-" + port
+	}
+	return fleet.Config{
+		GatewayID:         id,
+		CA:                ca,
+		TLS:               tc,
+		JoinTokens:        tokens,
+		NodeCertValidity:  o.certTTL,
+		MaxSessions:       o.maxSessions,
+		HandshakeRate:     float64(o.handshakeRate),
+		HandshakeBurst:    o.handshakeRate,
+		MaxHellosInFlight: o.hellos,
+		HeartbeatInterval: o.heartbeat,
+		FlushInterval:     o.flush,
+		BindWindow:        o.bindWindow,
+	}, nil
+}
+
+// devSecret returns the "name=secret" line kept in dir/file, making one
+// with a random secret on first use (mode 0600), so that `millrace dev`
+// authenticates its fleet edges without any setup.
+func devSecret(dir, file, name string) (string, error) {
+	path := filepath.Join(dir, file)
+	if b, err := os.ReadFile(path); err == nil {
+		return string(b), nil
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return "", err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", err
+	}
+	secret := make([]byte, 16)
+	rand.Read(secret)
+	line := name + "=" + hex.EncodeToString(secret) + "\n"
+	if err := os.WriteFile(path, []byte(line), 0o600); err != nil {
+		return "", err
+	}
+	return line, nil
+}
+
+// reservationsOptions configure the reservations API.
+type reservationsOptions struct {
+	listen, tlsCert, tlsKey string
+	keys, keysFile          string
+	maxPending              int
+	maxWait                 time.Duration
+}
+
+func (o *reservationsOptions) register(fs *flag.FlagSet) {
+	envString(fs, &o.listen, "reservations-listen", "MILLRACE_RESERVATIONS_LISTEN", "127.0.0.1:1988", "reservations API gRPC address (JSON over HTTP is served under /v1/reservations on --http-listen)")
+	envString(fs, &o.tlsCert, "reservations-tls-cert", "MILLRACE_RESERVATIONS_TLS_CERT", "", "PEM server certificate for the reservations gRPC API (with --reservations-tls-key); empty serves plaintext, for loopback and behind a TLS proxy")
+	envString(fs, &o.tlsKey, "reservations-tls-key", "MILLRACE_RESERVATIONS_TLS_KEY", "", "PEM private key of --reservations-tls-cert")
+	envString(fs, &o.keys, "fleet-api-keys", "MILLRACE_FLEET_API_KEYS", "", "reservation API keys as owner=key or owner:pool1|pool2=key, comma-separated")
+	envString(fs, &o.keysFile, "fleet-api-keys-file", "MILLRACE_FLEET_API_KEYS_FILE", "", "file of API key lines (added to --fleet-api-keys)")
+	envInt(fs, &o.maxPending, "fleet-max-pending-per-owner", "MILLRACE_FLEET_MAX_PENDING_PER_OWNER", reservations.DefaultMaxPendingPerOwner, "reservations one owner may have pending or placed at once")
+	envDuration(fs, &o.maxWait, "fleet-max-wait", "MILLRACE_FLEET_MAX_WAIT", reservations.DefaultMaxWait, "longest wait for placement a Create may ask for")
+}
+
+func (o *reservationsOptions) config(devSecrets string, log *slog.Logger) (reservations.Config, error) {
+	text := o.keys
+	if o.keysFile != "" {
+		b, err := os.ReadFile(o.keysFile)
+		if err != nil {
+			return reservations.Config{}, fmt.Errorf("API keys file: %w", err)
+		}
+		text += "\n" + string(b)
+	}
+	if strings.TrimSpace(text) == "" && devSecrets != "" {
+		var err error
+		if text, err = devSecret(devSecrets, "api-keys", "dev"); err != nil {
+			return reservations.Config{}, err
+		}
+		log.Info("development reservation API key (owner dev) in " + filepath.Join(devSecrets, "api-keys"))
+	}
+	keys, err := reservations.ParseKeys(text)
+	if err != nil {
+		return reservations.Config{}, err
+	}
+	return reservations.Config{Keys: keys, MaxPendingPerOwner: o.maxPending, MaxWait: o.maxWait}, nil
+}
+
+// reservationsGRPC is the reservations API's own gRPC server: its calls
+// may wait up to a minute for a placement, so they do not share the
+// gateway's connections (which allow a few streams each).
+type reservationsGRPC struct {
+	grpc *grpc.Server
+	addr net.Addr
+	done chan error
+}
+
+func startReservationsGRPC(o reservationsOptions, l *lateReservations, log *slog.Logger) (*reservationsGRPC, error) {
+	var opts []grpc.ServerOption
+	if o.tlsCert != "" || o.tlsKey != "" {
+		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("reservations TLS certificate: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	}
+	opts = append(opts, grpc.MaxRecvMsgSize(reservations.MaxRequestBytes))
+	g := grpc.NewServer(opts...)
+	l.register(g, nil)
+	lis, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return nil, fmt.Errorf("reservations listen: %w", err)
+	}
+	r := &reservationsGRPC{grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
+	go func() { r.done <- g.Serve(lis) }()
+	log.Info("reservations API serving", "addr", lis.Addr().String(), "tls", len(opts) > 1)
+	return r, nil
+}
+
+func (r *reservationsGRPC) stop(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { r.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		r.grpc.Stop()
+		<-done
+	}
+}
+
+// fleetGateway is a running gateway: its gRPC server (which may also serve
+// the reservations API) and its background loops.
+type fleetGateway struct {
+	srv    *fleet.Server
+	grpc   *grpc.Server
+	addr   net.Addr
+	done   chan error
+	runEnd chan struct{}
+	cancel context.CancelFunc
+}
+
+// startFleet listens on o.listen and serves the gateway on bb; extra
+// registers more services on the same (TLS) server.
+func startFleet(ctx context.Context, o fleetOptions, devSecrets string, bb *streams.Backbone, t *telemetry, log *slog.Logger, extra ...func(*grpc.Server)) (*fleetGateway, error) {
+	log = log.With("service", "fleet")
+	cfg, err := o.config(devSecrets, log)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := fleet.New(cfg, bb.Publisher(), bb.JS, fleet.NewMetrics(t.reg), log)
+	if err != nil {
+		return nil, err
+	}
+	g := grpc.NewServer(srv.ServerOptions()...)
+	srv.Register(g)
+	for _, f := range extra {
+		f(g)
+	}
+	lis, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return nil, fmt.Errorf("fleet listen: %w", err)
+	}
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	fg := &fleetGateway{srv: srv, grpc: g, addr: lis.Addr(), done: make(chan error, 1), runEnd: make(chan struct{}), cancel: cancel}
+	go func() { defer close(fg.runEnd); srv.Run(runCtx) }()
+	go func() { fg.done <- g.Serve(lis) }()
+	log.Info("fleet gateway serving", "addr", lis.Addr().String(), "gateway", srv.Config().GatewayID)
+	return fg, nil
+}
+
+// stop drains the sessions (nodes re-home elsewhere at once), stops the
+// gRPC server and then the background loops.
+func (fg *fleetGateway) stop(ctx context.Context) {
+	fg.srv.Drain(ctx)
+	done := make(chan struct{})
+	go func() { fg.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		fg.grpc.Stop()
+		<-done
+	}
+	fg.cancel()
+	<-fg.runEnd
+}
+
+// lateReservations serves the reservations API once the database is there
+// (`millrace dev` starts its edges before PostgreSQL); until then every call
+// is UNAVAILABLE, which clients retry.
+type lateReservations struct {
+	fleetpb.UnimplementedReservationsServer
+	s atomic.Pointer[reservations.Server]
+}
+
+var errNoDatabaseYet = status.Error(codes.Unavailable, "the reservations API is waiting for its database; retry shortly")
+
+func (l *lateReservations) Create(ctx context.Context, r *fleetpb.CreateReservationRequest) (*fleetpb.Reservation, error) {
+	if s := l.s.Load(); s != nil {
+		return s.Create(ctx, r)
+	}
+	return nil, errNoDatabaseYet
+}
+
+func (l *lateReservations) Get(ctx context.Context, r *fleetpb.GetReservationRequest) (*fleetpb.Reservation, error) {
+	if s := l.s.Load(); s != nil {
+		return s.Get(ctx, r)
+	}
+	return nil, errNoDatabaseYet
+}
+
+func (l *lateReservations) List(ctx context.Context, r *fleetpb.ListReservationsRequest) (*fleetpb.ListReservationsResponse, error) {
+	if s := l.s.Load(); s != nil {
+		return s.List(ctx, r)
+	}
+	return nil, errNoDatabaseYet
+}
+
+func (l *lateReservations) Cancel(ctx context.Context, r *fleetpb.CancelReservationRequest) (*fleetpb.Reservation, error) {
+	if s := l.s.Load(); s != nil {
+		return s.Cancel(ctx, r)
+	}
+	return nil, errNoDatabaseYet
+}
+
+func (l *lateReservations) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if s := l.s.Load(); s != nil {
+		s.Handler().ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("Retry-After", "2")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusServiceUnavailable)
+	fmt.Fprintln(w, `{"error": "the reservations API is waiting for its database; retry shortly", "code": "UNAVAILABLE"}`)
+}
+
+// register serves the API on g and under /v1/reservations on mux.
+func (l *lateReservations) register(g *grpc.Server, mux *http.ServeMux) {
+	if g != nil {
+		fleetpb.RegisterReservationsServer(g, l)
+	}
+	if mux != nil {
+		mux.Handle("/v1/reservations", l)
+		mux.Handle("/v1/reservations/", l)
+	}
+}
+
+// start makes the API on pool and lets calls through.
+func (l *lateReservations) start(cfg reservations.Config, pool *pgxpool.Pool, bb *streams.Backbone, t *telemetry, log *slog.Logger) error {
+	s, err := reservations.New(cfg, pool, bb.JS, bb.Conn, reservations.NewMetrics(t.reg), log.With("service", "reservations"))
+	if err != nil {
+		return err
+	}
+	l.s.Store(s)
+	return nil
+}
+
+func (l *lateReservations) close() {
+	if s := l.s.Load(); s != nil {
+		s.Close()
+	}
+}
+
+// portOf is the port of a listen address, for ids and messages.
+func portOf(addr string) int {
+	_, p, _ := net.SplitHostPort(addr)
+	n, _ := strconv.Atoi(p)
+	return n
+}
+
+// fleetProjectorOptions tune the liveness projector.
+type fleetProjectorOptions struct {
+	batch                     int
+	maxWait                   time.Duration
+	suspectAfter, unreachable time.Duration
+	clockSlack                time.Duration
+}
+
+func (o *fleetProjectorOptions) register(fs *flag.FlagSet) {
+	envInt(fs, &o.batch, "fleet-projector-batch", "MILLRACE_FLEET_PROJECTOR_BATCH", 1000, "most node messages applied in one transaction")
+	envDuration(fs, &o.maxWait, "fleet-projector-max-wait", "MILLRACE_FLEET_PROJECTOR_MAX_WAIT", 250*time.Millisecond, "how long a fetch waits to fill a batch of node messages")
+	envDuration(fs, &o.suspectAfter, "fleet-suspect-after", "MILLRACE_FLEET_SUSPECT_AFTER", fleetproj.DefaultSuspectAfter, "a node unheard for this long is suspect (still placed on)")
+	envDuration(fs, &o.unreachable, "fleet-unreachable-after", "MILLRACE_FLEET_UNREACHABLE_AFTER", fleetproj.DefaultUnreachableAfter, "a node unheard for this long is unreachable: nothing is placed on it and its reservations are placed elsewhere")
+	envDuration(fs, &o.clockSlack, "fleet-clock-slack", "MILLRACE_FLEET_CLOCK_SLACK", fleetproj.DefaultClockSlack, "how far past the newest liveness batch nodes may age (a silent control plane marks nothing)")
+}
+
+func (o *fleetProjectorOptions) projector(log *slog.Logger) (*fleetproj.Projector, error) {
+	cfg := fleetproj.Config{SuspectAfter: o.suspectAfter, UnreachableAfter: o.unreachable, ClockSlack: o.clockSlack, Logger: log}
+	if err := cfg.Validate(); err != nil {
+		return nil, usageError{err.Error()}
+	}
+	return fleetproj.New(cfg), nil
+}
+
+func (o *fleetProjectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
+	return streams.RunnerConfig{
+		Stream:  streams.StreamFleetNodes,
+		Filter:  streams.FleetNodeSubjects,
+		Batch:   o.batch,
+		MaxWait: o.maxWait,
+		// The projector ages nodes on the stream's clock as batches arrive;
+		// the idle sweep covers a quiet stream.
+		SweepEvery: 5 * time.Second,
+		Logger:     log.With("component", "projector", "projector", fleetproj.ConsumerName),
+	}
+}
+
+// placerOptions tune the placer.
+type placerOptions struct {
+	batch                      int
+	maxWait                    time.Duration
+	bindTimeout, pendingTimout time.Duration
+	sweepEvery                 time.Duration
+}
+
+func (o *placerOptions) register(fs *flag.FlagSet) {
+	envInt(fs, &o.batch, "placer-batch", "MILLRACE_PLACER_BATCH", 500, "most reservation requests planned and committed in one transaction")
+	envDuration(fs, &o.maxWait, "placer-max-wait", "MILLRACE_PLACER_MAX_WAIT", 20*time.Millisecond, "how long requests may gather before the placer plans them (adds to the time to place)")
+	envDuration(fs, &o.bindTimeout, "placer-bind-timeout", "MILLRACE_PLACER_BIND_TIMEOUT", placer.DefaultBindTimeout, "an allocation its node has not confirmed within this is released and placed again")
+	envDuration(fs, &o.pendingTimout, "placer-pending-timeout", "MILLRACE_PLACER_PENDING_TIMEOUT", placer.DefaultPendingTimeout, "a reservation that found no capacity within this fails")
+	envDuration(fs, &o.sweepEvery, "placer-sweep-every", "MILLRACE_PLACER_SWEEP_EVERY", time.Second, "how often an idle placer retries pending reservations and applies its release policies")
+}
+
+func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {
+	cfg := placer.Config{
+		BindTimeout:    o.bindTimeout,
+		PendingTimeout: o.pendingTimout,
+		Subject:        streams.FleetPlaceSubject,
+		Logger:         log.With("projector", placer.ConsumerName),
+	}
+	if err := cfg.Validate(); err != nil {
+		return cfg, usageError{err.Error()}
+	}
+	return cfg, nil
+}
+
+func (o *placerOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
+	return streams.RunnerConfig{
+		Stream:     streams.StreamFleetResv,
+		Filter:     streams.FleetResvSubjects,
+		Batch:      o.batch,
+		MaxWait:    o.maxWait,
+		SweepEvery: o.sweepEvery,
+		Logger:     log.With("component", "projector", "projector", placer.ConsumerName),
+	}
+}
+
+// runPlacer runs the placer's consumer and the outbox relay that publishes
+// its decisions, until ctx ends.
+func runPlacer(ctx context.Context, cfg placer.Config, o placerOptions, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry, log *slog.Logger) error {
+	relay := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Registerer: t.reg, Logger: log})
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	err := streams.NewRunner(bb.JS, pool, placer.New(cfg), o.runnerConfig(log), t.sm).Run(ctx)
+	if rerr := <-done; err == nil && !errors.Is(rerr, context.Canceled) {
+		err = rerr
+	}
+	return err
+}

@@ -1,0 +1,387 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go/jetstream"
+
+	fleetproj "github.com/millrace/millrace/projectors/fleet"
+	"github.com/millrace/millrace/projectors/placer"
+	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/streams/projection"
+)
+
+func serveFleetCommand() command {
+	return command{
+		name:    "serve fleet",
+		summary: "run a fleet gateway (GPU node sessions over mTLS)",
+		long: `Holds GPU nodes' sessions (gRPC, mTLS with node certificates from the fleet CA
+or from Join), publishes their transitions and batched heartbeat ages to
+FLEET_NODES, and delivers placement decisions to the nodes as bind commands.
+Run several instances, each with its own --fleet-gateway-id and the same CA:
+a node whose gateway goes away re-homes through any other.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo       logOptions
+				no       natsOptions
+				fo       fleetOptions
+				httpAddr string
+				shutdown time.Duration
+			)
+			lo.register(fs)
+			no.register(fs)
+			fo.register(fs)
+			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8082", "HTTP address: /metrics, /healthz, /readyz")
+			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for sessions to move away")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"serve fleet takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				t := newTelemetry()
+				bb, _, err := no.open(ctx, "millrace-fleet", t.sm)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				gw, err := startFleet(ctx, fo, "", bb, t, log)
+				if err != nil {
+					return err
+				}
+				web, err := startHTTP(httpAddr, t, readiness(bb, nil), nil, log)
+				if err != nil {
+					gw.stop(ctx)
+					return err
+				}
+				var serveErr error
+				select {
+				case <-ctx.Done():
+				case serveErr = <-gw.done:
+				}
+				sctx, cancel := context.WithTimeout(context.Background(), shutdown)
+				defer cancel()
+				gw.stop(sctx)
+				bb.Close()
+				web.stop(sctx)
+				return serveErr
+			}
+		},
+	}
+}
+
+func serveReservationsCommand() command {
+	return command{
+		name:    "serve reservations",
+		summary: "run the GPU reservations API (gRPC and JSON over HTTP)",
+		long: `Creates, reads, lists and cancels GPU reservations. Requests and cancellations
+are published to FLEET_RESV (fleet.resv.<pool>); reads come from PostgreSQL.
+gRPC on --reservations-listen, JSON under /v1/reservations on --http-listen.
+Every call needs an API key (authorization: Bearer KEY).`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo       logOptions
+				no       natsOptions
+				do       dbOptions
+				ro       reservationsOptions
+				httpAddr string
+				shutdown time.Duration
+			)
+			lo.register(fs)
+			no.register(fs)
+			do.register(fs)
+			ro.register(fs)
+			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8083", "HTTP address: /v1/reservations, /metrics, /healthz, /readyz")
+			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls to finish")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"serve reservations takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				cfg, err := ro.config("", log)
+				if err != nil {
+					return err
+				}
+				t := newTelemetry()
+				bb, _, err := no.open(ctx, "millrace-reservations", t.sm)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				pool := connectWithRetry(ctx, do, log)
+				if pool == nil {
+					return ctx.Err()
+				}
+				defer pool.Close()
+				var api lateReservations
+				if err := api.start(cfg, pool, bb, t, log); err != nil {
+					return err
+				}
+				defer api.close()
+				rg, err := startReservationsGRPC(ro, &api, log)
+				if err != nil {
+					return err
+				}
+				mux := http.NewServeMux()
+				api.register(nil, mux)
+				web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), mux, log)
+				if err != nil {
+					rg.stop(ctx)
+					return err
+				}
+				var serveErr error
+				select {
+				case <-ctx.Done():
+				case serveErr = <-rg.done:
+				}
+				sctx, cancel := context.WithTimeout(context.Background(), shutdown)
+				defer cancel()
+				api.close() // waiting calls answer now
+				rg.stop(sctx)
+				web.stop(sctx)
+				return serveErr
+			}
+		},
+	}
+}
+
+func projectFleetCommand() command {
+	return command{
+		name:    "project fleet",
+		summary: "run the node liveness projector (FLEET_NODES -> PostgreSQL)",
+		long: `Consumes FLEET_NODES into PostgreSQL: nodes, their GPUs, allocation reports and
+liveness (healthy -> suspect -> unreachable as a node goes unheard). Several
+instances may run: one applies, the others stand by.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo       logOptions
+				no       natsOptions
+				do       dbOptions
+				po       fleetProjectorOptions
+				httpAddr string
+			)
+			lo.register(fs)
+			no.register(fs)
+			do.register(fs)
+			po.register(fs)
+			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8084", "HTTP address: /metrics, /healthz, /readyz")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"project fleet takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				proj, err := po.projector(log)
+				if err != nil {
+					return err
+				}
+				t := newTelemetry()
+				bb, _, err := no.open(ctx, "millrace-project-fleet", t.sm)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				pool := connectWithRetry(ctx, do, log)
+				if pool == nil {
+					return ctx.Err()
+				}
+				defer pool.Close()
+				web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), nil, log)
+				if err != nil {
+					return err
+				}
+				defer web.stop(context.Background())
+				return streams.NewRunner(bb.JS, pool, proj, po.runnerConfig(log), t.sm).Run(ctx)
+			}
+		},
+	}
+}
+
+func projectPlacerCommand() command {
+	return command{
+		name:    "project placer",
+		summary: "run the GPU placer (FLEET_RESV -> bookings -> FLEET_PLACE)",
+		long: `Consumes reservation requests (FLEET_RESV), plans them in batches against an
+in-memory index of each pool, books GPUs in PostgreSQL with guarded statements
+(a constraint makes a double booking impossible) and publishes each decision
+to FLEET_PLACE through a transactional outbox. Releases reservations on
+unreachable nodes and unconfirmed binds and places them again. Several
+instances may run: one places, the others stand by.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo       logOptions
+				no       natsOptions
+				do       dbOptions
+				po       placerOptions
+				httpAddr string
+			)
+			lo.register(fs)
+			no.register(fs)
+			do.register(fs)
+			po.register(fs)
+			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8085", "HTTP address: /metrics, /healthz, /readyz")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"project placer takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				cfg, err := po.config(log)
+				if err != nil {
+					return err
+				}
+				t := newTelemetry()
+				bb, _, err := no.open(ctx, "millrace-placer", t.sm)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				pool := connectWithRetry(ctx, do, log)
+				if pool == nil {
+					return ctx.Err()
+				}
+				defer pool.Close()
+				web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), nil, log)
+				if err != nil {
+					return err
+				}
+				defer web.stop(context.Background())
+				return runPlacer(ctx, cfg, po, bb, pool, t, log)
+			}
+		},
+	}
+}
+
+func replayFleetCommand() command {
+	return command{
+		name:    "replay fleet",
+		summary: "rebuild nodes, reservations and bookings from the fleet streams",
+		long: `Empties the fleet projections and applies the streams again: nodes, GPUs and
+liveness from FLEET_NODES, reservations from FLEET_RESV, and allocations and
+bookings from the placement decisions in FLEET_PLACE. The result equals what
+the live run built. Stop the liveness projector and the placer first (replay
+refuses while either holds its lock); replay publishes whatever the placer
+left in its outbox before it starts.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo logOptions
+				no natsOptions
+				do dbOptions
+				fo fleetProjectorOptions
+			)
+			lo.register(fs)
+			no.register(fs)
+			do.register(fs)
+			fo.register(fs)
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"replay fleet takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				proj, err := fo.projector(log)
+				if err != nil {
+					return err
+				}
+				bb, _, err := no.open(ctx, "millrace-replay-fleet", nil)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				pool, err := openPool(ctx, do, true, log)
+				if err != nil {
+					return err
+				}
+				defer pool.Close()
+				return replayFleet(ctx, bb, pool, proj, fo.runnerConfig(log), log)
+			}
+		},
+	}
+}
+
+// replayFleet holds the live placer's lock for the whole replay (so that
+// nothing places while the bookings are rebuilt), flushes the outbox into
+// FLEET_PLACE, and replays the three streams one after the other. Each
+// table is written from one stream only, so their order does not matter.
+func replayFleet(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, proj *fleetproj.Projector, rc streams.RunnerConfig, log *slog.Logger) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var ok bool
+	if err := conn.QueryRow(ctx, "select pg_try_advisory_lock(hashtextextended($1, 0))", "millrace.consumer."+placer.ConsumerName).Scan(&ok); err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("the placer is running (it holds its lock): stop it, replay, then start it again")
+	}
+	defer conn.Exec(context.Background(), "select pg_advisory_unlock(hashtextextended($1, 0))", "millrace.consumer."+placer.ConsumerName)
+
+	relay := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Logger: log})
+	if err := relay.Flush(ctx); err != nil {
+		return fmt.Errorf("publish the placer's outbox: %w", err)
+	}
+	steps := []struct {
+		what   string
+		stream string
+		filter string
+		p      projection.Projector
+	}{
+		{"nodes", streams.StreamFleetNodes, streams.FleetNodeSubjects, proj},
+		{"reservations", streams.StreamFleetResv, streams.FleetResvSubjects, placer.NewRequests()},
+		{"decisions", streams.StreamFleetPlace, streams.FleetPlaceSubjects, placer.NewDecisions()},
+	}
+	for _, s := range steps {
+		st, err := bb.JS.Stream(ctx, s.stream)
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", s.stream, err)
+		}
+		total := st.CachedInfo().State.LastSeq
+		start, last := time.Now(), time.Time{}
+		c := rc
+		c.Stream, c.Filter = s.stream, s.filter
+		c.Progress = func(p streams.Progress) {
+			if time.Since(last) < time.Second && p.Position < total {
+				return
+			}
+			last = time.Now()
+			fmt.Fprintf(os.Stderr, "\rreplay fleet %s: %d/%d messages   ", s.what, p.Position, total)
+		}
+		err = streams.NewRunner(bb.JS, pool, s.p, c, nil).Replay(ctx)
+		if errors.Is(err, streams.ErrLocked) {
+			return fmt.Errorf("the %s projector is running (it holds its lock): stop it, replay, then start it again", s.p.Name())
+		}
+		if err != nil {
+			return fmt.Errorf("replay %s: %w", s.what, err)
+		}
+		fmt.Fprintf(os.Stderr, "\rreplay fleet %s: %d messages in %s\n", s.what, total, time.Since(start).Round(time.Millisecond))
+		if s.p.Name() != proj.Name() {
+			// The replay consumers of FLEET_RESV and FLEET_PLACE have no live
+			// use; leave nothing behind that would pin those streams.
+			if err := bb.JS.DeleteConsumer(ctx, s.stream, s.p.Name()); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+				log.Warn("replay consumer not deleted", "consumer", s.p.Name(), "err", err)
+			}
+		}
+	}
+	return nil
+}

@@ -1,0 +1,256 @@
+package fleet
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"google.golang.org/protobuf/proto"
+
+	fleetpb "github.com/millrace/millrace/schemas/fleet"
+	"github.com/millrace/millrace/streams"
+)
+
+// bindTable is what the gateway knows about allocations (guarded by s.mu):
+// binds decided in the last BindWindow, per node, whether or not the node
+// is connected here (it may connect here later), and which session here
+// holds which allocation (to deliver an unbind long after the bind).
+type bindTable struct {
+	pending     map[nodeKey]map[string]*pendingBind
+	pendingNode map[string]nodeKey  // allocation -> node of a pending bind
+	boundBy     map[string]*session // allocation -> session here that holds it
+	count       int
+}
+
+type pendingBind struct {
+	cmd     *fleetpb.GatewayMessage
+	expires time.Time
+}
+
+func newBindTable() bindTable {
+	return bindTable{
+		pending:     map[nodeKey]map[string]*pendingBind{},
+		pendingNode: map[string]nodeKey{},
+		boundBy:     map[string]*session{},
+	}
+}
+
+func (t *bindTable) add(key nodeKey, alloc string, cmd *fleetpb.GatewayMessage, expires time.Time) {
+	if prev, ok := t.pendingNode[alloc]; ok && prev != key {
+		t.drop(prev, alloc)
+	}
+	m := t.pending[key]
+	if m == nil {
+		m = map[string]*pendingBind{}
+		t.pending[key] = m
+	}
+	if _, ok := m[alloc]; !ok {
+		t.count++
+	}
+	m[alloc] = &pendingBind{cmd: cmd, expires: expires}
+	t.pendingNode[alloc] = key
+}
+
+func (t *bindTable) drop(key nodeKey, alloc string) {
+	m := t.pending[key]
+	if _, ok := m[alloc]; !ok {
+		return
+	}
+	delete(m, alloc)
+	t.count--
+	if len(m) == 0 {
+		delete(t.pending, key)
+	}
+	if t.pendingNode[alloc] == key {
+		delete(t.pendingNode, alloc)
+	}
+}
+
+// pendingFor lists the live binds for a node that it does not hold, in
+// allocation order.
+func (t *bindTable) pendingFor(key nodeKey, held map[string]struct{}, now time.Time) []*fleetpb.GatewayMessage {
+	m := t.pending[key]
+	ids := make([]string, 0, len(m))
+	for id, pb := range m {
+		if _, ok := held[id]; !ok && pb.expires.After(now) {
+			ids = append(ids, id)
+		}
+	}
+	slices.Sort(ids)
+	out := make([]*fleetpb.GatewayMessage, len(ids))
+	for i, id := range ids {
+		out[i] = m[id].cmd
+	}
+	return out
+}
+
+func (t *bindTable) expire(now time.Time) {
+	for key, m := range t.pending {
+		for id, pb := range m {
+			if !pb.expires.After(now) {
+				t.drop(key, id)
+			}
+		}
+	}
+}
+
+func (s *Server) expireBinds(now time.Time) {
+	s.mu.Lock()
+	s.binds.expire(now)
+	n := s.binds.count
+	s.mu.Unlock()
+	s.m.pendingBinds.Set(float64(n))
+}
+
+// consumeDecisions reads FLEET_PLACE with an ordered consumer from
+// BindWindow ago (so that a gateway that just started knows the recent
+// decisions) until ctx ends. Every gateway reads every decision and
+// delivers those for the nodes it holds.
+func (s *Server) consumeDecisions(ctx context.Context) {
+	start := time.Now().Add(-s.cfg.BindWindow)
+	for {
+		cons, err := s.js.OrderedConsumer(ctx, streams.StreamFleetPlace, jetstream.OrderedConsumerConfig{
+			DeliverPolicy: jetstream.DeliverByStartTimePolicy,
+			OptStartTime:  &start,
+		})
+		var cc jetstream.ConsumeContext
+		if err == nil {
+			cc, err = cons.Consume(s.decisionMsg, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+				s.log.Debug("placement decision reader", "err", err)
+			}))
+		}
+		if err == nil {
+			<-ctx.Done()
+			cc.Stop()
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		s.log.Warn("cannot read placement decisions; retrying", "stream", streams.StreamFleetPlace, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (s *Server) decisionMsg(msg jetstream.Msg) {
+	stored := time.Now()
+	if meta, err := msg.Metadata(); err == nil {
+		stored = meta.Timestamp
+	}
+	d := &fleetpb.PlacementDecision{}
+	if err := proto.Unmarshal(msg.Data(), d); err != nil {
+		s.m.decisions.WithLabelValues("invalid").Inc()
+		s.log.Warn("placement decision does not decode; skipped", "subject", msg.Subject(), "err", err)
+		return
+	}
+	if d.GetPool() == "" {
+		if pool, _, ok := streams.FleetSubjectPool(msg.Subject()); ok {
+			d.Pool = pool
+		}
+	}
+	s.applyDecision(d, stored)
+}
+
+func bindCommand(reservation string, a *fleetpb.Allocation) *fleetpb.GatewayMessage {
+	return &fleetpb.GatewayMessage{Body: &fleetpb.GatewayMessage_Command{Command: &fleetpb.Command{
+		AllocationId:  a.GetId(),
+		ReservationId: reservation,
+		Action:        &fleetpb.Command_Bind{Bind: &fleetpb.Bind{GpuIndices: a.GetGpuIndices(), WholeNode: a.GetWholeNode()}},
+	}}}
+}
+
+func unbindCommand(reservation, alloc, reason string) *fleetpb.GatewayMessage {
+	return &fleetpb.GatewayMessage{Body: &fleetpb.GatewayMessage_Command{Command: &fleetpb.Command{
+		AllocationId:  alloc,
+		ReservationId: reservation,
+		Action:        &fleetpb.Command_Unbind{Unbind: &fleetpb.Unbind{Reason: reason}},
+	}}}
+}
+
+// applyDecision delivers a decision to the nodes connected here and keeps
+// its binds for BindWindow after it was stored, for nodes that connect
+// later.
+func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
+	switch b := d.GetBody().(type) {
+	case *fleetpb.PlacementDecision_Placed:
+		s.m.decisions.WithLabelValues("placed").Inc()
+		expires := stored.Add(s.cfg.BindWindow)
+		if !expires.After(s.now()) {
+			return
+		}
+		s.mu.Lock()
+		for _, a := range b.Placed.GetAllocations() {
+			if CheckID("allocation id", a.GetId()) != nil || CheckID("node id", a.GetNodeId()) != nil {
+				s.log.Warn("placement decision names an invalid allocation or node; skipped", "decision", d.GetDecisionId())
+				continue
+			}
+			key := nodeKey{pool: d.GetPool(), node: a.GetNodeId()}
+			cmd := bindCommand(d.GetReservationId(), a)
+			s.binds.add(key, a.GetId(), cmd, expires)
+			sess := s.sessions[key]
+			if sess == nil || !sess.established {
+				continue // sent when (if) the node connects here
+			}
+			if _, held := sess.held[a.GetId()]; held {
+				continue
+			}
+			if sess.send(cmd) {
+				s.m.binds.WithLabelValues("bind").Inc()
+			}
+		}
+		n := s.binds.count
+		s.mu.Unlock()
+		s.m.pendingBinds.Set(float64(n))
+	case *fleetpb.PlacementDecision_Released:
+		s.m.decisions.WithLabelValues("released").Inc()
+		s.mu.Lock()
+		for _, id := range b.Released.GetAllocationIds() {
+			key, known := s.binds.pendingNode[id]
+			if known {
+				s.binds.drop(key, id)
+			}
+			if holder := s.binds.boundBy[id]; holder != nil {
+				key, known = holder.key, true
+			}
+			if !known {
+				continue
+			}
+			if sess := s.sessions[key]; sess != nil && sess.established {
+				if sess.send(unbindCommand(d.GetReservationId(), id, b.Released.GetReason())) {
+					s.m.binds.WithLabelValues("unbind").Inc()
+				}
+			}
+		}
+		n := s.binds.count
+		s.mu.Unlock()
+		s.m.pendingBinds.Set(float64(n))
+	case *fleetpb.PlacementDecision_Failed:
+		s.m.decisions.WithLabelValues("failed").Inc()
+	default:
+		s.m.decisions.WithLabelValues("invalid").Inc()
+	}
+}
+
+// allocationReport updates what the node holds: a bind it confirmed (or
+// that failed) is no longer pending.
+func (s *Server) allocationReport(sess *session, r *fleetpb.AllocationReport) {
+	id := r.GetAllocationId()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch r.GetState() {
+	case fleetpb.AllocationState_ALLOCATION_STATE_BOUND:
+		sess.held[id] = struct{}{}
+		s.binds.boundBy[id] = sess
+	default:
+		delete(sess.held, id)
+		if s.binds.boundBy[id] == sess {
+			delete(s.binds.boundBy, id)
+		}
+	}
+	s.binds.drop(sess.key, id)
+}

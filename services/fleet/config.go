@@ -1,0 +1,257 @@
+package fleet
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+)
+
+// Config of a fleet gateway. The zero value takes the defaults, except CA
+// and TLS, which are required.
+type Config struct {
+	// GatewayID names this instance in Welcome, node events and liveness
+	// batches. Every gateway instance needs its own. Default: the host name.
+	GatewayID string
+	// CA signs node certificates (Join), and node certificates must chain
+	// to it. Required.
+	CA *CA
+	// TLS is the listener's configuration with the gateway's server
+	// certificate (CA.ServerTLS makes one for development). Required.
+	// ServerOptions makes it request client certificates; Session verifies
+	// them against CA itself, so that Join works without one and a bad
+	// certificate gets a Refusal a person can read.
+	TLS *tls.Config
+	// JoinTokens lets a node exchange a pool's token for a certificate.
+	// Nil or empty: Join refuses every call.
+	JoinTokens *JoinTokens
+	// NodeCertValidity is how long a certificate from Join is valid.
+	// Default 30 days; a node joins again before it runs out.
+	NodeCertValidity time.Duration
+
+	// MaxSessions is the most sessions open (or being opened) at once; more
+	// are refused "sessions_full". Default 20,000.
+	MaxSessions int
+	// HandshakeRate and HandshakeBurst bound new sessions and Joins per
+	// second (token bucket); more are refused "handshake_rate".
+	// Default 1000/s, burst 1000.
+	HandshakeRate  float64
+	HandshakeBurst int
+	// MaxHellosInFlight bounds Hellos being checked and published at once;
+	// more are refused "hellos_in_flight". Default 256.
+	MaxHellosInFlight int
+	// HelloTimeout is how long a new session may take to send its Hello.
+	// Default 10s.
+	HelloTimeout time.Duration
+
+	// HeartbeatInterval is what Welcome tells a node. Default 10s.
+	HeartbeatInterval time.Duration
+	// HeartbeatTimeout closes a session that sent nothing for this long.
+	// Default 3 x HeartbeatInterval.
+	HeartbeatTimeout time.Duration
+	// FlushInterval is how often the heartbeats heard are published, one
+	// LivenessBatch per pool. Default 5s.
+	FlushInterval time.Duration
+	// ResyncEvery republishes each session's Connected event (jittered per
+	// session) so that FLEET_NODES, kept 7 days, always holds every live
+	// node's inventory. Default 24h.
+	ResyncEvery time.Duration
+	// BindWindow is how long a placement decision's binds are kept for
+	// nodes that are not (yet) connected here, and how far back a starting
+	// gateway reads decisions. Default 2m.
+	BindWindow time.Duration
+
+	// MaxMessageBytes is the largest message a node may send; gRPC refuses
+	// larger ones (RESOURCE_EXHAUSTED). Default 64 KiB.
+	MaxMessageBytes int
+	// PublishTimeout bounds how long a Hello waits for its Connected event
+	// to be stored before the session is refused "unavailable". Default 10s.
+	PublishTimeout time.Duration
+	// PublishQueue is how many node events may wait for the backbone;
+	// beyond it (after a short wait) an event is dropped and counted.
+	// Default 8192.
+	PublishQueue int
+	// MaxRetryAfter caps the retry_after of a refusal. Default 5m.
+	MaxRetryAfter time.Duration
+}
+
+// Defaults.
+const (
+	DefaultMaxSessions       = 20000
+	DefaultHandshakeRate     = 1000
+	DefaultHandshakeBurst    = 1000
+	DefaultMaxHellosInFlight = 256
+	DefaultHelloTimeout      = 10 * time.Second
+	DefaultHeartbeatInterval = 10 * time.Second
+	DefaultFlushInterval     = 5 * time.Second
+	DefaultResyncEvery       = 24 * time.Hour
+	DefaultBindWindow        = 2 * time.Minute
+	DefaultMaxMessageBytes   = 64 << 10
+	DefaultPublishTimeout    = 10 * time.Second
+	DefaultPublishQueue      = 8192
+	DefaultMaxRetryAfter     = 5 * time.Minute
+)
+
+func (c Config) withDefaults() Config {
+	if c.GatewayID == "" {
+		c.GatewayID, _ = os.Hostname()
+		if c.GatewayID == "" {
+			c.GatewayID = "gateway"
+		}
+	}
+	if c.NodeCertValidity == 0 {
+		c.NodeCertValidity = DefaultNodeCertValidity
+	}
+	if c.MaxSessions == 0 {
+		c.MaxSessions = DefaultMaxSessions
+	}
+	if c.HandshakeRate == 0 {
+		c.HandshakeRate = DefaultHandshakeRate
+	}
+	if c.HandshakeBurst == 0 {
+		c.HandshakeBurst = DefaultHandshakeBurst
+	}
+	if c.MaxHellosInFlight == 0 {
+		c.MaxHellosInFlight = DefaultMaxHellosInFlight
+	}
+	if c.HelloTimeout == 0 {
+		c.HelloTimeout = DefaultHelloTimeout
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = 3 * c.HeartbeatInterval
+	}
+	if c.FlushInterval == 0 {
+		c.FlushInterval = DefaultFlushInterval
+	}
+	if c.ResyncEvery == 0 {
+		c.ResyncEvery = DefaultResyncEvery
+	}
+	if c.BindWindow == 0 {
+		c.BindWindow = DefaultBindWindow
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.PublishQueue == 0 {
+		c.PublishQueue = DefaultPublishQueue
+	}
+	if c.MaxRetryAfter == 0 {
+		c.MaxRetryAfter = DefaultMaxRetryAfter
+	}
+	return c
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	if c.CA == nil {
+		errs = append(errs, errors.New("fleet: a CA is required (LoadCA, or LoadOrCreateCA in development)"))
+	}
+	if c.TLS == nil || (len(c.TLS.Certificates) == 0 && c.TLS.GetCertificate == nil && c.TLS.GetConfigForClient == nil) {
+		errs = append(errs, errors.New("fleet: a TLS configuration with the gateway's certificate is required (CA.ServerTLS in development)"))
+	}
+	if err := CheckID("fleet: gateway id", c.GatewayID); err != nil {
+		errs = append(errs, err)
+	}
+	if c.NodeCertValidity < 0 || c.MaxSessions < 0 || c.HandshakeRate < 0 || c.HandshakeBurst < 0 ||
+		c.MaxHellosInFlight < 0 || c.HelloTimeout < 0 || c.HeartbeatInterval < 0 || c.HeartbeatTimeout < 0 ||
+		c.FlushInterval < 0 || c.ResyncEvery < 0 || c.BindWindow < 0 || c.MaxMessageBytes < 0 ||
+		c.PublishTimeout < 0 || c.PublishQueue < 0 || c.MaxRetryAfter < 0 {
+		errs = append(errs, errors.New("fleet: limits and durations must not be negative"))
+	}
+	if c.NodeCertValidity > 0 && c.NodeCertValidity < time.Hour {
+		errs = append(errs, fmt.Errorf("fleet: node certificates valid %s would expire before nodes renew them; use an hour or more", c.NodeCertValidity))
+	}
+	if c.HeartbeatTimeout <= c.HeartbeatInterval {
+		errs = append(errs, fmt.Errorf("fleet: heartbeat timeout %s must exceed the heartbeat interval %s", c.HeartbeatTimeout, c.HeartbeatInterval))
+	}
+	if c.FlushInterval >= c.HeartbeatTimeout {
+		errs = append(errs, fmt.Errorf("fleet: liveness flush interval %s must be shorter than the heartbeat timeout %s", c.FlushInterval, c.HeartbeatTimeout))
+	}
+	if c.MaxMessageBytes > 0 && (c.MaxMessageBytes < 4<<10 || c.MaxMessageBytes > 4<<20) {
+		errs = append(errs, fmt.Errorf("fleet: max message size %d must be between 4 KiB and 4 MiB", c.MaxMessageBytes))
+	}
+	if c.ResyncEvery > 0 && c.ResyncEvery > 5*24*time.Hour {
+		errs = append(errs, fmt.Errorf("fleet: resync every %s would let FLEET_NODES (7 days) lose live nodes' inventory; use at most 5 days", c.ResyncEvery))
+	}
+	return errors.Join(errs...)
+}
+
+// JoinTokens maps join tokens to pools. Tokens are kept only as SHA-256
+// digests and compared in constant time.
+type JoinTokens struct {
+	entries []tokenEntry
+}
+
+type tokenEntry struct {
+	digest [32]byte
+	pool   string
+}
+
+// ParseJoinTokens reads "pool=token,pool=token" (or one pair per line;
+// lines starting with # are comments).
+func ParseJoinTokens(s string) (*JoinTokens, error) {
+	k := &JoinTokens{}
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' }) {
+		f = strings.TrimSpace(f)
+		if f == "" || strings.HasPrefix(f, "#") {
+			continue
+		}
+		pool, token, ok := strings.Cut(f, "=")
+		pool, token = strings.TrimSpace(pool), strings.TrimSpace(token)
+		if !ok || pool == "" || token == "" {
+			return nil, errors.New("fleet: join tokens must be written pool=token")
+		}
+		if err := k.Add(pool, token); err != nil {
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+// Add gives pool one more token (at least 16 characters).
+func (k *JoinTokens) Add(pool, token string) error {
+	if err := CheckID("fleet: join token pool", pool); err != nil {
+		return err
+	}
+	if len(token) < 16 {
+		return fmt.Errorf("fleet: the join token of pool %q is shorter than 16 characters", pool)
+	}
+	k.entries = append(k.entries, tokenEntry{digest: sha256.Sum256([]byte(token)), pool: pool})
+	return nil
+}
+
+// Len is the number of tokens.
+func (k *JoinTokens) Len() int {
+	if k == nil {
+		return 0
+	}
+	return len(k.entries)
+}
+
+// Pool returns the pool a token admits to. Every entry is compared, so the
+// time taken says nothing about which one matched.
+func (k *JoinTokens) Pool(token string) (string, bool) {
+	if k == nil {
+		return "", false
+	}
+	d := sha256.Sum256([]byte(token))
+	pool, found := "", false
+	for _, e := range k.entries {
+		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
+			pool, found = e.pool, true
+		}
+	}
+	return pool, found
+}

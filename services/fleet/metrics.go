@@ -1,0 +1,83 @@
+package fleet
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics of a fleet gateway.
+type Metrics struct {
+	sessionsOpen    prometheus.Gauge
+	handshakes      *prometheus.CounterVec
+	closed          *prometheus.CounterVec
+	messages        *prometheus.CounterVec
+	heartbeats      prometheus.Counter // messages{kind="heartbeat"}, resolved once: it is on every heartbeat's path
+	events          *prometheus.CounterVec
+	publishErrors   *prometheus.CounterVec
+	livenessBatches prometheus.Counter
+	livenessNodes   prometheus.Histogram
+	binds           *prometheus.CounterVec
+	decisions       *prometheus.CounterVec
+	pendingBinds    prometheus.Gauge
+	joins           *prometheus.CounterVec
+}
+
+// NewMetrics registers the gateway's metrics with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		sessionsOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "millrace_fleet_sessions_open",
+			Help: "Node sessions open now (including those still in their handshake).",
+		}),
+		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_handshakes_total",
+			Help: "Session handshakes by result: accepted, or the refusal code (sessions_full, handshake_rate, hellos_in_flight, draining, unauthenticated, invalid, unavailable).",
+		}, []string{"result"}),
+		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_sessions_closed_total",
+			Help: "Established sessions closed, by reason (closed, heartbeat_timeout, replaced, draining, invalid, error).",
+		}, []string{"reason"}),
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_messages_total",
+			Help: "Messages received from nodes, by kind (hello, heartbeat, status, allocation).",
+		}, []string{"kind"}),
+		events: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_events_published_total",
+			Help: "Node events stored in JetStream, by kind (connected, resync, disconnected, status_changed, allocation, liveness).",
+		}, []string{"kind"}),
+		publishErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_publish_errors_total",
+			Help: "Node events not stored, by kind: the backbone refused or timed out, or the publish queue stayed full.",
+		}, []string{"kind"}),
+		livenessBatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "millrace_fleet_liveness_batches_total",
+			Help: "Liveness batches published (one per pool per flush, chunked at 10,000 nodes).",
+		}),
+		livenessNodes: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "millrace_fleet_liveness_batch_nodes",
+			Help:    "Nodes per liveness batch.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 8),
+		}),
+		binds: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_commands_sent_total",
+			Help: "Commands sent to nodes, by action (bind, unbind).",
+		}, []string{"action"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_decisions_total",
+			Help: "Placement decisions read from FLEET_PLACE, by kind (placed, released, failed, invalid).",
+		}, []string{"kind"}),
+		pendingBinds: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "millrace_fleet_pending_binds",
+			Help: "Binds kept for the bind window (for nodes that may connect here).",
+		}),
+		joins: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_joins_total",
+			Help: "Join calls by result (issued, unauthenticated, invalid, rate_limited).",
+		}, []string{"result"}),
+	}
+	m.heartbeats = m.messages.WithLabelValues("heartbeat")
+	if reg != nil {
+		reg.MustRegister(m.sessionsOpen, m.handshakes, m.closed, m.messages, m.events, m.publishErrors,
+			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.joins)
+	}
+	return m
+}
