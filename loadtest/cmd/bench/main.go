@@ -28,7 +28,7 @@ const (
 	scPaced1000     = "paced-1000"
 )
 
-var allScenarios = []string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}
+var allScenarios = append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}, fleetScenarios...)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string
@@ -56,6 +56,8 @@ type config struct {
 
 	lagPoll, lagTimeout, drainTimeout time.Duration
 	keep                              bool
+
+	fleet fleetConfig
 }
 
 func main() {
@@ -87,6 +89,7 @@ func main() {
 	flag.DurationVar(&c.lagTimeout, "lag-timeout", 60*time.Second, "how long to wait for the last invocations to be projected")
 	flag.DurationVar(&c.drainTimeout, "drain-timeout", 5*time.Minute, "projector: longest drain before giving up")
 	flag.BoolVar(&c.keep, "keep", false, "keep the scenarios' state and logs")
+	c.fleet.register(flag.CommandLine)
 	flag.Parse()
 
 	c.scenarios = map[string]bool{}

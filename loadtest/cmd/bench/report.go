@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/millrace/millrace/loadtest/fleetsim"
+
 	"bufio"
 	"context"
 	"encoding/json"
@@ -25,8 +27,10 @@ type scenarioReport struct {
 	Machine     machineInfo `json:"machine"`
 	Fixtures    fixtureInfo `json:"fixtures"`
 	Runs        []runReport `json:"runs"`
-	Checks      []check     `json:"checks"`
-	Error       string      `json:"error,omitempty"`
+	// Fleet is the fleet simulator's report, for the fleet scenarios.
+	Fleet  *fleetsim.Report `json:"fleet,omitempty"`
+	Checks []check          `json:"checks"`
+	Error  string           `json:"error,omitempty"`
 }
 
 // runReport is one load run within a scenario.

@@ -191,6 +191,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 					run.AckLatency.P99MS, 30, "ms", note))
 			}
 		}
+	case scFleetSessions, scFleetPlace, scFleetActive, scFleetRehome:
+		err = b.fleetScenario(ctx, name, rep)
 	}
 	if err != nil {
 		rep.Error = err.Error()

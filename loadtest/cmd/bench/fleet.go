@@ -1,0 +1,320 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/millrace/millrace/loadtest/fleetsim"
+)
+
+// Fleet scenarios: the fleet simulator (package fleetsim, in this process)
+// against `millrace dev` (backbone, projectors, placer, reservations API)
+// and, where a scenario measures one gateway alone, `millrace serve fleet`
+// processes of their own.
+const (
+	scFleetSessions = "fleet-sessions"
+	scFleetPlace    = "fleet-place"
+	scFleetActive   = "fleet-active"
+	scFleetRehome   = "fleet-rehome"
+)
+
+var fleetScenarios = []string{scFleetSessions, scFleetPlace, scFleetActive, scFleetRehome}
+
+// fleetConfig sizes the fleet scenarios (flags of the bench).
+type fleetConfig struct {
+	sessions      int           // fleet-sessions: nodes on one gateway
+	sessionsHold  time.Duration // fleet-sessions: how long they are held at 10 s heartbeats
+	placeNodes    int           // fleet-place: nodes
+	placeRate     float64       // fleet-place: reservations per second asked
+	placeDuration time.Duration
+	activeNodes   int     // fleet-active: nodes
+	activeRate    float64 // fleet-active: reservations per second
+	activeWindow  time.Duration
+	rehomeNodes   int // fleet-rehome: nodes on the gateway that is killed
+	ramp          time.Duration
+}
+
+func (c *fleetConfig) register(fs *flag.FlagSet) {
+	fs.IntVar(&c.sessions, "fleet-sessions", 19000, "fleet-sessions: nodes held by one gateway (this machine's open-file limit is 20,000 per process)")
+	fs.DurationVar(&c.sessionsHold, "fleet-sessions-hold", 60*time.Second, "fleet-sessions: how long the sessions are held once all are up")
+	fs.IntVar(&c.placeNodes, "fleet-place-nodes", 10000, "fleet-place: simulated nodes (8 GPUs each)")
+	fs.Float64Var(&c.placeRate, "fleet-place-rate", 3000, "fleet-place: reservations per second asked of the API")
+	fs.DurationVar(&c.placeDuration, "fleet-place-duration", 30*time.Second, "fleet-place: length of the reservation load")
+	fs.IntVar(&c.activeNodes, "fleet-active-nodes", 2000, "fleet-active: simulated nodes")
+	fs.Float64Var(&c.activeRate, "fleet-active-rate", 100, "fleet-active: reservations per second")
+	fs.DurationVar(&c.activeWindow, "fleet-active-duration", 60*time.Second, "fleet-active: length of the reservation load")
+	fs.IntVar(&c.rehomeNodes, "fleet-rehome-nodes", 10000, "fleet-rehome: nodes on the gateway that is killed")
+	fs.DurationVar(&c.ramp, "fleet-ramp", 20*time.Second, "how long the simulated nodes take to dial for the first time (spreads the TLS handshakes)")
+}
+
+// fleetStack is `millrace dev` and any extra gateways of one scenario.
+type fleetStack struct {
+	dir, dbURL, natsURL string
+	dev                 *proc
+	devGateway, resv    string
+	caDir, apiKey       string
+	gateways            []*proc
+}
+
+func (b *bench) startFleetStack(ctx context.Context, dir, dbURL string) (*fleetStack, error) {
+	addrs := make([]string, 6)
+	for i := range addrs {
+		a, err := freeAddr()
+		if err != nil {
+			return nil, err
+		}
+		addrs[i] = a
+	}
+	s := &fleetStack{dir: dir, dbURL: dbURL, natsURL: "nats://" + addrs[0], devGateway: addrs[2], resv: addrs[3],
+		caDir: filepath.Join(dir, "fleet", "ca")}
+	s.apiKey = "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-key"
+	env := []string{
+		"DATABASE_URL=" + dbURL,
+		"MILLRACE_NATS_DIR=" + filepath.Join(dir, "nats"),
+		"MILLRACE_NATS_LISTEN=" + addrs[0],
+		"MILLRACE_NATS_SYNC=" + b.cfg.natsSync,
+		"MILLRACE_BES_LISTEN=" + addrs[1],
+		"MILLRACE_FLEET_LISTEN=" + addrs[2],
+		"MILLRACE_RESERVATIONS_LISTEN=" + addrs[3],
+		"MILLRACE_HTTP_LISTEN=" + addrs[4],
+		"MILLRACE_FLEET_CA_DIR=" + s.caDir,
+		"MILLRACE_FLEET_API_KEYS=bench=" + s.apiKey,
+		"MILLRACE_FLEET_MAX_PENDING_PER_OWNER=1000000",
+		"MILLRACE_FLEET_GATEWAY_ID=dev",
+		"MILLRACE_SHUTDOWN_TIMEOUT=10s",
+	}
+	p, err := startProc("dev", b.cfg.bin, []string{"dev"}, env, filepath.Join(dir, "dev.log"))
+	if err != nil {
+		return nil, err
+	}
+	s.dev = p
+	if err := waitReady(ctx, p, "http://"+addrs[4]+"/readyz", readyTimeout); err != nil {
+		p.stop(stopGrace)
+		return nil, err
+	}
+	return s, nil
+}
+
+// startGateway starts one more gateway, `millrace serve fleet`, on the
+// stack's backbone and CA.
+func (b *bench) startGateway(ctx context.Context, s *fleetStack, id, addr string) (*proc, error) {
+	web, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	env := []string{
+		"MILLRACE_NATS_URL=" + s.natsURL,
+		"MILLRACE_FLEET_LISTEN=" + addr,
+		"MILLRACE_FLEET_GATEWAY_ID=" + id,
+		"MILLRACE_FLEET_CA_DIR=" + s.caDir,
+		"MILLRACE_HTTP_LISTEN=" + web,
+		"MILLRACE_SHUTDOWN_TIMEOUT=10s",
+	}
+	p, err := startProc(id, b.cfg.bin, []string{"serve", "fleet"}, env, filepath.Join(s.dir, id+".log"))
+	if err != nil {
+		return nil, err
+	}
+	if err := waitReady(ctx, p, "http://"+web+"/readyz", readyTimeout); err != nil {
+		p.stop(stopGrace)
+		return nil, err
+	}
+	s.gateways = append(s.gateways, p)
+	return p, nil
+}
+
+func (s *fleetStack) stop() {
+	for _, g := range s.gateways {
+		if !g.exited() {
+			g.stop(stopGrace)
+		}
+	}
+	s.dev.stop(stopGrace)
+}
+
+// simulate runs the fleet simulator with args (its flags) and returns its
+// report; onAllHeld, if set, runs once every node holds a session.
+func (b *bench) simulate(ctx context.Context, s *fleetStack, args []string, onAllHeld func()) (*fleetsim.Report, error) {
+	var cfg fleetsim.Config
+	fs := flag.NewFlagSet("fleetsim", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	base := []string{
+		"-ca-cert", filepath.Join(s.caDir, "ca.crt"), "-ca-key", filepath.Join(s.caDir, "ca.key"),
+		"-server-name", "localhost",
+		"-nats-url", s.natsURL, "-database-url", s.dbURL,
+		"-reservations", s.resv, "-api-key", s.apiKey,
+		"-ramp", b.cfg.fleet.ramp.String(),
+	}
+	if err := fs.Parse(append(base, args...)); err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	out := &lineWatch{w: os.Stdout, prefix: "fleetsim: all ", f: onAllHeld}
+	return fleetsim.Run(ctx, cfg, out)
+}
+
+// lineWatch passes progress through and calls f once at the first line
+// that starts with prefix.
+type lineWatch struct {
+	w      io.Writer
+	prefix string
+	f      func()
+	once   sync.Once
+	buf    []byte
+}
+
+func (l *lineWatch) Write(p []byte) (int, error) {
+	l.buf = append(l.buf, p...)
+	for {
+		i := strings.IndexAny(string(l.buf), "\n\r")
+		if i < 0 {
+			break
+		}
+		line := string(l.buf[:i])
+		l.buf = l.buf[i+1:]
+		if l.f != nil && strings.HasPrefix(line, l.prefix) {
+			l.once.Do(func() { go l.f() })
+		}
+	}
+	return l.w.Write(p)
+}
+
+func (b *bench) fleetScenario(ctx context.Context, name string, rep *scenarioReport) error {
+	fc := b.cfg.fleet
+	dir, err := mkdir(b.tmp, name)
+	if err != nil {
+		return err
+	}
+	if !b.cfg.keep {
+		defer os.RemoveAll(dir)
+	}
+	db, dbURL, err := b.pg.createDB(ctx, name)
+	if err != nil {
+		return err
+	}
+	defer b.pg.dropDB(db)
+	s, err := b.startFleetStack(ctx, dir, dbURL)
+	if err != nil {
+		return err
+	}
+	defer s.stop()
+
+	var sim *fleetsim.Report
+	switch name {
+	case scFleetSessions:
+		rep.Description = fmt.Sprintf("%d simulated nodes hold mTLS sessions with one `millrace serve fleet` at 10 s heartbeats; the gateway's RSS per session", fc.sessions)
+		addr, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		g, err := b.startGateway(ctx, s, "gw-sessions", addr)
+		if err != nil {
+			return err
+		}
+		sim, err = b.simulate(ctx, s, []string{
+			"-gateways", addr, "-gateway-pids", strconv.Itoa(g.pid()),
+			"-nodes", strconv.Itoa(fc.sessions), "-duration", (fc.ramp + 30*time.Second + fc.sessionsHold).String(),
+			"-status-rate", "20",
+		}, nil)
+		if err != nil {
+			return err
+		}
+		rep.Checks = append(rep.Checks,
+			atLeast(name+": sessions held at once by one gateway", float64(sim.Sessions.Peak), float64(fc.sessions), "sessions",
+				"the target is 20,000; this machine allows 20,000 open files per process, which one gateway's sessions, its backbone and its listener must share"),
+			atMost(name+": gateway RSS per session", sim.RSSPerSessionKiB, 1<<20/20000.0, "KiB", "1 GiB for 20,000 sessions"))
+	case scFleetPlace:
+		rep.Description = fmt.Sprintf("reservations at up to %.0f/s through the API onto %d simulated nodes (8 GPUs each): placements/s on PostgreSQL", fc.placeRate, fc.placeNodes)
+		sim, err = b.simulate(ctx, s, []string{
+			"-gateways", s.devGateway, "-nodes", strconv.Itoa(fc.placeNodes), "-gpus-per-node", "8",
+			"-duration", (fc.ramp + 20*time.Second + fc.placeDuration).String(),
+			"-reservation-rate", fmt.Sprint(fc.placeRate), "-reservation-hold", "5s",
+		}, nil)
+		if err != nil {
+			return err
+		}
+		rep.Checks = append(rep.Checks,
+			atLeast(fmt.Sprintf("%s: placements per second at %d nodes", name, fc.placeNodes), sim.Placements.PerSecond, 2000, "placements/s",
+				"the whole system on 2 vCPUs: simulator, gateway, API, JetStream, placer and PostgreSQL"))
+	case scFleetActive:
+		rep.Description = fmt.Sprintf("reservations at %.0f/s onto %d nodes: from the placement decision to the node's BOUND answer", fc.activeRate, fc.activeNodes)
+		sim, err = b.simulate(ctx, s, []string{
+			"-gateways", s.devGateway, "-nodes", strconv.Itoa(fc.activeNodes),
+			"-duration", (fc.ramp + 10*time.Second + fc.activeWindow).String(),
+			"-reservation-rate", fmt.Sprint(fc.activeRate), "-reservation-hold", "10s",
+		}, nil)
+		if err != nil {
+			return err
+		}
+		rep.Checks = append(rep.Checks,
+			below(fmt.Sprintf("%s: place-to-active p99 at %.0f placements/s", name, fc.activeRate), sim.Placements.PlaceToActive.P99MS, 500, "ms", ""))
+	case scFleetRehome:
+		rep.Description = fmt.Sprintf("%d nodes on one `millrace serve fleet`; it is SIGKILLed and they re-home through another", fc.rehomeNodes)
+		addrA, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		addrB, err := freeAddr()
+		if err != nil {
+			return err
+		}
+		a, err := b.startGateway(ctx, s, "gw-a", addrA)
+		if err != nil {
+			return err
+		}
+		var (
+			killedAt time.Time
+			killErr  error
+			killed   = make(chan struct{})
+		)
+		// B is not up while the nodes dial first, so every node is on A.
+		kill := func() {
+			defer close(killed)
+			if _, killErr = b.startGateway(ctx, s, "gw-b", addrB); killErr != nil {
+				return
+			}
+			killedAt = time.Now()
+			a.cmd.Process.Signal(syscall.SIGKILL)
+			fmt.Printf("bench: killed gw-a (%d sessions) at %s\n", fc.rehomeNodes, killedAt.Format(time.TimeOnly))
+		}
+		sim, err = b.simulate(ctx, s, []string{
+			"-gateways", addrA + "," + addrB, "-nodes", strconv.Itoa(fc.rehomeNodes),
+			"-duration", (fc.ramp + 90*time.Second).String(),
+		}, kill)
+		if err != nil {
+			return err
+		}
+		select {
+		case <-killed:
+		default:
+			return errors.New("the nodes never all held sessions: gw-a was not killed")
+		}
+		if killErr != nil {
+			return killErr
+		}
+		rep.Checks = append(rep.Checks,
+			below(fmt.Sprintf("%s: re-home p99 of %d nodes after a gateway kill", name, fc.rehomeNodes), sim.Rehome.P99MS/1000, 15, "s", ""),
+			atLeast(fmt.Sprintf("%s: nodes re-homed", name), float64(sim.Rehome.Count), float64(fc.rehomeNodes), "nodes", ""))
+	}
+	if sim != nil {
+		rep.Fleet = sim
+		if sim.DoubleBookings != nil {
+			rep.Checks = append(rep.Checks, atMost(name+": double bookings", float64(sim.DoubleBookings.Total), 0, "GPUs", ""))
+		}
+		if sim.Liveness != nil {
+			rep.Checks = append(rep.Checks, atMost(name+": false unreachable marks", float64(sim.Liveness.FalseUnreachable), 0, "nodes", ""))
+		}
+	}
+	return nil
+}
