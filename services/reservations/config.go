@@ -32,6 +32,12 @@ type Config struct {
 	// and after a Cancel was stored (until the projector applied it).
 	// Default 2 s.
 	SettleTimeout time.Duration
+	// RecountEvery is how long a count of an owner's open reservations is
+	// reused (plus the creates made since) before MaxPendingPerOwner is
+	// checked against a fresh one: counting reads the status view, whose
+	// cost grows with the owner's reservations, so a storm of creates must
+	// not count each time. Default 1s; negative counts on every Create.
+	RecountEvery time.Duration
 	// RecheckInterval is how often a waiting Create re-reads the database
 	// in case the decision subscription missed its decision (a NATS
 	// reconnect, or a cancel by another call). Default 5 s.
@@ -45,6 +51,7 @@ const (
 	DefaultPublishTimeout     = 10 * time.Second
 	DefaultSettleTimeout      = 2 * time.Second
 	DefaultRecheckInterval    = 5 * time.Second
+	DefaultRecountEvery       = time.Second
 )
 
 func (c Config) withDefaults() Config {
@@ -59,6 +66,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SettleTimeout <= 0 {
 		c.SettleTimeout = DefaultSettleTimeout
+	}
+	if c.RecountEvery == 0 {
+		c.RecountEvery = DefaultRecountEvery
 	}
 	if c.RecheckInterval <= 0 {
 		c.RecheckInterval = DefaultRecheckInterval

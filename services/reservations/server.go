@@ -44,6 +44,7 @@ type Server struct {
 	log     *slog.Logger
 	sub     *nats.Subscription
 	waiters waiters
+	quotas  quotas
 
 	closed    chan struct{}
 	closeOnce sync.Once
@@ -261,7 +262,10 @@ func (s *Server) create(ctx context.Context, p principal, req *fleetpb.CreateRes
 		id = newReservationID()
 	}
 
-	n, err := s.store.countOpen(ctx, p.owner, s.cfg.MaxPendingPerOwner)
+	quota := s.quotas.of(p.owner)
+	n, err := quota.open(ctx, s.cfg.RecountEvery, func(ctx context.Context) (int, error) {
+		return s.store.countOpen(ctx, p.owner, s.cfg.MaxPendingPerOwner)
+	})
 	if err != nil {
 		return nil, s.dbError(ctx, "count open reservations", err)
 	}
@@ -289,6 +293,7 @@ func (s *Server) create(ctx context.Context, p principal, req *fleetpb.CreateRes
 	if err := s.publish(ctx, id, "requested", spec.GetPool(), ev, req.GetRequestId() != ""); err != nil {
 		return nil, err
 	}
+	quota.created()
 	view := &fleetpb.Reservation{
 		Id: id, Spec: spec, State: fleetpb.ReservationState_RESERVATION_STATE_PENDING,
 		Owner: p.owner, CreatedAt: timestamppb.New(now),

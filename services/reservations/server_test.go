@@ -274,7 +274,7 @@ func TestAuth(t *testing.T) {
 
 func TestPendingLimit(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t, Config{MaxPendingPerOwner: 3})
+	e := newEnv(t, Config{MaxPendingPerOwner: 3, RecountEvery: -1})
 	e.reservation("r-p1", "alice", spec("a100", 1), t0)
 	e.reservation("r-p2", "alice", spec("a100", 1), t0)
 	e.reservation("r-placed", "alice", spec("a100", 1), t0)
