@@ -392,7 +392,7 @@ type fleetProjectorOptions struct {
 func (o *fleetProjectorOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.batch, "fleet-projector-batch", "MILLRACE_FLEET_PROJECTOR_BATCH", 1000, "most node messages applied in one transaction")
 	envDuration(fs, &o.maxWait, "fleet-projector-max-wait", "MILLRACE_FLEET_PROJECTOR_MAX_WAIT", 250*time.Millisecond, "how long a fetch waits to fill a batch of node messages")
-	envDuration(fs, &o.suspectAfter, "fleet-suspect-after", "MILLRACE_FLEET_SUSPECT_AFTER", fleetproj.DefaultSuspectAfter, "a node unheard for this long is suspect (still placed on)")
+	envDuration(fs, &o.suspectAfter, "fleet-suspect-after", "MILLRACE_FLEET_SUSPECT_AFTER", fleetproj.DefaultSuspectAfter, "a node unheard for this long is suspect: nothing new is placed on it, what it holds stays")
 	envDuration(fs, &o.unreachable, "fleet-unreachable-after", "MILLRACE_FLEET_UNREACHABLE_AFTER", fleetproj.DefaultUnreachableAfter, "a node unheard for this long is unreachable: nothing is placed on it and its reservations are placed elsewhere")
 	envDuration(fs, &o.clockSlack, "fleet-clock-slack", "MILLRACE_FLEET_CLOCK_SLACK", fleetproj.DefaultClockSlack, "how far past the newest liveness batch nodes may age (a silent control plane marks nothing)")
 }

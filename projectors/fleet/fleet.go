@@ -41,7 +41,7 @@ const (
 // Durations are cut to whole microseconds (PostgreSQL's resolution).
 type Config struct {
 	// SuspectAfter is how long a node may go unheard before it is suspect:
-	// still placed on, but visibly late. Zero means DefaultSuspectAfter.
+	// visibly late: the placer places nothing new on it, and what it holds stays. Zero means DefaultSuspectAfter.
 	SuspectAfter time.Duration
 	// UnreachableAfter is how long a node may go unheard before it is
 	// unreachable: the placer stops placing on it and releases what it

@@ -28,20 +28,21 @@ const (
 	scFleetRehome   = "fleet-rehome"
 )
 
-var fleetScenarios = []string{scFleetSessions, scFleetPlace, scFleetActive, scFleetRehome}
+var fleetScenarios = []string{scFleetSessions, scFleetPlacer, scFleetPlace, scFleetActive, scFleetRehome}
 
 // fleetConfig sizes the fleet scenarios (flags of the bench).
 type fleetConfig struct {
-	sessions      int           // fleet-sessions: nodes on one gateway
-	sessionsHold  time.Duration // fleet-sessions: how long they are held at 10 s heartbeats
-	placeNodes    int           // fleet-place: nodes
-	placeRate     float64       // fleet-place: reservations per second asked
-	placeDuration time.Duration
-	activeNodes   int     // fleet-active: nodes
-	activeRate    float64 // fleet-active: reservations per second
-	activeWindow  time.Duration
-	rehomeNodes   int // fleet-rehome: nodes on the gateway that is killed
-	ramp          time.Duration
+	sessions       int           // fleet-sessions: nodes on one gateway
+	sessionsHold   time.Duration // fleet-sessions: how long they are held at 10 s heartbeats
+	placeNodes     int           // fleet-place: nodes
+	placeRate      float64       // fleet-place: reservations per second asked
+	placeDuration  time.Duration
+	placerRequests int     // fleet-placer: requests drained
+	activeNodes    int     // fleet-active: nodes
+	activeRate     float64 // fleet-active: reservations per second
+	activeWindow   time.Duration
+	rehomeNodes    int // fleet-rehome: nodes on the gateway that is killed
+	ramp           time.Duration
 }
 
 func (c *fleetConfig) register(fs *flag.FlagSet) {
@@ -50,11 +51,12 @@ func (c *fleetConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.placeNodes, "fleet-place-nodes", 10000, "fleet-place: simulated nodes (8 GPUs each)")
 	fs.Float64Var(&c.placeRate, "fleet-place-rate", 3000, "fleet-place: reservations per second asked of the API")
 	fs.DurationVar(&c.placeDuration, "fleet-place-duration", 30*time.Second, "fleet-place: length of the reservation load")
+	fs.IntVar(&c.placerRequests, "fleet-placer-requests", 20000, "fleet-placer: reservation requests published at once (1-4 GPUs each)")
 	fs.IntVar(&c.activeNodes, "fleet-active-nodes", 2000, "fleet-active: simulated nodes")
 	fs.Float64Var(&c.activeRate, "fleet-active-rate", 100, "fleet-active: reservations per second")
 	fs.DurationVar(&c.activeWindow, "fleet-active-duration", 60*time.Second, "fleet-active: length of the reservation load")
 	fs.IntVar(&c.rehomeNodes, "fleet-rehome-nodes", 10000, "fleet-rehome: nodes on the gateway that is killed")
-	fs.DurationVar(&c.ramp, "fleet-ramp", 20*time.Second, "how long the simulated nodes take to dial for the first time (spreads the TLS handshakes)")
+	fs.DurationVar(&c.ramp, "fleet-ramp", 40*time.Second, "how long the simulated nodes take to dial for the first time (spreads the TLS handshakes)")
 }
 
 // fleetStack is `millrace dev` and any extra gateways of one scenario.
@@ -119,6 +121,9 @@ func (b *bench) startGateway(ctx context.Context, s *fleetStack, id, addr string
 		"MILLRACE_FLEET_CA_DIR=" + s.caDir,
 		"MILLRACE_HTTP_LISTEN=" + web,
 		"MILLRACE_SHUTDOWN_TIMEOUT=10s",
+	}
+	if g := os.Getenv("BENCH_GATEWAY_GOGC"); g != "" {
+		env = append(env, "GOGC="+g)
 	}
 	p, err := startProc(id, b.cfg.bin, []string{"serve", "fleet"}, env, filepath.Join(s.dir, id+".log"))
 	if err != nil {

@@ -191,6 +191,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 					run.AckLatency.P99MS, 30, "ms", note))
 			}
 		}
+	case scFleetPlacer:
+		err = b.placerScenario(ctx, rep)
 	case scFleetSessions, scFleetPlace, scFleetActive, scFleetRehome:
 		err = b.fleetScenario(ctx, name, rep)
 	}
