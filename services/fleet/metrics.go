@@ -19,6 +19,7 @@ type Metrics struct {
 	decisions       *prometheus.CounterVec
 	pendingBinds    prometheus.Gauge
 	joins           *prometheus.CounterVec
+	handshakeShed   prometheus.Counter
 }
 
 // NewMetrics registers the gateway's metrics with reg (nil: unregistered).
@@ -73,11 +74,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "millrace_fleet_joins_total",
 			Help: "Join calls by result (issued, unauthenticated, invalid, rate_limited).",
 		}, []string{"result"}),
+		handshakeShed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "millrace_fleet_tls_handshakes_shed_total",
+			Help: "Connections closed before their TLS handshake because too many handshakes were waiting (a reconnect storm); the nodes dial again with backoff.",
+		}),
 	}
 	m.heartbeats = m.messages.WithLabelValues("heartbeat")
 	if reg != nil {
 		reg.MustRegister(m.sessionsOpen, m.handshakes, m.closed, m.messages, m.events, m.publishErrors,
-			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.joins)
+			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.joins, m.handshakeShed)
 	}
 	return m
 }
