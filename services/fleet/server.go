@@ -133,7 +133,7 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 		tc.ClientAuth = tls.RequestClientCert
 	}
 	return []grpc.ServerOption{
-		grpc.Creds(credentials.NewTLS(tc)),
+		grpc.Creds(newLimitedCreds(credentials.NewTLS(tc), s.m)),
 		grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(maxStreamsPerConn),
 		grpc.MaxHeaderListSize(16 << 10),
