@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,6 +45,12 @@ a node whose gateway goes away re-homes through any other.`,
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"serve fleet takes no arguments"}
+				}
+				// A gateway's memory is its sessions' live data; main's GOGC=400
+				// (set for the event edges' CPU) would let the heap grow to five
+				// times it. GOGC in the environment still wins.
+				if os.Getenv("GOGC") == "" {
+					debug.SetGCPercent(100)
 				}
 				log, err := lo.logger()
 				if err != nil {

@@ -1397,7 +1397,7 @@ func (x *Unbind) GetReason() string {
 // Refusal says why the gateway will not (or no longer) serve this session
 // and when to try again; a node must wait at least retry_after (which the
 // gateway jitters) before it dials any gateway again. Codes:
-// "sessions_full", "handshake_rate", "hellos_in_flight", "draining",
+// "sessions_full", "handshake_rate", "hellos_in_flight", "draining", "unavailable",
 // "replaced", "unauthenticated", "invalid".
 type Refusal struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`

@@ -244,6 +244,9 @@ func (s *Server) allocationReport(sess *session, r *fleetpb.AllocationReport) {
 	defer s.mu.Unlock()
 	switch r.GetState() {
 	case fleetpb.AllocationState_ALLOCATION_STATE_BOUND:
+		if sess.held == nil {
+			sess.held = map[string]struct{}{}
+		}
 		sess.held[id] = struct{}{}
 		s.binds.boundBy[id] = sess
 	default:

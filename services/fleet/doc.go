@@ -94,8 +94,16 @@
 //
 // # Memory
 //
-// A session costs two goroutines (the gRPC handler, which also sends, and a
-// receiver) plus gRPC's per-connection reader, writer and keepalive
-// goroutines, with no per-connection read buffer (ServerOptions); see
-// BenchmarkSessions for the measured bytes per session.
+// A session costs gRPC's three goroutines per connection (reader, writer,
+// keepalive) and two of ours: the gRPC handler, which only waits for the
+// session to close and then ends the stream, and a receiver, which spends
+// its life in Recv. Work that needs a deep stack runs on goroutines that
+// end with it (the handshake; each batch of Sends; decoding and handling a
+// status or allocation report), because the runtime keeps a goroutine's
+// stack at the largest size it needed until it uses less than a quarter of
+// it: this keeps both long-lived goroutines at 4 KiB. ServerOptions turns
+// off the per-connection read buffer and the request header table. Measured
+// by BenchmarkSessions (TLS 1.3, a typical eight-GPU Hello, one heartbeat
+// and one status report per session): about 51 KB of heap and stacks and
+// 54 KB of resident memory per session, 790 MiB for 15,000 sessions.
 package fleet

@@ -21,11 +21,19 @@ import (
 // and closes new connections at once while too many wait: such a node sees
 // a failed dial and backs off, at the cost of a syscall here.
 const (
+	// handshakesPerCore is how many handshakes may run at once per core. A
+	// handshake spends most of its time waiting for the node's messages
+	// (several round trips), not on this CPU: with two per core a loaded
+	// machine's slow clients held the slots and admitted only about 100
+	// sessions a second; 32 per core still keeps thousands from running
+	// at once.
+	handshakesPerCore = 32
 	// handshakeQueue is how many accepted connections may wait for a
 	// handshake slot; one that would wait behind more is closed.
-	handshakeQueue = 2048
-	// handshakeWait is how long a connection waits for a slot.
-	handshakeWait = 5 * time.Second
+	handshakeQueue = 4096
+	// handshakeWait is how long a connection waits for a slot; a node's
+	// dial and Hello together time out after 15 s.
+	handshakeWait = 8 * time.Second
 )
 
 var errHandshakeBusy = errors.New("fleet: too many TLS handshakes waiting; dial again later")
@@ -40,9 +48,9 @@ type limitedCreds struct {
 	m       *Metrics
 }
 
-// newLimitedCreds allows two handshakes per core at once.
+// newLimitedCreds allows handshakesPerCore handshakes per core at once.
 func newLimitedCreds(inner credentials.TransportCredentials, m *Metrics) *limitedCreds {
-	return newLimitedCredsN(inner, m, 2*runtime.GOMAXPROCS(0), handshakeQueue, handshakeWait)
+	return newLimitedCredsN(inner, m, handshakesPerCore*runtime.GOMAXPROCS(0), handshakeQueue, handshakeWait)
 }
 
 func newLimitedCredsN(inner credentials.TransportCredentials, m *Metrics, slots, queue int, wait time.Duration) *limitedCreds {

@@ -220,13 +220,10 @@ type option func(*Server)
 // fakeClock is a settable clock for heartbeat ages.
 type fakeClock struct{ ns atomic.Int64 }
 
-func (c *fakeClock) Now() time.Time               { return time.Unix(0, c.ns.Load()) }
-func (c *fakeClock) Set(t time.Time)              { c.ns.Store(t.UnixNano()) }
-func withClock(c *fakeClock) option               { return func(s *Server) { s.now = c.Now } }
-func withPublisher(p Publisher) option            { return func(s *Server) { s.pub = p } }
-func withLivenessChunk(n int) option              { return func(s *Server) { s.livenessChunk = n } }
-func withoutDecisions() option                    { return func(s *Server) { s.js = nil } }
-func withDecisions(js jetstream.JetStream) option { return func(s *Server) { s.js = js } }
+func (c *fakeClock) Now() time.Time    { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Set(t time.Time)   { c.ns.Store(t.UnixNano()) }
+func withClock(c *fakeClock) option    { return func(s *Server) { s.now = c.Now } }
+func withPublisher(p Publisher) option { return func(s *Server) { s.pub = p } }
 
 func startGateway(t testing.TB, b *backbone, cfg Config, opts ...option) *gateway {
 	t.Helper()

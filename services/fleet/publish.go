@@ -208,15 +208,26 @@ func (sess *session) nextMsgID() string {
 	return sess.id + "/" + strconv.FormatUint(sess.events.Add(1), 10)
 }
 
-// connectedEvent is the session's inventory: the Hello's labels and GPUs
-// and the allocations the node holds now.
+// inventory is what a session keeps of its Hello for its Connected events:
+// the labels, GPUs and agent version, encoded (a few hundred bytes, where
+// the decoded Hello with its map and pointers takes several times that).
+func inventory(h *fleetpb.Hello) []byte {
+	b, err := proto.Marshal(&fleetpb.NodeConnected{Labels: h.GetLabels(), Gpus: h.GetGpus(), AgentVersion: h.GetAgentVersion()})
+	if err != nil {
+		panic(err) // a checked Hello always encodes
+	}
+	return b
+}
+
+// connectedEvent is the session's inventory and the allocations the node
+// holds now (s.mu held).
 func (s *Server) connectedEvent(sess *session, kind string) *outgoing {
-	ev := &fleetpb.NodeEvent{Body: &fleetpb.NodeEvent_Connected{Connected: &fleetpb.NodeConnected{
-		Labels:       sess.hello.GetLabels(),
-		Gpus:         sess.hello.GetGpus(),
-		AgentVersion: sess.hello.GetAgentVersion(),
-		Allocations:  sess.heldLocked(),
-	}}}
+	c := &fleetpb.NodeConnected{}
+	if err := proto.Unmarshal(sess.inventory, c); err != nil {
+		panic(err) // encoded by inventory
+	}
+	c.Allocations = sess.heldLocked()
+	ev := &fleetpb.NodeEvent{Body: &fleetpb.NodeEvent_Connected{Connected: c}}
 	return s.nodeEvent(sess, ev, kind, sess.nextMsgID())
 }
 

@@ -119,14 +119,18 @@ func (s *Server) Config() Config { return s.cfg }
 // ServerOptions.
 func (s *Server) Register(g *grpc.Server) { fleetpb.RegisterGatewayServer(g, s) }
 
-// maxStreamsPerConn: a node holds one session (and sometimes a Join) per
-// connection; node certificates are per node, so nothing multiplexes many.
-const maxStreamsPerConn = 8
+// maxStreamsPerConn bounds the calls on one connection. A node holds one
+// session (and sometimes a Join) per connection; other services served on
+// the same gRPC server (reservations) may multiplex more.
+const maxStreamsPerConn = 100
 
 // ServerOptions are the gRPC options the gateway needs: TLS that requests
-// client certificates, the message size limit, and the settings that keep
-// an idle session small (no per-connection read buffer; the write buffer is
-// shared between connections, gRPC's default) and find vanished peers.
+// client certificates (handshakes admitted a few at a time, see
+// limitedCreds), the message size limit, and the settings that keep a
+// session small: no per-connection read buffer (the write buffer is shared
+// between connections, gRPC's default), no dynamic table for the request
+// headers (a node sends one request per connection), node messages decoded
+// off the receiver's stack (see codec). Keepalive finds vanished peers.
 func (s *Server) ServerOptions() []grpc.ServerOption {
 	tc := s.cfg.TLS.Clone()
 	if tc.ClientAuth == tls.NoClientCert {
@@ -138,6 +142,8 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 		grpc.MaxConcurrentStreams(maxStreamsPerConn),
 		grpc.MaxHeaderListSize(16 << 10),
 		grpc.ReadBufferSize(0),
+		grpc.HeaderTableSize(0),
+		grpc.ForceServerCodecV2(newCodec()),
 		grpc.ConnectionTimeout(s.cfg.HelloTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time:    max(time.Minute, 2*s.cfg.HeartbeatInterval),

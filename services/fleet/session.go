@@ -47,11 +47,11 @@ type session struct {
 	stream fleetpb.Gateway_SessionServer
 
 	// Set during the handshake, read-only once established.
-	id       string
-	key      nodeKey
-	hello    *fleetpb.Hello
-	certNode string // from the client certificate, set by establish
-	certPool string
+	id        string
+	key       nodeKey
+	inventory []byte // labels, GPUs, agent version (see inventory)
+	certNode  string // from the client certificate, set by establish
+	certPool  string
 
 	events   atomic.Uint64 // event counter for Nats-Msg-Ids
 	lastSeen atomic.Int64  // s.now() of the last message, unix ns (liveness ages)
@@ -229,15 +229,17 @@ func (s *Server) handshake(sess *session, hello *fleetpb.Hello, certNode, certPo
 			hello.GetNodeId(), hello.GetPool(), certNode, certPool)
 	}
 	sess.key = nodeKey{pool: hello.GetPool(), node: hello.GetNodeId()}
-	sess.hello = hello
+	sess.inventory = inventory(hello)
 	sess.id = s.newSessionID()
 
 	s.mu.Lock()
 	old := s.sessions[sess.key]
 	s.sessions[sess.key] = sess
-	sess.held = make(map[string]struct{}, len(hello.GetAllocations()))
-	for _, a := range hello.GetAllocations() {
-		sess.held[a] = struct{}{}
+	if len(hello.GetAllocations()) > 0 {
+		sess.held = make(map[string]struct{}, len(hello.GetAllocations()))
+		for _, a := range hello.GetAllocations() {
+			sess.held[a] = struct{}{}
+		}
 	}
 	s.mu.Unlock()
 	if old != nil {
