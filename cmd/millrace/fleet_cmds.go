@@ -197,23 +197,10 @@ instances may run: one applies, the others stand by.`,
 				if err != nil {
 					return err
 				}
-				t := newTelemetry()
-				bb, _, err := no.open(ctx, "millrace-project-fleet", t.sm)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				pool := connectWithRetry(ctx, do, log)
-				if pool == nil {
-					return ctx.Err()
-				}
-				defer pool.Close()
-				web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), nil, log)
-				if err != nil {
-					return err
-				}
-				defer web.stop(context.Background())
-				return streams.NewRunner(bb.JS, pool, proj, po.runnerConfig(log), t.sm).Run(ctx)
+				return runProjectorProcess(ctx, "millrace-project-fleet", no, do, httpAddr, log,
+					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
+						return streams.NewRunner(bb.JS, pool, proj, po.runnerConfig(log), t.sm).Run(ctx)
+					})
 			}
 		},
 	}
@@ -254,23 +241,10 @@ instances may run: one places, the others stand by.`,
 				if err != nil {
 					return err
 				}
-				t := newTelemetry()
-				bb, _, err := no.open(ctx, "millrace-placer", t.sm)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				pool := connectWithRetry(ctx, do, log)
-				if pool == nil {
-					return ctx.Err()
-				}
-				defer pool.Close()
-				web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), nil, log)
-				if err != nil {
-					return err
-				}
-				defer web.stop(context.Background())
-				return runPlacer(ctx, cfg, po, bb, pool, t, log)
+				return runProjectorProcess(ctx, "millrace-placer", no, do, httpAddr, log,
+					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
+						return runPlacer(ctx, cfg, po, bb, pool, t, log)
+					})
 			}
 		},
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"flag"
+	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -98,26 +99,37 @@ others stand by (a PostgreSQL advisory lock decides).`,
 				if err != nil {
 					return err
 				}
-				t := newTelemetry()
-				bb, _, err := no.open(ctx, "millrace-project-builds", t.sm)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				pool := connectWithRetry(ctx, do, log)
-				if pool == nil {
-					return ctx.Err()
-				}
-				defer pool.Close()
-				web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), nil, log)
-				if err != nil {
-					return err
-				}
-				defer web.stop(context.Background())
-				runner := streams.NewRunner(bb.JS, pool, builds.New(builds.Config{AbandonAfter: po.abandonAfter}),
-					withLogger(po.runnerConfig(), log), t.sm)
-				return runner.Run(ctx)
+				return runProjectorProcess(ctx, "millrace-project-builds", no, do, httpAddr, log,
+					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
+						return streams.NewRunner(bb.JS, pool, builds.New(builds.Config{AbandonAfter: po.abandonAfter}),
+							withLogger(po.runnerConfig(), log), t.sm).Run(ctx)
+					})
 			}
 		},
 	}
+}
+
+// runProjectorProcess is the body of a `project` command: it opens the
+// backbone as client name, connects to PostgreSQL (waiting while it is
+// away), serves /metrics, /healthz and /readyz on httpAddr, and runs run
+// until ctx ends.
+func runProjectorProcess(ctx context.Context, name string, no natsOptions, do dbOptions, httpAddr string, log *slog.Logger,
+	run func(context.Context, *streams.Backbone, *pgxpool.Pool, *telemetry) error) error {
+	t := newTelemetry()
+	bb, _, err := no.open(ctx, name, t.sm)
+	if err != nil {
+		return err
+	}
+	defer bb.Close()
+	pool := connectWithRetry(ctx, do, log)
+	if pool == nil {
+		return ctx.Err()
+	}
+	defer pool.Close()
+	web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), nil, log)
+	if err != nil {
+		return err
+	}
+	defer web.stop(context.Background())
+	return run(ctx, bb, pool, t)
 }
