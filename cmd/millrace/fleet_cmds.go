@@ -338,16 +338,10 @@ func replayFleet(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, 
 			return fmt.Errorf("stream %s: %w", s.stream, err)
 		}
 		total := st.CachedInfo().State.LastSeq
-		start, last := time.Now(), time.Time{}
+		start := time.Now()
 		c := rc
 		c.Stream, c.Filter = s.stream, s.filter
-		c.Progress = func(p streams.Progress) {
-			if time.Since(last) < time.Second && p.Position < total {
-				return
-			}
-			last = time.Now()
-			fmt.Fprintf(os.Stderr, "\rreplay fleet %s: %d/%d messages   ", s.what, p.Position, total)
-		}
+		c.Progress = replayProgress("replay fleet "+s.what, "messages", total)
 		err = streams.NewRunner(bb.JS, pool, s.p, c, nil).Replay(ctx)
 		if errors.Is(err, streams.ErrLocked) {
 			return fmt.Errorf("the %s projector is running (it holds its lock): stop it, replay, then start it again", s.p.Name())

@@ -201,16 +201,8 @@ equals what the live projector would have built. Stop the builds projector first
 				}
 				total := s.CachedInfo().State.LastSeq
 				start := time.Now()
-				last := time.Time{}
 				rc := withLogger(po.runnerConfig(), log)
-				rc.Progress = func(p streams.Progress) {
-					if time.Since(last) < time.Second && p.Position < total {
-						return
-					}
-					last = time.Now()
-					rate := float64(p.Applied) / max(time.Since(start).Seconds(), 0.001)
-					fmt.Fprintf(os.Stderr, "\rreplay builds: %d/%d events (%.0f/s)   ", p.Position, total, rate)
-				}
+				rc.Progress = replayProgress("replay builds", "events", total)
 				runner := streams.NewRunner(bb.JS, pool, builds.New(builds.Config{AbandonAfter: po.abandonAfter}), rc, nil)
 				if err := runner.Replay(ctx); err != nil {
 					if errors.Is(err, streams.ErrLocked) {
@@ -222,6 +214,20 @@ equals what the live projector would have built. Stop the builds projector first
 				return nil
 			}
 		},
+	}
+}
+
+// replayProgress prints a replay's position on stderr, at most once a
+// second and at the end, on one line rewritten in place.
+func replayProgress(label, unit string, total uint64) func(streams.Progress) {
+	start, last := time.Now(), time.Time{}
+	return func(p streams.Progress) {
+		if time.Since(last) < time.Second && p.Position < total {
+			return
+		}
+		last = time.Now()
+		rate := float64(p.Applied) / max(time.Since(start).Seconds(), 0.001)
+		fmt.Fprintf(os.Stderr, "\r%s: %d/%d %s (%.0f/s)   ", label, p.Position, total, unit, rate)
 	}
 }
 
