@@ -111,6 +111,12 @@ type Config struct {
 	Out string
 	// Seed makes the random choices repeatable; 0 picks one.
 	Seed uint64
+	// GCPercent is the Go garbage collector's target (GOGC) while the
+	// simulator runs: its heap is large (thousands of agents with their
+	// TLS and gRPC state) and, at the default 100, collecting it took a
+	// fifth of the machine during a re-home, CPU the gateway under test
+	// then lacked. 0: DefaultGCPercent; negative: leave it as it is.
+	GCPercent int
 }
 
 // Defaults.
@@ -131,9 +137,13 @@ const (
 	DefaultUnreachableAfter = 40 * time.Second
 	DefaultLivenessSamples  = 2
 	DefaultProgressEvery    = 5 * time.Second
+	DefaultGCPercent        = 400
 )
 
 func (c Config) withDefaults() Config {
+	if c.GCPercent == 0 {
+		c.GCPercent = DefaultGCPercent
+	}
 	if len(c.Gateways) == 0 {
 		c.Gateways = []string{DefaultGateway}
 	}
@@ -317,6 +327,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	e.dur(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
 	e.str(&c.LocalAddrs, "local-addrs", "LOCAL_ADDRS", "auto", `source addresses: "auto", a count n (127.0.0.1..n) or IPs, comma-separated`)
 	e.str(&c.Out, "out", "OUT", "", `write the JSON report here ("-": stdout)`)
+	e.int(&c.GCPercent, "gogc", "GOGC", DefaultGCPercent, "the simulator's garbage collector target while it runs (negative: leave GOGC as it is)")
 	if v, ok := os.LookupEnv("MILLRACE_FLEETSIM_SEED"); ok {
 		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
 			c.Seed = n

@@ -18,6 +18,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -135,6 +136,9 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 	cfg = cfg.withDefaults()
 	if progress == nil {
 		progress = io.Discard
+	}
+	if cfg.GCPercent > 0 {
+		defer debug.SetGCPercent(debug.SetGCPercent(cfg.GCPercent))
 	}
 	limit, err := checkFiles(cfg)
 	if err != nil {

@@ -283,6 +283,53 @@ func TestOlderSessionDisconnect(t *testing.T) {
 	}
 }
 
+// TestRehomeKeepsDevices: a re-homed node's Connected event lists the same
+// GPUs; their rows are not rewritten (the same xmin), but a changed health
+// is applied, and changed hardware replaces the devices.
+func TestRehomeKeepsDevices(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	p := New(Config{})
+	s := newStream()
+	s.at(0).connect("p", "n", "gw-1", "s-1", nil, gpu(0, "A10", 24576, okH), gpu(1, "A10", 24576, okH))
+	applyAll(t, pool, p, s.msgs, 1000)
+	xmins := func() map[int32]string {
+		rows, err := pool.Query(context.Background(), `select gpu_index, xmin::text from fleet_devices where node_id = 'n'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[int32]string{}
+		var i int32
+		var x string
+		if _, err := pgx.ForEachRow(rows, []any{&i, &x}, func() error { m[i] = x; return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	before := xmins()
+
+	mark := len(s.msgs)
+	s.at(5*time.Second).connect("p", "n", "gw-2", "s-2", nil, gpu(0, "A10", 24576, okH), gpu(1, "A10", 24576, failedH))
+	applyAll(t, pool, p, s.msgs[mark:], 1000)
+	after := xmins()
+	if len(after) != 2 || after[0] != before[0] {
+		t.Errorf("device rows of an unchanged GPU rewritten by a re-home: xmin %v -> %v", before, after)
+	}
+	if after[1] == before[1] {
+		t.Errorf("GPU 1's new health was not written")
+	}
+	n := show(t, pool, "n")
+	if n.GatewayID != "gw-2" || n.Devices[0].Health != "ok" || n.Devices[1].Health != "failed" {
+		t.Fatalf("after re-home: %+v", n)
+	}
+
+	mark = len(s.msgs)
+	s.at(10*time.Second).connect("p", "n", "gw-1", "s-3", nil, gpu(0, "H100", 81559, okH))
+	applyAll(t, pool, p, s.msgs[mark:], 1000)
+	if n := show(t, pool, "n"); len(n.Devices) != 1 || n.Devices[0].Model != "H100" {
+		t.Fatalf("new hardware not stored: %+v", n.Devices)
+	}
+}
+
 func equalNodes(a, b *Node) bool {
 	return fmt.Sprintf("%+v", *a) == fmt.Sprintf("%+v", *b)
 }

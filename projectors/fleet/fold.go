@@ -3,6 +3,8 @@ package fleet
 import (
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,10 +53,13 @@ type node struct {
 	full     bool // more than last_seen changed: the whole row is written, with a new rev
 	seenMove bool // last_seen moved
 
-	// Devices: replaced by a connected event, or health set by index.
-	replace bool
-	devices []device
-	health  map[uint32]string // index -> health, when not replaced
+	// Devices: replaced by a connected event whose hardware differs from
+	// the stored (inventory is its hash, loaded then folded), or health
+	// set by index.
+	inventory string
+	replace   bool
+	devices   []device
+	health    map[uint32]string // index -> health, when not replaced
 }
 
 type device struct {
@@ -141,7 +146,7 @@ func (f *fold) mention(e *event) {
 func (f *fold) simple(id string) bool { return f.mentions[id] == 1 }
 
 const sqlLoadNodes = `
-select node_id, session_id, gateway_id, connected, state, state_since, last_seen
+select node_id, session_id, gateway_id, connected, state, state_since, last_seen, inventory_hash
 from fleet_nodes where node_id = any($1::text[])`
 
 const sqlLoadClock = `select liveness_time, resumed_at from fleet_clock`
@@ -176,7 +181,7 @@ func (f *fold) load(ctx context.Context, tx pgx.Tx) error {
 		b.Queue(sqlLoadNodes, load).Query(func(rows pgx.Rows) error {
 			var n node
 			_, err := pgx.ForEachRow(rows, []any{&n.id, &n.session, &n.gateway, &n.connected, &n.state,
-				&n.stateSince, &n.lastSeen}, func() error {
+				&n.stateSince, &n.lastSeen, &n.inventory}, func() error {
 				c := n
 				c.stateSince, c.lastSeen = c.stateSince.UTC(), c.lastSeen.UTC()
 				f.nodes[c.id] = &c
@@ -269,14 +274,34 @@ func (f *fold) connected(e *event) {
 	n.pool = ptr(ev.Pool)
 	n.labels = ptr(labelsJSON(c.GetLabels()))
 	n.agent = ptr(clean(c.GetAgentVersion()))
-	n.replace, n.health = true, nil
-	n.devices = n.devices[:0]
+	devs := make([]device, 0, len(c.GetGpus()))
 	for _, g := range c.GetGpus() {
-		n.devices = append(n.devices, device{index: g.GetIndex(), model: clean(g.GetModel()),
+		devs = append(devs, device{index: g.GetIndex(), model: clean(g.GetModel()),
 			memory: g.GetMemoryMib(), uuid: clean(g.GetUuid()), health: gpuHealth(g.GetHealth())})
 	}
-	slices.SortFunc(n.devices, func(a, b device) int { return cmp.Compare(a.index, b.index) })
+	slices.SortFunc(devs, func(a, b device) int { return cmp.Compare(a.index, b.index) })
+	h := inventoryHash(devs)
+	if n.created || n.replace || h != n.inventory {
+		n.replace, n.health, n.devices = true, nil, devs
+	} else {
+		// The same GPUs as stored (a re-home): only their health is news.
+		n.health = make(map[uint32]string, len(devs))
+		for _, d := range devs {
+			n.health[d.index] = d.health
+		}
+	}
+	n.inventory = h
 	n.full = true
+}
+
+// inventoryHash identifies a node's hardware: its devices (sorted by
+// index) without their health, which changes on its own.
+func inventoryHash(devs []device) string {
+	h := sha256.New()
+	for _, d := range devs {
+		fmt.Fprintf(h, "%d\x00%s\x00%d\x00%s\x00", d.index, d.model, d.memory, d.uuid)
+	}
+	return hex.EncodeToString(h.Sum(nil)[:16])
 }
 
 // liveness: last_seen = greatest(last_seen, stored time - age) for each

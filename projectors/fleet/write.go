@@ -21,15 +21,16 @@ import (
 
 const nodeRows = `
 from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bool[], $8::text[],
-            $9::timestamptz[], $10::timestamptz[], $11::timestamptz[], $12::text[], $13::text[])
+            $9::timestamptz[], $10::timestamptz[], $11::timestamptz[], $12::text[], $13::text[], $14::text[])
      as u(node_id, pool, labels, agent_version, session_id, gateway_id, connected, state,
-          state_since, first_seen, last_seen, status_hash, conditions)`
+          state_since, first_seen, last_seen, status_hash, conditions, inventory_hash)`
 
 const sqlInsertNodes = `
 insert into fleet_nodes (node_id, pool, labels, agent_version, session_id, gateway_id, connected, state,
-                         state_since, first_seen, last_seen, status_hash, conditions)
+                         state_since, first_seen, last_seen, status_hash, conditions, inventory_hash)
 select u.node_id, u.pool, u.labels::jsonb, u.agent_version, u.session_id, u.gateway_id, u.connected, u.state,
-       u.state_since, u.first_seen, u.last_seen, coalesce(u.status_hash, ''), coalesce(u.conditions, '[]')::jsonb
+       u.state_since, u.first_seen, u.last_seen, coalesce(u.status_hash, ''), coalesce(u.conditions, '[]')::jsonb,
+       u.inventory_hash
 ` + nodeRows
 
 // sqlUpdateNodes writes the fold's nodes; a NULL keeps the stored value of
@@ -47,6 +48,7 @@ update fleet_nodes n set
     last_seen     = u.last_seen,
     status_hash   = coalesce(u.status_hash, n.status_hash),
     conditions    = coalesce(u.conditions::jsonb, n.conditions),
+    inventory_hash = u.inventory_hash,
     rev           = nextval('fleet_rev')
 ` + nodeRows + `
 where n.node_id = u.node_id`
@@ -111,11 +113,12 @@ insert into fleet_devices (node_id, gpu_index, model, memory_mib, uuid, health)
 select * from unnest($1::text[], $2::int4[], $3::text[], $4::int8[], $5::text[], $6::text[])`
 
 // sqlDeviceHealth sets health by index; an index the inventory does not
-// have is ignored.
+// have is ignored, and so is a device whose health is unchanged (a
+// re-homed node lists all its devices: no row is rewritten for that).
 const sqlDeviceHealth = `
 update fleet_devices d set health = u.health
 from unnest($1::text[], $2::int4[], $3::text[]) as u(node_id, gpu_index, health)
-where d.node_id = u.node_id and d.gpu_index = u.gpu_index`
+where d.node_id = u.node_id and d.gpu_index = u.gpu_index and d.health <> u.health`
 
 const sqlReports = `
 insert into fleet_allocation_reports as r (allocation_id, node_id, state, error, reported_at)
@@ -130,6 +133,7 @@ on conflict (id) do update set liveness_time = excluded.liveness_time, resumed_a
 type nodeCols struct {
 	id, session, gateway, state                 []string
 	pool, labels, agent, statusHash, conditions []*string
+	inventory                                   []string
 	connected                                   []bool
 	since, first, last                          []time.Time
 }
@@ -148,11 +152,12 @@ func (c *nodeCols) add(n *node) {
 	c.last = append(c.last, n.lastSeen)
 	c.statusHash = append(c.statusHash, n.statusHash)
 	c.conditions = append(c.conditions, n.conditions)
+	c.inventory = append(c.inventory, n.inventory)
 }
 
 func (c *nodeCols) args() []any {
 	return []any{c.id, c.pool, c.labels, c.agent, c.session, c.gateway, c.connected, c.state,
-		c.since, c.first, c.last, c.statusHash, c.conditions}
+		c.since, c.first, c.last, c.statusHash, c.conditions, c.inventory}
 }
 
 type deviceCols struct {

@@ -30,10 +30,13 @@ const (
 	handshakesPerCore = 32
 	// handshakeQueue is how many accepted connections may wait for a
 	// handshake slot; one that would wait behind more is closed.
-	handshakeQueue = 4096
-	// handshakeWait is how long a connection waits for a slot; a node's
-	// dial and Hello together time out after 15 s.
-	handshakeWait = 8 * time.Second
+	handshakeQueue = 8192
+	// handshakeWait is how long a connection waits for a slot. A node's
+	// dial and Hello together time out after 15 s; this leaves it 3 s for
+	// its handshake and Hello. (At 8 s, a quarter of the nodes of a 10,000
+	// node re-home were closed after their wait and queued again at the
+	// back, which made the slowest take twice as long.)
+	handshakeWait = 12 * time.Second
 )
 
 var errHandshakeBusy = errors.New("fleet: too many TLS handshakes waiting; dial again later")
