@@ -72,10 +72,12 @@ func New(cfg Config) (*Agent, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	tc := cfg.Settings.TLS
+	tc := cfg.Settings.TLS.Clone()
 	if cfg.Certificate != nil {
-		tc = tc.Clone()
 		tc.Certificates = []tls.Certificate{*cfg.Certificate}
+	}
+	if tc.ClientSessionCache == nil {
+		tc.ClientSessionCache = new(lastSession)
 	}
 	a := &Agent{
 		cfg:    cfg,

@@ -232,6 +232,14 @@ func TestRehomesWhenTheGatewayGoes(t *testing.T) {
 		t.Errorf("Disconnected events %+v, want cause error first", dis)
 	}
 	waitFor(t, 5*time.Second, "heartbeats on the new session", func() bool { return len(other.last().heartbeats()) >= 2 })
+	// The gateways share their ticket keys: the node resumed its TLS
+	// session at the other gateway, with the certificate it had.
+	if s := other.last(); !s.resumed || s.peerCN != "node-1" {
+		t.Errorf("the session on the other gateway: resumed %v, certificate of %q; want a resumed session of node-1", s.resumed, s.peerCN)
+	}
+	if first.all()[0].resumed {
+		t.Errorf("the first session was resumed: there was no ticket yet")
+	}
 }
 
 func TestRehomesWhenDrained(t *testing.T) {

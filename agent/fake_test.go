@@ -37,6 +37,7 @@ type testCA struct {
 	key     *ecdsa.PrivateKey
 	certPEM []byte
 	pool    *x509.CertPool
+	ticket  [32]byte // the session ticket key every fake gateway of this CA shares, as real ones do
 }
 
 func newTestCA(t testing.TB) *testCA {
@@ -61,6 +62,7 @@ func newTestCA(t testing.TB) *testCA {
 	cert, _ := x509.ParseCertificate(der)
 	ca := &testCA{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pool: x509.NewCertPool()}
 	ca.pool.AddCert(cert)
+	rand.Read(ca.ticket[:])
 	return ca
 }
 
@@ -99,12 +101,14 @@ func (ca *testCA) serverTLS(t testing.TB) *tls.Config {
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}, &key.PublicKey)
-	return &tls.Config{
+	tc := &tls.Config{
 		Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
 		ClientCAs:    ca.pool,
 		ClientAuth:   tls.VerifyClientCertIfGiven, // Join needs no client certificate
 		MinVersion:   tls.VersionTLS12,
 	}
+	tc.SetSessionTicketKeys([][32]byte{ca.ticket})
+	return tc
 }
 
 func (ca *testCA) nodeCert(t testing.TB, nodeID, pool string) *tls.Certificate {
@@ -127,6 +131,7 @@ type received struct {
 type fakeSession struct {
 	hello    *fleetpb.Hello
 	peerCN   string
+	resumed  bool // the TLS session was resumed from a ticket
 	start    time.Time
 	refused  bool
 	out      chan *fleetpb.GatewayMessage
@@ -288,6 +293,7 @@ func (g *fakeGateway) Session(stream fleetpb.Gateway_SessionServer) error {
 	if p, ok := peer.FromContext(stream.Context()); ok {
 		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.PeerCertificates) > 0 {
 			s.peerCN = ti.State.PeerCertificates[0].Subject.CommonName
+			s.resumed = ti.State.DidResume
 		}
 	}
 	g.mu.Lock()

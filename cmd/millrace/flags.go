@@ -46,6 +46,17 @@ func envDuration(fs *flag.FlagSet, p *time.Duration, name, env string, def time.
 	fs.DurationVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
 }
 
+func envBool(fs *flag.FlagSet, p *bool, name, env string, def bool, help string) {
+	if v, ok := os.LookupEnv(env); ok {
+		if b, err := strconv.ParseBool(v); err == nil {
+			def = b
+		} else {
+			fmt.Fprintf(os.Stderr, "millrace: ignoring $%s=%q: not true or false\n", env, v)
+		}
+	}
+	fs.BoolVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
 // logOptions configure the process's logger.
 type logOptions struct {
 	level, format string

@@ -40,6 +40,7 @@ type fleetOptions struct {
 	joinTokens, joinTokensFile            string
 	maxSessions, handshakeRate, hellos    int
 	heartbeat, flush, bindWindow, certTTL time.Duration
+	resumption                            bool
 }
 
 func (o *fleetOptions) register(fs *flag.FlagSet) {
@@ -59,6 +60,7 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	envDuration(fs, &o.heartbeat, "fleet-heartbeat-interval", "MILLRACE_FLEET_HEARTBEAT_INTERVAL", fleet.DefaultHeartbeatInterval, "how often nodes send a heartbeat (told in Welcome)")
 	envDuration(fs, &o.flush, "fleet-flush-interval", "MILLRACE_FLEET_FLUSH_INTERVAL", fleet.DefaultFlushInterval, "how often heartbeat ages are published, one batch per pool")
 	envDuration(fs, &o.bindWindow, "fleet-bind-window", "MILLRACE_FLEET_BIND_WINDOW", fleet.DefaultBindWindow, "how long a gateway keeps binds for nodes not connected to it")
+	envBool(fs, &o.resumption, "fleet-tls-resumption", "MILLRACE_FLEET_TLS_RESUMPTION", true, "TLS session tickets (keys derived from the CA key, shared by every gateway of the fleet) so that re-homing nodes resume rather than redo a full handshake")
 	envDuration(fs, &o.certTTL, "fleet-node-cert-validity", "MILLRACE_FLEET_NODE_CERT_VALIDITY", fleet.DefaultNodeCertValidity, "validity of node certificates issued by Join")
 }
 
@@ -134,6 +136,7 @@ func (o *fleetOptions) config(devSecrets string, log *slog.Logger) (fleet.Config
 		HeartbeatInterval: o.heartbeat,
 		FlushInterval:     o.flush,
 		BindWindow:        o.bindWindow,
+		DisableResumption: !o.resumption,
 	}, nil
 }
 

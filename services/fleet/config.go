@@ -77,6 +77,11 @@ type Config struct {
 	PublishQueue int
 	// MaxRetryAfter caps the retry_after of a refusal. Default 5m.
 	MaxRetryAfter time.Duration
+	// DisableResumption turns TLS session tickets off: every session then
+	// costs a full handshake. By default a gateway issues tickets with
+	// keys derived from the CA key, so that a node re-homing to any
+	// gateway of the fleet resumes (tickets.go).
+	DisableResumption bool
 }
 
 // Defaults.

@@ -20,6 +20,7 @@ type Metrics struct {
 	pendingBinds    prometheus.Gauge
 	joins           *prometheus.CounterVec
 	handshakeShed   prometheus.Counter
+	tlsHandshakes   *prometheus.CounterVec
 }
 
 // NewMetrics registers the gateway's metrics with reg (nil: unregistered).
@@ -78,11 +79,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "millrace_fleet_tls_handshakes_shed_total",
 			Help: "Connections closed before their TLS handshake because too many handshakes were waiting (a reconnect storm); the nodes dial again with backoff.",
 		}),
+		tlsHandshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_tls_handshakes_total",
+			Help: "TLS handshakes completed, by mode: full, or resumed from a session ticket (a node re-homing from another gateway of the fleet).",
+		}, []string{"mode"}),
 	}
 	m.heartbeats = m.messages.WithLabelValues("heartbeat")
 	if reg != nil {
 		reg.MustRegister(m.sessionsOpen, m.handshakes, m.closed, m.messages, m.events, m.publishErrors,
-			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.joins, m.handshakeShed)
+			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.joins, m.handshakeShed, m.tlsHandshakes)
 	}
 	return m
 }

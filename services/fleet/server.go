@@ -29,11 +29,12 @@ import (
 type Server struct {
 	fleetpb.UnimplementedGatewayServer
 
-	cfg Config
-	pub Publisher
-	js  jetstream.JetStream
-	m   *Metrics
-	log *slog.Logger
+	cfg     Config
+	pub     Publisher
+	js      jetstream.JetStream
+	m       *Metrics
+	log     *slog.Logger
+	tickets *ticketKeys
 
 	// now is the clock of events and heartbeat ages (tests replace it);
 	// timeouts use the monotonic clock since epoch.
@@ -89,9 +90,14 @@ func New(cfg Config, pub Publisher, js jetstream.JetStream, m *Metrics, log *slo
 	if log == nil {
 		log = slog.Default()
 	}
+	tickets, err := newTicketKeys(cfg.CA, time.Now)
+	if err != nil {
+		return nil, err
+	}
 	nonce := make([]byte, 4)
 	rand.Read(nonce)
 	return &Server{
+		tickets:       tickets,
 		cfg:           cfg,
 		pub:           pub,
 		js:            js,
@@ -136,8 +142,13 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 	if tc.ClientAuth == tls.NoClientCert {
 		tc.ClientAuth = tls.RequestClientCert
 	}
+	if s.cfg.DisableResumption {
+		tc.SessionTicketsDisabled = true
+	} else {
+		s.tickets.install(tc)
+	}
 	return []grpc.ServerOption{
-		grpc.Creds(newLimitedCreds(credentials.NewTLS(tc), s.m)),
+		grpc.Creds(newLimitedCreds(credentials.NewTLS(tc), s.m, s.cfg.MaxSessions)),
 		grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(maxStreamsPerConn),
 		grpc.MaxHeaderListSize(16 << 10),
