@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -55,6 +56,31 @@ func envBool(fs *flag.FlagSet, p *bool, name, env string, def bool, help string)
 		}
 	}
 	fs.BoolVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+// parseMemoryLimit reads a size as GOMEMLIMIT does: a number of bytes with
+// an optional B, KiB, MiB, GiB or TiB suffix; "off" or "0" is no limit
+// (returned as 0).
+func parseMemoryLimit(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	if s == "off" || s == "0" {
+		return 0, nil
+	}
+	mult := int64(1)
+	for _, u := range []struct {
+		suffix string
+		mult   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"B", 1}} {
+		if strings.HasSuffix(s, u.suffix) {
+			s, mult = strings.TrimSuffix(s, u.suffix), u.mult
+			break
+		}
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 0 || n > math.MaxInt64/mult {
+		return 0, fmt.Errorf("%q is not a size (a number with B, KiB, MiB, GiB or TiB, or off)", s)
+	}
+	return n * mult, nil
 }
 
 // logOptions configure the process's logger.

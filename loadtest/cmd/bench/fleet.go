@@ -125,6 +125,9 @@ func (b *bench) startGateway(ctx context.Context, s *fleetStack, id, addr string
 	if g := os.Getenv("BENCH_GATEWAY_GOGC"); g != "" {
 		env = append(env, "GOGC="+g)
 	}
+	if l := os.Getenv("BENCH_GATEWAY_GOMEMLIMIT"); l != "" {
+		env = append(env, "GOMEMLIMIT="+l)
+	}
 	p, err := startProc(id, b.cfg.bin, []string{"serve", "fleet"}, env, filepath.Join(s.dir, id+".log"))
 	if err != nil {
 		return nil, err
