@@ -22,6 +22,7 @@ const MaxLivenessBatch = 10000
 
 // liveness is one node heard since the last flush.
 type liveness struct {
+	sess     *session
 	key      nodeKey
 	session  string
 	lastSeen int64
@@ -39,7 +40,7 @@ func (s *Server) flushLiveness(ctx context.Context) {
 		// Read under liveMu: a heartbeat after this point sees heard false
 		// and goes into the next batch.
 		sess.heard.Store(false)
-		list[i] = liveness{key: sess.key, session: sess.id, lastSeen: sess.lastSeen.Load()}
+		list[i] = liveness{sess: sess, key: sess.key, session: sess.id, lastSeen: sess.lastSeen.Load()}
 	}
 	clear(s.heard)
 	s.heard = s.heard[:0]
@@ -51,8 +52,8 @@ func (s *Server) flushLiveness(ctx context.Context) {
 	out := s.livenessBatches(list, s.now(), s.flushSeq)
 
 	type pending struct {
-		f     *streams.Future
-		nodes int
+		f   *streams.Future
+		out livenessMsg
 	}
 	var futures []pending
 	for _, o := range out {
@@ -60,9 +61,10 @@ func (s *Server) flushLiveness(ctx context.Context) {
 		if err != nil {
 			s.m.publishErrors.WithLabelValues(kindLiveness).Inc()
 			s.log.Warn("liveness batch not published", "subject", o.msg.Subject, "err", err)
+			s.hearAgain(o.sessions)
 			continue
 		}
-		futures = append(futures, pending{f: f, nodes: o.nodes})
+		futures = append(futures, pending{f: f, out: o})
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), storeTimeout)
 	defer cancel()
@@ -70,23 +72,44 @@ func (s *Server) flushLiveness(ctx context.Context) {
 		if _, err := p.f.Wait(wctx); err != nil {
 			s.m.publishErrors.WithLabelValues(kindLiveness).Inc()
 			s.log.Warn("liveness batch not stored", "err", err)
+			s.hearAgain(p.out.sessions)
 			continue
 		}
 		s.m.events.WithLabelValues(kindLiveness).Inc()
 		s.m.livenessBatches.Inc()
-		s.m.livenessNodes.Observe(float64(p.nodes))
+		s.m.livenessNodes.Observe(float64(len(p.out.sessions)))
+	}
+}
+
+// hearAgain puts the sessions of a batch that was not stored back among
+// those heard, so that the next flush carries them (with the age of their
+// last heartbeat, which has not moved). Without it a node whose batch was
+// lost waited for its next heartbeat, and one in batches lost several
+// flushes running (a backbone slow to store, under load) aged towards
+// unreachable while it was heard all along. A batch that was stored after
+// all (an acknowledgement that timed out) is harmless twice: last_seen
+// only moves forward.
+func (s *Server) hearAgain(sessions []*session) {
+	s.liveMu.Lock()
+	defer s.liveMu.Unlock()
+	for _, sess := range sessions {
+		if !sess.heard.Load() && !sess.isClosing() {
+			sess.heard.Store(true)
+			s.heard = append(s.heard, sess)
+		}
 	}
 }
 
 type livenessMsg struct {
-	msg   *nats.Msg
-	nodes int
+	msg      *nats.Msg
+	sessions []*session // the sessions it names
 }
 
 // livenessBatches groups list by pool, in order of first appearance, and
 // chunks each pool at s.livenessChunk nodes. Ages are taken at observedAt.
 func (s *Server) livenessBatches(list []liveness, observedAt time.Time, seq uint64) []livenessMsg {
 	byPool := map[string][]*fleetpb.NodeAge{}
+	sessByPool := map[string][]*session{}
 	var pools []string
 	at := observedAt.UnixNano()
 	for _, l := range list {
@@ -99,12 +122,13 @@ func (s *Server) livenessBatches(list []liveness, observedAt time.Time, seq uint
 			SessionId: l.session,
 			AgeMs:     uint32(min(age, math.MaxUint32)),
 		})
+		sessByPool[l.key.pool] = append(sessByPool[l.key.pool], l.sess)
 	}
 	ts := timestamppb.New(observedAt)
 	prefix := s.cfg.GatewayID + "-" + s.nonce + "/live/" + strconv.FormatUint(seq, 10) + "/"
 	var out []livenessMsg
 	for _, pool := range pools {
-		nodes := byPool[pool]
+		nodes, sessions := byPool[pool], sessByPool[pool]
 		for chunk := 0; len(nodes) > 0; chunk++ {
 			n := min(len(nodes), s.livenessChunk)
 			data, err := proto.Marshal(&fleetpb.LivenessBatch{
@@ -116,7 +140,7 @@ func (s *Server) livenessBatches(list []liveness, observedAt time.Time, seq uint
 			if err != nil {
 				panic(err)
 			}
-			out = append(out, livenessMsg{nodes: n, msg: &nats.Msg{
+			out = append(out, livenessMsg{sessions: sessions[:n], msg: &nats.Msg{
 				Subject: streams.FleetLivenessSubject(pool),
 				Data:    data,
 				Header: nats.Header{
@@ -127,7 +151,7 @@ func (s *Server) livenessBatches(list []liveness, observedAt time.Time, seq uint
 					envelope.Gateway: {s.cfg.GatewayID},
 				},
 			}})
-			nodes = nodes[n:]
+			nodes, sessions = nodes[n:], sessions[n:]
 		}
 	}
 	return out

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"io"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -203,6 +205,50 @@ func TestLivenessFlushTicker(t *testing.T) {
 	}
 }
 
+// failingLiveness refuses the first `fail` liveness batches.
+type failingLiveness struct {
+	Publisher
+	fail atomic.Int32
+}
+
+func (f *failingLiveness) PublishAsync(m *nats.Msg) (*streams.Future, error) {
+	if m.Header.Get(envelope.Kind) == envelope.KindLiveness && f.fail.Add(-1) >= 0 {
+		return nil, errors.New("backbone unavailable")
+	}
+	return f.Publisher.PublishAsync(m)
+}
+
+// A liveness batch that is not stored is not lost: the next flush carries
+// its nodes, with the age of their last heartbeat, though they sent none
+// since.
+func TestLostLivenessBatchIsResent(t *testing.T) {
+	b := newBackbone(t)
+	clock := &fakeClock{}
+	t0 := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	clock.Set(t0)
+	pub := &failingLiveness{Publisher: b.pub}
+	pub.fail.Store(2)
+	gw := startGateway(t, b, Config{HeartbeatInterval: time.Hour, FlushInterval: time.Hour}, withClock(clock), withPublisher(pub))
+	c, _ := gw.connect(t, "n1", "p")
+	c.heartbeat()
+	c.expectAck(c.seq)
+	for i := 1; i <= 3; i++ {
+		clock.Set(t0.Add(time.Duration(i) * 5 * time.Second))
+		gw.srv.flushLiveness(context.Background())
+	}
+	batches := b.liveness(t)
+	if len(batches) != 1 || len(batches[0].GetNodes()) != 1 {
+		t.Fatalf("after two lost batches and a third flush: %d batches stored (%v), want one naming n1", len(batches), batches)
+	}
+	if na := batches[0].GetNodes()[0]; na.GetNodeId() != "n1" || na.GetAgeMs() != 15000 {
+		t.Fatalf("resent entry %v, want n1 aged 15000 ms", na)
+	}
+	gw.srv.flushLiveness(context.Background())
+	if n := len(b.liveness(t)); n != 1 {
+		t.Fatalf("%d batches after a flush with nothing heard, want still 1", n)
+	}
+}
+
 // A pool with more nodes heard than fit one batch gets several.
 func TestLivenessChunks(t *testing.T) {
 	b := newBackbone(t)
@@ -216,7 +262,7 @@ func TestLivenessChunks(t *testing.T) {
 	var sizes []int
 	ids := map[string]bool{}
 	for _, o := range out {
-		sizes = append(sizes, o.nodes)
+		sizes = append(sizes, len(o.sessions))
 		ids[o.msg.Header.Get(envelope.MsgID)] = true
 	}
 	if len(out) != 4 || sizes[0] != 10000 || sizes[1] != 10000 || sizes[2] != 5000 || sizes[3] != 1 || len(ids) != 4 {
