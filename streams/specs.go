@@ -72,6 +72,23 @@ func StreamSpecs(c Config) []jetstream.StreamConfig {
 			Discard:     jetstream.DiscardOld,
 			Duplicates:  c.DuplicateWindow,
 		},
+		{
+			// No age or size limit: a version leaves the stream only when
+			// the compactor has folded it into a checkpoint. Discard new,
+			// so that a full store refuses writes rather than dropping
+			// acknowledged versions. Direct gets stay off: a replica may
+			// answer them behind the leader, and compare-and-set re-reads
+			// a document's last version (DESIGN.md, the commit log).
+			Name:        StreamCommits,
+			Description: "Commit log: one message per document version, subject commits.<world>.<doc>; the sequence is the version",
+			Subjects:    []string{CommitsSubjects},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    c.Replicas,
+			MaxMsgSize:  c.MaxPayload,
+			Discard:     jetstream.DiscardNew,
+			Duplicates:  c.DuplicateWindow,
+		},
 	}
 }
 

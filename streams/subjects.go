@@ -13,6 +13,7 @@ const (
 	StreamFleetNodes = "FLEET_NODES"
 	StreamFleetResv  = "FLEET_RESV"
 	StreamFleetPlace = "FLEET_PLACE"
+	StreamCommits    = "COMMITS"
 )
 
 // Subject prefixes.
@@ -84,6 +85,42 @@ func FleetSubjectPool(subject string) (pool, node string, ok bool) {
 		}
 	}
 	return pool, node, true
+}
+
+// CommitsSubjects is the filter of the COMMITS stream and of its consumers.
+const CommitsSubjects = "commits.>"
+
+const commitsPrefix = "commits."
+
+// CommitsSubject is where the versions of one document of one world go:
+// commits.<world>.<doc>, both tokens encoded with Token. Compare-and-set
+// on a document is JetStream's expected last sequence of this subject.
+func CommitsSubject(world, doc string) string {
+	return commitsPrefix + Token(world) + "." + Token(doc)
+}
+
+// CommitsWorldFilter is the filter of every document of one world:
+// commits.<world>.>.
+func CommitsWorldFilter(world string) string { return commitsPrefix + Token(world) + ".>" }
+
+// CommitsSubjectDoc returns the world and document a commits subject
+// names, decoded; ok is false for any other subject.
+func CommitsSubjectDoc(subject string) (world, doc string, ok bool) {
+	rest, found := strings.CutPrefix(subject, commitsPrefix)
+	if !found {
+		return "", "", false
+	}
+	wt, dt, found := strings.Cut(rest, ".")
+	if !found || strings.Contains(dt, ".") {
+		return "", "", false
+	}
+	if world, ok = Untoken(wt); !ok {
+		return "", "", false
+	}
+	if doc, ok = Untoken(dt); !ok {
+		return "", "", false
+	}
+	return world, doc, true
 }
 
 // BESSubject is where the events of one BES stream go:

@@ -132,3 +132,29 @@ func TestFleetSubjects(t *testing.T) {
 		}
 	}
 }
+
+func TestCommitsSubject(t *testing.T) {
+	for _, c := range []struct{ world, doc, want string }{
+		{"w1", "doc-1", "commits.w1.doc-1"},
+		{"w", "a/b.c", "commits.w.a%2Fb%2Ec"},
+		{"w", "", "commits.w._"},
+		{"é", "ドキュメント", "commits.%C3%A9.%E3%83%89%E3%82%AD%E3%83%A5%E3%83%A1%E3%83%B3%E3%83%88"},
+		{"w", "*>", "commits.w.%2A%3E"},
+	} {
+		got := streams.CommitsSubject(c.world, c.doc)
+		if got != c.want {
+			t.Errorf("CommitsSubject(%q, %q) = %q, want %q", c.world, c.doc, got, c.want)
+		}
+		if w, d, ok := streams.CommitsSubjectDoc(got); !ok || w != c.world || d != c.doc {
+			t.Errorf("CommitsSubjectDoc(%q) = %q, %q, %v", got, w, d, ok)
+		}
+		if !strings.HasPrefix(got, strings.TrimSuffix(streams.CommitsWorldFilter(c.world), ">")) {
+			t.Errorf("%q is not under %q", got, streams.CommitsWorldFilter(c.world))
+		}
+	}
+	for _, s := range []string{"commits.w", "commits.w.a.b", "bes.w.a", "commits.%41.a", "commits.w.%4"} {
+		if w, d, ok := streams.CommitsSubjectDoc(s); ok {
+			t.Errorf("CommitsSubjectDoc(%q) = %q, %q, true; want false", s, w, d)
+		}
+	}
+}

@@ -8,8 +8,10 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -52,6 +54,64 @@ func NATSAt(t testing.TB, dir string, port int) *server.Server {
 	}
 	t.Cleanup(ns.Shutdown)
 	return ns
+}
+
+// NATSCluster starts n embedded JetStream servers (n >= 3 for R3 streams)
+// clustered over loopback routes, each with its store under the test's
+// temporary directory, and waits until they have elected a meta leader.
+// Clients may connect to any of them (ClientURL).
+func NATSCluster(t testing.TB, n int) []*server.Server {
+	t.Helper()
+	ports := make([]int, n)
+	routes := make([]string, n)
+	for i := range ports {
+		// The route ports must be known before any server starts: every
+		// server lists all of them, itself included, which is how
+		// JetStream learns the cluster's size.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ports[i] = l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		routes[i] = fmt.Sprintf("nats://127.0.0.1:%d", ports[i])
+	}
+	name := randomName("c")
+	servers := make([]*server.Server, n)
+	for i := range servers {
+		ns, err := server.NewServer(&server.Options{
+			ServerName: fmt.Sprintf("%s-n%d", name, i+1),
+			Host:       "127.0.0.1",
+			Port:       -1,
+			JetStream:  true,
+			StoreDir:   t.TempDir(),
+			NoLog:      true,
+			NoSigs:     true,
+			MaxPayload: 8 << 20,
+			Cluster:    server.ClusterOpts{Name: name, Host: "127.0.0.1", Port: ports[i]},
+			Routes:     server.RoutesFromStr(strings.Join(routes, ",")),
+		})
+		if err != nil {
+			t.Fatalf("nats server %d: %v", i+1, err)
+		}
+		ns.Start()
+		t.Cleanup(ns.Shutdown)
+		servers[i] = ns
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		// Only the meta leader lists the peers, and only those it has
+		// current stats from.
+		for _, ns := range servers {
+			if ns.JetStreamIsLeader() && len(ns.JetStreamClusterPeers()) == n {
+				return servers
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the %d-node JetStream cluster elected no meta leader in 30 s", n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 var (
