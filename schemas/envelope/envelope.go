@@ -67,3 +67,16 @@ const (
 	// Reservation names the reservation of a reservation event or decision.
 	Reservation = "Millrace-Reservation"
 )
+
+// Commit log schema: a COMMITS message's body is the document's bytes
+// exactly as put (empty for a tombstone); Millrace-Kind says which. The
+// world and document are in the subject (commits.<world>.<doc>, encoded),
+// never in headers: ids are any UTF-8.
+const (
+	SchemaCommitsV1 = "commits.v1"
+
+	// KindPut marks a document version.
+	KindPut = "put"
+	// KindDelete marks a tombstone.
+	KindDelete = "delete"
+)

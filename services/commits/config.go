@@ -1,0 +1,179 @@
+package commits
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+)
+
+// Config of the commits edge. The zero value takes the defaults; Keys is
+// required.
+type Config struct {
+	// Keys are the API keys and the worlds each may use.
+	Keys *Keys
+	// MaxBodyBytes is the largest document body. Default 1 MiB; at most
+	// the backbone's largest message less 64 KiB for headers.
+	MaxBodyBytes int
+	// ConflictRetries is how many times a write refused although its
+	// expected version was still current (a false conflict of a replicated
+	// stream) is tried again. Default 8.
+	ConflictRetries int
+}
+
+// Defaults and limits.
+const (
+	DefaultMaxBodyBytes    = 1 << 20
+	DefaultConflictRetries = 8
+	// MaxIDBytes bounds a document id (UTF-8), MaxWorldBytes a world name.
+	MaxIDBytes    = 1024
+	MaxWorldBytes = 128
+	// MaxPageSize bounds a History page.
+	MaxPageSize     = 1000
+	defaultPageSize = 100
+)
+
+func (c Config) withDefaults() Config {
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.ConflictRetries == 0 {
+		c.ConflictRetries = DefaultConflictRetries
+	}
+	return c
+}
+
+// Validate reports what is wrong with c.
+func (c Config) Validate() error {
+	switch {
+	case c.Keys.Len() == 0:
+		return errors.New("commits: no API keys: writers and readers authenticate with one (world=key)")
+	case c.MaxBodyBytes < 0:
+		return errors.New("commits: MaxBodyBytes is negative")
+	case c.ConflictRetries < 0:
+		return errors.New("commits: ConflictRetries is negative")
+	}
+	return nil
+}
+
+// Keys are API keys, each for one world or for all of them.
+type Keys struct {
+	entries []keyEntry
+}
+
+type keyEntry struct {
+	digest [32]byte
+	world  string // "*": every world
+}
+
+// ParseKeys reads API keys separated by commas or newlines (blank lines and
+// lines starting with # are skipped): world=key for one world, *=key for
+// every world. A world may have several keys; keys are at least 16
+// characters and may themselves contain '='.
+func ParseKeys(s string) (*Keys, error) {
+	k := &Keys{}
+	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' }) {
+		f = strings.TrimSpace(f)
+		if f == "" || strings.HasPrefix(f, "#") {
+			continue
+		}
+		world, key, ok := strings.Cut(f, "=")
+		if !ok {
+			return nil, errors.New("commits: API keys are written world=key (or *=key for every world)")
+		}
+		if err := k.Add(strings.TrimSpace(world), strings.TrimSpace(key)); err != nil {
+			return nil, err
+		}
+	}
+	return k, nil
+}
+
+// Add gives world ("*": every world) one more key.
+func (k *Keys) Add(world, key string) error {
+	if world != "*" {
+		if err := checkWorld(world); err != nil {
+			return fmt.Errorf("commits: API key: %w", err)
+		}
+	}
+	if len(key) < 16 {
+		return fmt.Errorf("commits: the API key of world %q is shorter than 16 characters", world)
+	}
+	d := sha256.Sum256([]byte(key))
+	for _, e := range k.entries {
+		if e.digest == d {
+			return fmt.Errorf("commits: the API key of world %q is given twice", world)
+		}
+	}
+	k.entries = append(k.entries, keyEntry{digest: d, world: world})
+	return nil
+}
+
+// Len is the number of keys.
+func (k *Keys) Len() int {
+	if k == nil {
+		return 0
+	}
+	return len(k.entries)
+}
+
+// allows reports whether key may use world, and whether it is a key at
+// all. Every entry is compared, so the time taken does not tell which one
+// matched.
+func (k *Keys) allows(key, world string) (known, allowed bool) {
+	if k == nil || key == "" {
+		return false, false
+	}
+	d := sha256.Sum256([]byte(key))
+	for _, e := range k.entries {
+		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
+			known = true
+			if e.world == "*" || e.world == world {
+				allowed = true
+			}
+		}
+	}
+	return known, allowed
+}
+
+// checkWorld: 1..MaxWorldBytes of UTF-8 without control characters or
+// '*', '=' and ',' (which the key syntax uses).
+func checkWorld(w string) error {
+	switch {
+	case w == "":
+		return errors.New("the world is empty")
+	case len(w) > MaxWorldBytes:
+		return fmt.Errorf("the world is %d bytes, more than %d", len(w), MaxWorldBytes)
+	case !utf8.ValidString(w):
+		return errors.New("the world is not UTF-8")
+	case strings.ContainsAny(w, "*=,"):
+		return fmt.Errorf("the world %q contains '*', '=' or ','", w)
+	case hasControl(w):
+		return fmt.Errorf("the world %q contains control characters", w)
+	}
+	return nil
+}
+
+// checkID: any UTF-8 of 1..MaxIDBytes bytes (control characters included:
+// ids go into subjects encoded and never into headers).
+func checkID(id string) error {
+	switch {
+	case id == "":
+		return errors.New("the document id is empty")
+	case len(id) > MaxIDBytes:
+		return fmt.Errorf("the document id is %d bytes, more than %d", len(id), MaxIDBytes)
+	case !utf8.ValidString(id):
+		return errors.New("the document id is not UTF-8")
+	}
+	return nil
+}
+
+func hasControl(s string) bool {
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f || (r >= 0x80 && r < 0xa0) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,26 @@
+// Package commits is the commit log's edge: documents of a world, each a
+// sequence of versions, stored one message per version on the COMMITS
+// stream (commits.<world>.<doc>), with compare-and-set.
+//
+// A version is the stream sequence that stored it. Compare-and-set is
+// JetStream's own check of a subject's last sequence
+// (Nats-Expected-Last-Subject-Sequence), done by the server as it stores
+// the message, so two writers can never both win over the same version:
+// streams/cas_test.go shows it on one server and on a three-node cluster,
+// with the server version we ship. On a replicated stream the server also
+// refuses some writes whose expected version was right (another write to
+// the subject was still in flight, nats-server #7281); the edge re-reads
+// the document and, when the version it was given is still the current
+// one, tries again a few times before it reports a conflict.
+//
+// A deleted document keeps its history; its tombstone is its latest
+// version, and "must not exist" (expected version 0) accepts it.
+//
+// Reads come from the stream. Versions folded into the bucket by the
+// compactor (projectors/compactor) and purged from the stream are the next
+// step of this package: until then Get of such a version answers NOT_FOUND
+// with a message saying so. The compactor keeps each document's latest
+// version in the stream (it purges each subject below the checkpoint and
+// below that subject's last version), so compare-and-set never depends on
+// the bucket.
+package commits
