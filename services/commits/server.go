@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/millrace/millrace/internal/httpapi"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
@@ -27,7 +27,7 @@ import (
 
 // APIKeyHeader is the gRPC metadata key (and HTTP header) that may carry
 // an API key instead of "authorization: Bearer KEY".
-const APIKeyHeader = "x-millrace-api-key"
+const APIKeyHeader = httpapi.APIKeyHeader
 
 // Server serves millrace.commits.v1.Commits over gRPC (Register) and as
 // JSON and raw bodies over HTTP (Handler).
@@ -126,16 +126,7 @@ func grpcKey(ctx context.Context) string {
 		}
 		return v[0]
 	}
-	return apiKey(first(md.Get("authorization")), first(md.Get(APIKeyHeader)))
-}
-
-// apiKey takes the key from "authorization: Bearer KEY", else from
-// x-millrace-api-key.
-func apiKey(authorization, header string) string {
-	if scheme, key, ok := strings.Cut(strings.TrimSpace(authorization), " "); ok && strings.EqualFold(scheme, "bearer") {
-		return strings.TrimSpace(key)
-	}
-	return strings.TrimSpace(header)
+	return httpapi.APIKey(first(md.Get("authorization")), first(md.Get(APIKeyHeader)))
 }
 
 func (s *Server) authorize(key, world string) error {

@@ -75,17 +75,3 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("defaults %+v", c)
 	}
 }
-
-func TestAPIKeyHeaders(t *testing.T) {
-	for _, c := range []struct{ auth, header, want string }{
-		{"Bearer k1", "", "k1"},
-		{"bearer  k1 ", "k2", "k1"},
-		{"Basic k1", "k2", "k2"},
-		{"", " k2 ", "k2"},
-		{"", "", ""},
-	} {
-		if got := apiKey(c.auth, c.header); got != c.want {
-			t.Errorf("apiKey(%q, %q) = %q, want %q", c.auth, c.header, got, c.want)
-		}
-	}
-}

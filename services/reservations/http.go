@@ -1,7 +1,6 @@
 package reservations
 
 import (
-	"encoding/json"
 	"errors"
 	"io"
 	"mime"
@@ -16,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/millrace/millrace/internal/httpapi"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
 
@@ -83,13 +83,11 @@ func (s *Server) serveHTTP(w http.ResponseWriter, r *http.Request) {
 
 func methodNotAllowed(w http.ResponseWriter, r *http.Request, allow string) {
 	w.Header().Set("Allow", allow)
-	writeJSONError(w, http.StatusMethodNotAllowed, "UNIMPLEMENTED",
+	httpapi.WriteJSONError(w, http.StatusMethodNotAllowed, "UNIMPLEMENTED",
 		"millrace: "+r.Method+" is not allowed on "+r.URL.Path+"; use "+allow)
 }
 
-func httpKey(r *http.Request) string {
-	return apiKey(r.Header.Get("Authorization"), r.Header.Get(APIKeyHeader))
-}
+func httpKey(r *http.Request) string { return httpapi.RequestKey(r) }
 
 func (s *Server) httpCreate(w http.ResponseWriter, r *http.Request) {
 	res, err := track(s, "Create", "http", func() (*fleetpb.Reservation, error) {
@@ -252,7 +250,7 @@ func writeError(w http.ResponseWriter, err error) {
 	if !ok {
 		st = status.New(codes.Internal, "millrace: "+err.Error())
 	}
-	code := httpStatus(st.Code())
+	code := httpapi.Status(st.Code())
 	switch {
 	case err == errTooLarge:
 		code = http.StatusRequestEntityTooLarge
@@ -263,89 +261,5 @@ func writeError(w http.ResponseWriter, err error) {
 	case st.Code() == codes.Unavailable || st.Code() == codes.ResourceExhausted:
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSONError(w, code, codeName(st.Code()), st.Message())
-}
-
-func writeJSONError(w http.ResponseWriter, httpCode int, code, msg string) {
-	b, _ := json.Marshal(struct {
-		Error string `json:"error"`
-		Code  string `json:"code"`
-	}{msg, code})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.WriteHeader(httpCode)
-	w.Write(b)
-	w.Write([]byte("\n"))
-}
-
-// httpStatus maps gRPC codes to HTTP statuses as Google's APIs do.
-func httpStatus(c codes.Code) int {
-	switch c {
-	case codes.OK:
-		return http.StatusOK
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		return http.StatusBadRequest
-	case codes.Unauthenticated:
-		return http.StatusUnauthorized
-	case codes.PermissionDenied:
-		return http.StatusForbidden
-	case codes.NotFound:
-		return http.StatusNotFound
-	case codes.AlreadyExists, codes.Aborted:
-		return http.StatusConflict
-	case codes.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case codes.Canceled:
-		return 499 // client closed request
-	case codes.Unimplemented:
-		return http.StatusNotImplemented
-	case codes.Unavailable:
-		return http.StatusServiceUnavailable
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	default:
-		return http.StatusInternalServerError
-	}
-}
-
-// codeName is the canonical name of a code, as google.rpc.Code spells it.
-func codeName(c codes.Code) string {
-	switch c {
-	case codes.OK:
-		return "OK"
-	case codes.Canceled:
-		return "CANCELLED"
-	case codes.Unknown:
-		return "UNKNOWN"
-	case codes.InvalidArgument:
-		return "INVALID_ARGUMENT"
-	case codes.DeadlineExceeded:
-		return "DEADLINE_EXCEEDED"
-	case codes.NotFound:
-		return "NOT_FOUND"
-	case codes.AlreadyExists:
-		return "ALREADY_EXISTS"
-	case codes.PermissionDenied:
-		return "PERMISSION_DENIED"
-	case codes.ResourceExhausted:
-		return "RESOURCE_EXHAUSTED"
-	case codes.FailedPrecondition:
-		return "FAILED_PRECONDITION"
-	case codes.Aborted:
-		return "ABORTED"
-	case codes.OutOfRange:
-		return "OUT_OF_RANGE"
-	case codes.Unimplemented:
-		return "UNIMPLEMENTED"
-	case codes.Internal:
-		return "INTERNAL"
-	case codes.Unavailable:
-		return "UNAVAILABLE"
-	case codes.DataLoss:
-		return "DATA_LOSS"
-	case codes.Unauthenticated:
-		return "UNAUTHENTICATED"
-	default:
-		return "CODE_" + strconv.Itoa(int(c))
-	}
+	httpapi.WriteJSONError(w, code, httpapi.CodeName(st.Code()), st.Message())
 }

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+
+	"github.com/millrace/millrace/internal/httpapi"
 )
 
 // Metrics of the reservations API.
@@ -50,7 +52,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 }
 
 func (m *Metrics) request(method, transport string, code codes.Code, d time.Duration) {
-	m.requests.WithLabelValues(method, transport, codeName(code)).Inc()
+	m.requests.WithLabelValues(method, transport, httpapi.CodeName(code)).Inc()
 	m.seconds.WithLabelValues(method).Observe(d.Seconds())
 }
 

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/millrace/millrace/internal/httpapi"
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
@@ -30,7 +31,7 @@ import (
 
 // APIKeyHeader is the gRPC metadata key (and HTTP header) that may carry
 // an API key instead of "authorization: Bearer KEY".
-const APIKeyHeader = "x-millrace-api-key"
+const APIKeyHeader = httpapi.APIKeyHeader
 
 // Server serves millrace.fleet.v1.Reservations over gRPC (Register) and as
 // JSON over HTTP (Handler).
@@ -168,7 +169,7 @@ func track[T any](s *Server, method, transport string, f func() (T, error)) (T, 
 // grpcKey finds the API key in the call's metadata.
 func grpcKey(ctx context.Context) string {
 	md, _ := metadata.FromIncomingContext(ctx)
-	return apiKey(first(md.Get("authorization")), first(md.Get(APIKeyHeader)))
+	return httpapi.APIKey(first(md.Get("authorization")), first(md.Get(APIKeyHeader)))
 }
 
 func first(v []string) string {
@@ -176,15 +177,6 @@ func first(v []string) string {
 		return ""
 	}
 	return v[0]
-}
-
-// apiKey takes the key from "authorization: Bearer KEY", else from
-// x-millrace-api-key.
-func apiKey(authorization, header string) string {
-	if scheme, key, ok := strings.Cut(strings.TrimSpace(authorization), " "); ok && strings.EqualFold(scheme, "bearer") {
-		return strings.TrimSpace(key)
-	}
-	return strings.TrimSpace(header)
 }
 
 func (s *Server) authenticate(key string) (principal, error) {
