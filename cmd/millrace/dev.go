@@ -23,12 +23,13 @@ func devCommand() command {
 		long: `Starts an embedded JetStream server (or uses $MILLRACE_NATS_URL), finds or starts
 PostgreSQL (or uses $DATABASE_URL), applies migrations, and runs the BES edge,
 the builds projector, the fleet gateway (mTLS, :1986), the reservations API
-(:1988 and /v1/reservations), the liveness projector, the placer and the HTTP
-console (/metrics, /healthz, /readyz).
+(:1988 and /v1/reservations), the liveness projector, the placer, the commits
+API (:1987 and /v1/worlds/) and the HTTP console (/metrics, /healthz, /readyz).
 Point Bazel at it with: bazel build --bes_backend=grpc://127.0.0.1:1985 //...
 Without configured secrets, dev makes a CA in --fleet-ca-dir (var/fleet/ca)
 and, beside it, a join token for pool "default" (var/fleet/join-tokens) and a
-reservation API key for owner "dev" (var/fleet/api-keys).`,
+reservation API key for owner "dev" (var/fleet/api-keys) and a commits API key
+for every world (var/fleet/commits-api-keys).`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var o devOptions
 			o.register(fs)
@@ -52,6 +53,7 @@ type devOptions struct {
 	resv      reservationsOptions
 	fleetProj fleetProjectorOptions
 	placer    placerOptions
+	commits   commitsOptions
 	http      string
 	shutdown  time.Duration
 }
@@ -66,6 +68,7 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.resv.register(fs)
 	o.fleetProj.register(fs)
 	o.placer.register(fs)
+	o.commits.register(fs)
 	envString(fs, &o.http, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
 	envDuration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
 }
@@ -114,6 +117,13 @@ func runDev(ctx context.Context, o devOptions) error {
 		gw.stop(ctx)
 		return err
 	}
+	ce, err := startCommits(ctx, o.commits, devSecretsDir, bb, t, log)
+	if err != nil {
+		edge.stop(ctx)
+		gw.stop(ctx)
+		rg.stop(ctx)
+		return err
+	}
 	fleetProj, err := o.fleetProj.projector(log)
 	if err != nil {
 		return err
@@ -127,11 +137,13 @@ func runDev(ctx context.Context, o devOptions) error {
 	mux := http.NewServeMux()
 	registerConsole(mux, pool.Load)
 	api.register(nil, mux)
+	ce.mount(mux)
 	web, err := startHTTP(o.http, t, readiness(bb, pool.Load), mux, log)
 	if err != nil {
 		edge.stop(ctx)
 		gw.stop(ctx)
 		rg.stop(ctx)
+		ce.stop(ctx)
 		return err
 	}
 
@@ -173,6 +185,8 @@ func runDev(ctx context.Context, o devOptions) error {
 		log.Error("fleet gateway stopped", "err", err)
 	case err := <-rg.done:
 		log.Error("reservations API stopped", "err", err)
+	case err := <-ce.done:
+		log.Error("commits API stopped", "err", err)
 	}
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
@@ -181,6 +195,7 @@ func runDev(ctx context.Context, o devOptions) error {
 	edge.stop(sctx) // stop accepting; open streams drain their acks
 	gw.stop(sctx)   // nodes re-home to another gateway
 	rg.stop(sctx)
+	ce.stop(sctx)
 	stopProjector() // the runners finish or roll back their batches
 	wg.Wait()
 	bb.Close() // flush publishes, stop the embedded server

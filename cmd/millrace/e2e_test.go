@@ -76,12 +76,13 @@ type devProcess struct {
 	env     []string
 	natsURL string
 	besAddr string
-	// The fleet gateway's and the reservations API's addresses, and the
-	// directory of the fleet CA and the development secrets.
-	fleetAddr, resvAddr, fleetDir string
-	cmd                           *exec.Cmd
-	log                           *syncBuffer
-	mu                            sync.Mutex
+	// The fleet gateway's, the reservations API's and the commits API's
+	// addresses, and the directory of the fleet CA and the development
+	// secrets.
+	fleetAddr, resvAddr, commitsAddr, fleetDir string
+	cmd                                        *exec.Cmd
+	log                                        *syncBuffer
+	mu                                         sync.Mutex
 }
 
 // syncBuffer collects a process's output while tests read it.
@@ -105,7 +106,7 @@ func (b *syncBuffer) String() string {
 // newDev prepares a dev process with its own NATS store, ports and database.
 func newDev(t *testing.T, databaseURL string) *devProcess {
 	dir := t.TempDir()
-	d := &devProcess{t: t, args: []string{"dev"}, besAddr: freePort(t), fleetAddr: freePort(t), resvAddr: freePort(t), fleetDir: filepath.Join(dir, "fleet")}
+	d := &devProcess{t: t, args: []string{"dev"}, besAddr: freePort(t), fleetAddr: freePort(t), resvAddr: freePort(t), commitsAddr: freePort(t), fleetDir: filepath.Join(dir, "fleet")}
 	natsAddr := freePort(t)
 	d.natsURL = "nats://" + natsAddr
 	d.env = append(os.Environ(),
@@ -116,6 +117,7 @@ func newDev(t *testing.T, databaseURL string) *devProcess {
 		"MILLRACE_FLEET_LISTEN="+d.fleetAddr,
 		"MILLRACE_FLEET_CA_DIR="+filepath.Join(d.fleetDir, "ca"),
 		"MILLRACE_RESERVATIONS_LISTEN="+d.resvAddr,
+		"MILLRACE_COMMITS_LISTEN="+d.commitsAddr,
 		"MILLRACE_HTTP_LISTEN=127.0.0.1:0",
 		"MILLRACE_BUILDS_MAX_WAIT=50ms",
 		"MILLRACE_BUILDS_ACK_WAIT=5s",

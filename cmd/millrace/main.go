@@ -35,6 +35,7 @@ var commands = []command{
 	serveReservationsCommand(),
 	projectFleetCommand(),
 	projectPlacerCommand(),
+	serveCommitsCommand(),
 	migrateCommand(),
 	streamsApplyCommand(),
 	streamsInfoCommand(),

@@ -69,7 +69,7 @@ type fleetStack struct {
 }
 
 func (b *bench) startFleetStack(ctx context.Context, dir, dbURL string) (*fleetStack, error) {
-	addrs := make([]string, 6)
+	addrs := make([]string, 7)
 	for i := range addrs {
 		a, err := freeAddr()
 		if err != nil {
@@ -88,6 +88,7 @@ func (b *bench) startFleetStack(ctx context.Context, dir, dbURL string) (*fleetS
 		"MILLRACE_BES_LISTEN=" + addrs[1],
 		"MILLRACE_FLEET_LISTEN=" + addrs[2],
 		"MILLRACE_RESERVATIONS_LISTEN=" + addrs[3],
+		"MILLRACE_COMMITS_LISTEN=" + addrs[6],
 		"MILLRACE_HTTP_LISTEN=" + addrs[4],
 		"MILLRACE_FLEET_CA_DIR=" + s.caDir,
 		"MILLRACE_FLEET_API_KEYS=bench=" + s.apiKey,

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+
+	"github.com/millrace/millrace/services/commits"
+	"github.com/millrace/millrace/streams"
+)
+
+// commitsOptions configure the commits edge.
+type commitsOptions struct {
+	listen, tlsCert, tlsKey string
+	keys, keysFile          string
+	maxBody                 int
+}
+
+func (o *commitsOptions) register(fs *flag.FlagSet) {
+	envString(fs, &o.listen, "commits-listen", "MILLRACE_COMMITS_LISTEN", "127.0.0.1:1987", "commits API gRPC address (JSON and raw bodies over HTTP are served under /v1/worlds/ on --http-listen)")
+	envString(fs, &o.tlsCert, "commits-tls-cert", "MILLRACE_COMMITS_TLS_CERT", "", "PEM server certificate for the commits gRPC API (with --commits-tls-key); empty serves plaintext, for loopback and behind a TLS proxy")
+	envString(fs, &o.tlsKey, "commits-tls-key", "MILLRACE_COMMITS_TLS_KEY", "", "PEM private key of --commits-tls-cert")
+	envString(fs, &o.keys, "commits-api-keys", "MILLRACE_COMMITS_API_KEYS", "", "commits API keys as world=key (one world) or *=key (every world), comma-separated")
+	envString(fs, &o.keysFile, "commits-api-keys-file", "MILLRACE_COMMITS_API_KEYS_FILE", "", "file of API key lines (added to --commits-api-keys)")
+	envInt(fs, &o.maxBody, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", commits.DefaultMaxBodyBytes, "largest document body")
+}
+
+// config reads the keys; devSecrets, when not empty, is where a
+// development key for every world is kept if none is configured.
+func (o *commitsOptions) config(devSecrets string, log *slog.Logger) (commits.Config, error) {
+	text := o.keys
+	if o.keysFile != "" {
+		b, err := os.ReadFile(o.keysFile)
+		if err != nil {
+			return commits.Config{}, fmt.Errorf("commits API keys file: %w", err)
+		}
+		text += "\n" + string(b)
+	}
+	if strings.TrimSpace(text) == "" && devSecrets != "" {
+		var err error
+		if text, err = devSecret(devSecrets, "commits-api-keys", "*"); err != nil {
+			return commits.Config{}, err
+		}
+		log.Info("development commits API key (every world) in " + filepath.Join(devSecrets, "commits-api-keys"))
+	}
+	keys, err := commits.ParseKeys(text)
+	if err != nil {
+		return commits.Config{}, err
+	}
+	return commits.Config{Keys: keys, MaxBodyBytes: o.maxBody}, nil
+}
+
+// commitsEdge is a running commits edge: its gRPC server, and the API for
+// an HTTP mux.
+type commitsEdge struct {
+	srv  *commits.Server
+	grpc *grpc.Server
+	addr net.Addr
+	done chan error
+}
+
+func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *streams.Backbone, t *telemetry, log *slog.Logger) (*commitsEdge, error) {
+	log = log.With("service", "commits")
+	cfg, err := o.config(devSecrets, log)
+	if err != nil {
+		return nil, err
+	}
+	srv, err := commits.New(ctx, cfg, bb.JS, commits.NewMetrics(t.reg), log)
+	if err != nil {
+		return nil, err
+	}
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(o.maxBody + 64<<10)}
+	if o.tlsCert != "" || o.tlsKey != "" {
+		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("commits TLS certificate: %w", err)
+		}
+		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	}
+	g := grpc.NewServer(opts...)
+	srv.Register(g)
+	lis, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return nil, fmt.Errorf("commits listen: %w", err)
+	}
+	e := &commitsEdge{srv: srv, grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
+	go func() { e.done <- g.Serve(lis) }()
+	log.Info("commits API serving", "addr", lis.Addr().String(), "tls", len(opts) > 1)
+	return e, nil
+}
+
+// mount serves the HTTP API on mux.
+func (e *commitsEdge) mount(mux *http.ServeMux) { mux.Handle(commits.Prefix, e.srv.Handler()) }
+
+func (e *commitsEdge) stop(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { e.grpc.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		e.grpc.Stop()
+		<-done
+	}
+}
+
+func serveCommitsCommand() command {
+	return command{
+		name:    "serve commits",
+		summary: "run the commits edge (the commit log's API: put, get, delete, history)",
+		long: `Serves millrace.commits.v1.Commits over gRPC and the same API over HTTP under
+/v1/worlds/ (documents as raw bodies, If-Match / If-None-Match for
+compare-and-set). Each version is one message on COMMITS
+(commits.<world>.<doc>); its stream sequence is the version. Writers
+authenticate with API keys per world. Several instances may run behind a
+balancer: compare-and-set is JetStream's, not the edge's.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo       logOptions
+				no       natsOptions
+				co       commitsOptions
+				httpAddr string
+				shutdown time.Duration
+			)
+			lo.register(fs)
+			no.register(fs)
+			co.register(fs)
+			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz")
+			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls in progress")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"serve commits takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				t := newTelemetry()
+				bb, _, err := no.open(ctx, "millrace-commits", t.sm)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				edge, err := startCommits(ctx, co, "", bb, t, log)
+				if err != nil {
+					return err
+				}
+				mux := http.NewServeMux()
+				edge.mount(mux)
+				web, err := startHTTP(httpAddr, t, readiness(bb, nil), mux, log)
+				if err != nil {
+					edge.stop(ctx)
+					return err
+				}
+				var serveErr error
+				select {
+				case <-ctx.Done():
+				case serveErr = <-edge.done:
+				}
+				sctx, cancel := context.WithTimeout(context.Background(), shutdown)
+				defer cancel()
+				edge.stop(sctx)
+				web.stop(sctx)
+				bb.Close()
+				return serveErr
+			}
+		},
+	}
+}
