@@ -1,0 +1,181 @@
+package bucket
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/johannesboyne/gofakes3"
+	"github.com/johannesboyne/gofakes3/backend/s3mem"
+)
+
+// backends are the stores the suite runs against: the default file://
+// (as `millrace dev` uses it), mem://, and s3:// on an S3-protocol server
+// in the test process (gofakes3, which honours If-None-Match: * as S3
+// does).
+var backends = []struct {
+	name string
+	open func(t *testing.T) *Bucket
+}{
+	{"file", func(t *testing.T) *Bucket { return open(t, "file://"+filepath.Join(t.TempDir(), "bucket")) }},
+	{"mem", func(t *testing.T) *Bucket { return open(t, "mem://") }},
+	{"s3", func(t *testing.T) *Bucket {
+		backend := s3mem.New()
+		if err := backend.CreateBucket("millrace"); err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(gofakes3.New(backend).Server())
+		t.Cleanup(srv.Close)
+		t.Setenv("AWS_ACCESS_KEY_ID", "test")
+		t.Setenv("AWS_SECRET_ACCESS_KEY", "test")
+		return open(t, "s3://millrace?region=us-east-1&use_path_style=true&disable_https=true"+
+			"&request_checksum_calculation=when_required&response_checksum_validation=when_required&endpoint="+srv.URL)
+	}},
+}
+
+func open(t *testing.T, url string) *Bucket {
+	t.Helper()
+	b, err := Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// TestConformance runs one suite against every backend: what the
+// compactor relies on must hold on each.
+func TestConformance(t *testing.T) {
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			for _, c := range suite {
+				t.Run(c.name, func(t *testing.T) { c.run(t, be.open(t)) })
+			}
+		})
+	}
+}
+
+var suite = []struct {
+	name string
+	run  func(t *testing.T, b *Bucket)
+}{
+	{"put then get", func(t *testing.T, b *Bucket) {
+		ctx := context.Background()
+		data := bytes.Repeat([]byte{0, 1, 2, 255}, 300_000) // 1.2 MB, binary
+		if err := b.Put(ctx, "w/shards/0001", data); err != nil {
+			t.Fatal(err)
+		}
+		got, err := b.Get(ctx, "w/shards/0001")
+		if err != nil || !bytes.Equal(got, data) {
+			t.Fatalf("read back %d bytes (%v), want %d", len(got), err, len(data))
+		}
+		if err := b.Put(ctx, "w/shards/0001", []byte("replaced")); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.Get(ctx, "w/shards/0001"); string(got) != "replaced" {
+			t.Fatalf("after a second put: %q", got)
+		}
+		if err := b.Put(ctx, "w/empty", nil); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := b.Get(ctx, "w/empty"); err != nil || len(got) != 0 {
+			t.Fatalf("empty object: %q, %v", got, err)
+		}
+	}},
+	{"not found", func(t *testing.T, b *Bucket) {
+		ctx := context.Background()
+		if _, err := b.Get(ctx, "nothing/here"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("get: %v, want ErrNotFound", err)
+		}
+		if ok, err := b.Exists(ctx, "nothing/here"); ok || err != nil {
+			t.Fatalf("exists: %v, %v", ok, err)
+		}
+		if err := b.Delete(ctx, "nothing/here"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("delete: %v, want ErrNotFound", err)
+		}
+	}},
+	{"create is conditional", func(t *testing.T, b *Bucket) {
+		ctx := context.Background()
+		if err := b.Create(ctx, "w/checkpoints/0000000042", []byte("first")); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Create(ctx, "w/checkpoints/0000000042", []byte("second")); !errors.Is(err, ErrExists) {
+			t.Fatalf("second create: %v, want ErrExists", err)
+		}
+		if got, _ := b.Get(ctx, "w/checkpoints/0000000042"); string(got) != "first" {
+			t.Fatalf("after a refused create the object holds %q", got)
+		}
+		if ok, err := b.Equal(ctx, "w/checkpoints/0000000042", []byte("first")); !ok || err != nil {
+			t.Fatalf("equal: %v, %v", ok, err)
+		}
+	}},
+	{"concurrent creates: one wins", func(t *testing.T, b *Bucket) {
+		ctx := context.Background()
+		for round := range 5 {
+			key := fmt.Sprintf("w/race/%d", round)
+			const n = 8
+			var wg sync.WaitGroup
+			errs := make([]error, n)
+			for i := range n {
+				wg.Add(1)
+				go func() { defer wg.Done(); errs[i] = b.Create(ctx, key, []byte{byte(i)}) }()
+			}
+			wg.Wait()
+			won := -1
+			for i, err := range errs {
+				switch {
+				case err == nil && won >= 0:
+					t.Fatalf("round %d: writers %d and %d both created %s", round, won, i, key)
+				case err == nil:
+					won = i
+				case !errors.Is(err, ErrExists):
+					t.Fatalf("round %d: writer %d: %v", round, i, err)
+				}
+			}
+			if got, _ := b.Get(ctx, key); won < 0 || !bytes.Equal(got, []byte{byte(won)}) {
+				t.Fatalf("round %d: winner %d, object %v", round, won, got)
+			}
+		}
+	}},
+	{"list by prefix, sorted", func(t *testing.T, b *Bucket) {
+		ctx := context.Background()
+		for _, k := range []string{"w/s/b", "w/s/a", "w/s/c/d", "w/t/a", "x/s/a"} {
+			if err := b.Put(ctx, k, []byte(k)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got, err := b.List(ctx, "w/s/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := []Object{{"w/s/a", 5}, {"w/s/b", 5}, {"w/s/c/d", 7}}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Fatalf("list w/s/: %v, want %v", got, want)
+		}
+		if err := b.Delete(ctx, "w/s/b"); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := b.List(ctx, "w/s/"); len(got) != 2 {
+			t.Fatalf("after a delete: %v", got)
+		}
+	}},
+	{"bad keys", func(t *testing.T, b *Bucket) {
+		ctx := context.Background()
+		for _, k := range []string{"", "/abs", "a//b", "a/../b", "./a", "a/", string(make([]byte, MaxKeyBytes+1)), "\xff"} {
+			if err := b.Put(ctx, k, nil); err == nil {
+				t.Errorf("put %q accepted", k)
+			}
+		}
+	}},
+}
+
+func TestOpenRefusesUnknownScheme(t *testing.T) {
+	if _, err := Open(context.Background(), "ftp://x"); err == nil {
+		t.Fatal("ftp:// opened")
+	}
+}
