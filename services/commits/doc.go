@@ -20,7 +20,6 @@
 // compactor (projectors/compactor) and purged from the stream are the next
 // step of this package: until then Get of such a version answers NOT_FOUND
 // with a message saying so. The compactor keeps each document's latest
-// version in the stream (it purges each subject below the checkpoint and
-// below that subject's last version), so compare-and-set never depends on
-// the bucket.
+// version in the stream (it deletes only versions that are not a
+// document's last), so compare-and-set never depends on the bucket.
 package commits

@@ -1,0 +1,390 @@
+package compactor
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/schemas/envelope"
+	"github.com/millrace/millrace/streams"
+)
+
+type world struct {
+	t      testing.TB
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	store  *bucket.Bucket
+	name   string
+	acked  map[uint64]Record // every acknowledged version
+}
+
+func newWorld(t testing.TB) *world {
+	t.Helper()
+	ns := testenv.NATS(t)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := streams.Apply(ctx, js, streams.StreamSpecs(streams.Config{})); err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, streams.StreamCommits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := bucket.Open(ctx, "mem://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return &world{t: t, js: js, stream: st, store: b, name: "w/1", acked: map[uint64]Record{}}
+}
+
+// put writes a version as the commits edge does (expected: the version
+// replaced, -1 for none).
+func (w *world) put(id, body string, deleted bool, expected int64) (uint64, error) {
+	kind := envelope.KindPut
+	if deleted {
+		kind = envelope.KindDelete
+	}
+	msg := &nats.Msg{Subject: streams.CommitsSubject(w.name, id), Data: []byte(body),
+		Header: nats.Header{envelope.Schema: {envelope.SchemaCommitsV1}, envelope.Kind: {kind}}}
+	if expected >= 0 {
+		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, fmt.Sprint(expected))
+	}
+	ack, err := w.js.PublishMsg(context.Background(), msg)
+	if err != nil {
+		return 0, err
+	}
+	w.acked[ack.Sequence] = Record{ID: id, Version: ack.Sequence, Deleted: deleted, Body: []byte(body)}
+	return ack.Sequence, nil
+}
+
+func (w *world) mustPut(id, body string) uint64 {
+	w.t.Helper()
+	v, err := w.put(id, body, false, -1)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return v
+}
+
+func (w *world) compactor(store Store, shardDocs int) *Compactor {
+	w.t.Helper()
+	c, err := New(context.Background(), Config{ShardDocs: shardDocs}, w.js, store)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return c
+}
+
+// check is the oracle: the checkpoint's documents plus the stream's tail
+// give every document's latest version as the writers acknowledged it, and
+// every acknowledged version is readable from the stream or from a
+// history segment.
+func (w *world) check() *Manifest {
+	w.t.Helper()
+	ctx := context.Background()
+	m, err := Latest(ctx, w.store, w.name)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	want := map[string]Record{} // latest acknowledged version per document
+	for _, r := range w.acked {
+		if cur, ok := want[r.ID]; !ok || r.Version > cur.Version {
+			want[r.ID] = r
+		}
+	}
+	got := map[string]Record{}
+	var cover uint64
+	if m != nil {
+		cover = m.Seq
+		recs, err := Load(ctx, w.store, m)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		for i, r := range recs {
+			if i > 0 && recs[i-1].ID >= r.ID {
+				w.t.Fatalf("shards not sorted by id: %q then %q", recs[i-1].ID, r.ID)
+			}
+			got[r.ID] = r
+		}
+	}
+	// The tail, from the stream.
+	for seq, r := range w.acked {
+		if seq <= cover {
+			continue
+		}
+		if cur, ok := got[r.ID]; !ok || r.Version > cur.Version {
+			got[r.ID] = r
+		}
+	}
+	for id, r := range want {
+		g, ok := got[id]
+		switch {
+		case r.Deleted && (!ok || g.Deleted):
+		case !ok || g.Version != r.Version || !bytes.Equal(g.Body, r.Body):
+			w.t.Errorf("document %q: checkpoint + tail give %+v, want version %d %q", id, g, r.Version, r.Body)
+		}
+	}
+	// Every acknowledged version: in the stream, or in a segment.
+	inHistory := map[uint64]Record{}
+	if m != nil {
+		for _, s := range m.History {
+			data, err := w.store.Get(ctx, s.Key)
+			if err != nil {
+				w.t.Fatal(err)
+			}
+			recs, err := decode(kindHistory, data)
+			if err != nil {
+				w.t.Fatal(err)
+			}
+			for _, r := range recs {
+				inHistory[r.Version] = r
+			}
+		}
+	}
+	for seq, r := range w.acked {
+		if h, ok := inHistory[seq]; ok {
+			if h.ID != r.ID || !bytes.Equal(h.Body, r.Body) || h.Deleted != r.Deleted {
+				w.t.Errorf("version %d in history as %+v, want %+v", seq, h, r)
+			}
+			continue
+		}
+		msg, err := w.stream.GetMsg(ctx, seq)
+		if err != nil || !bytes.Equal(msg.Data, r.Body) {
+			w.t.Errorf("acknowledged version %d of %q is neither in the stream (%v) nor in a history segment", seq, r.ID, err)
+		}
+	}
+	return m
+}
+
+func TestCompactFoldsPurgesAndKeepsCompareAndSet(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	a1 := w.mustPut("a", "a1")
+	w.mustPut("b", "b1")
+	c1 := w.mustPut("c", "c1")
+	a2 := w.mustPut("a", "a2")
+	a3 := w.mustPut("a", "a3")
+	bDel, err := w.put("b", "", true, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := w.compactor(w.store, 0).Compact(ctx, w.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.To != bDel || res.Versions != 6 || res.DocsChanged != 3 || res.Docs != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	m := w.check()
+	if m.Seq != bDel || len(m.History) != 1 {
+		t.Fatalf("manifest %+v", m)
+	}
+	// Folded versions left the stream; each document's last stayed.
+	for _, gone := range []uint64{a1, a2} {
+		if _, err := w.stream.GetMsg(ctx, gone); !errors.Is(err, jetstream.ErrMsgNotFound) {
+			t.Errorf("version %d still in the stream (%v)", gone, err)
+		}
+	}
+	for _, kept := range []uint64{a3, c1, bDel} {
+		if _, err := w.stream.GetMsg(ctx, kept); err != nil {
+			t.Errorf("last version %d purged: %v", kept, err)
+		}
+	}
+	// Compare-and-set holds against the kept last versions.
+	if _, err := w.put("a", "x", false, 0); err == nil {
+		t.Fatal(`"must not exist" accepted for a compacted document`)
+	}
+	if _, err := w.put("a", "stale", false, int64(a2)); err == nil {
+		t.Fatal("a stale version accepted after compaction")
+	}
+	if _, err := w.put("a", "a4", false, int64(a3)); err != nil {
+		t.Fatalf("the current version refused after compaction: %v", err)
+	}
+	if _, err := w.put("b", "b2", false, int64(bDel)); err != nil {
+		t.Fatalf("re-create over the kept tombstone: %v", err)
+	}
+	// A pass with nothing new writes nothing.
+	res, err = w.compactor(w.store, 0).Compact(ctx, w.name)
+	if err != nil || res.Versions != 2 {
+		t.Fatalf("second pass: %+v, %v", res, err)
+	}
+	w.check()
+	res, err = w.compactor(w.store, 0).Compact(ctx, w.name)
+	if err != nil || res.Versions != 0 || res.Creates != 0 {
+		t.Fatalf("idle pass: %+v, %v", res, err)
+	}
+}
+
+// Unchanged shards are the same objects in the next checkpoint.
+func TestUnchangedShardsReused(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	for i := range 100 {
+		w.mustPut(fmt.Sprintf("doc-%03d", i), fmt.Sprint(i))
+	}
+	c := w.compactor(w.store, 10)
+	first, err := c.Compact(ctx, w.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m1 := w.check()
+	if len(m1.Shards) < 5 || first.ShardsNew != len(m1.Shards) {
+		t.Fatalf("%d shards, %d written", len(m1.Shards), first.ShardsNew)
+	}
+	w.mustPut("doc-050", "changed")
+	second, err := c.Compact(ctx, w.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m2 := w.check()
+	if second.ShardsNew != 1 || second.ShardsKept != len(m1.Shards)-1 || second.Gets != 1 {
+		t.Fatalf("one changed document: %d shards written, %d reused, %d read; want 1, %d, 1", second.ShardsNew, second.ShardsKept, second.Gets, len(m1.Shards)-1)
+	}
+	same := 0
+	for i := range m2.Shards {
+		if m2.Shards[i].Key == m1.Shards[i].Key {
+			same++
+		}
+	}
+	if same != len(m1.Shards)-1 {
+		t.Fatalf("%d shard objects kept, want %d", same, len(m1.Shards)-1)
+	}
+}
+
+// failingStore refuses creates of keys containing fail.
+type failingStore struct {
+	Store
+	fail string
+}
+
+func (f failingStore) Create(ctx context.Context, key string, data []byte) error {
+	if strings.Contains(key, f.fail) {
+		return errors.New("injected: the compactor died here")
+	}
+	return f.Store.Create(ctx, key, data)
+}
+
+// A pass that dies after writing shards and history but before its
+// manifest leaves no checkpoint and purges nothing; the next pass
+// completes it (reusing what the first wrote).
+func TestCrashBeforeManifest(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	for i := range 30 {
+		w.mustPut(fmt.Sprintf("d%02d", i%10), fmt.Sprint(i))
+	}
+	if _, err := w.compactor(failingStore{w.store, "/checkpoints/"}, 4).Compact(ctx, w.name); err == nil {
+		t.Fatal("the injected failure did not surface")
+	}
+	if m, _ := Latest(ctx, w.store, w.name); m != nil {
+		t.Fatalf("a checkpoint exists after the crash: %+v", m)
+	}
+	info, _ := w.stream.Info(ctx)
+	if info.State.Msgs != 30 {
+		t.Fatalf("%d messages in the stream after the crash, want all 30", info.State.Msgs)
+	}
+	w.check()
+	res, err := w.compactor(w.store, 4).Compact(ctx, w.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Creates != 1 { // only the manifest was missing
+		t.Errorf("the pass after the crash created %d objects, want 1 (the manifest)", res.Creates)
+	}
+	w.check()
+}
+
+// Two compactors racing on one world never both win one checkpoint: each
+// pass either writes its checkpoint or finds the identical one; and a
+// different checkpoint at the same sequence is refused before any purge.
+func TestRacingCompactors(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		w.mustPut(fmt.Sprintf("d%02d", rng.IntN(40)), fmt.Sprint(rng.Int()))
+	}
+	var wg sync.WaitGroup
+	results := make([]*Result, 4)
+	errs := make([]error, 4)
+	for i := range results {
+		wg.Add(1)
+		go func() { defer wg.Done(); results[i], errs[i] = w.compactor(w.store, 8).Compact(ctx, w.name) }()
+	}
+	wg.Wait()
+	wrote := 0
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("compactor %d: %v", i, err)
+		}
+		if !results[i].Raced {
+			wrote++
+		}
+	}
+	if wrote < 1 {
+		t.Fatal("no compactor wrote the checkpoint")
+	}
+	w.check()
+
+	// Someone else's different checkpoint at the sequence this pass will
+	// reach: refused, and the stream keeps every version.
+	last := w.mustPut("zz", "last")
+	if err := w.store.Create(ctx, checkpointKey(w.name, last), []byte(`{"format":1,"world":"w/1","seq":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := w.stream.Info(ctx)
+	if _, err := w.compactor(w.store, 8).Compact(ctx, w.name); !errors.Is(err, ErrLostRace) {
+		t.Fatalf("against a different checkpoint: %v, want ErrLostRace", err)
+	}
+	after, _ := w.stream.Info(ctx)
+	if after.State.Msgs != before.State.Msgs {
+		t.Fatalf("a pass that lost its race purged %d messages", before.State.Msgs-after.State.Msgs)
+	}
+}
+
+// Writers and passes interleaved at random: the oracle holds after every
+// pass.
+func TestRandomWritesAndPasses(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(3, 4))
+	c := w.compactor(w.store, 16)
+	for round := range 8 {
+		for range 150 {
+			id := fmt.Sprintf("doc/%03d", rng.IntN(120))
+			if _, err := w.put(id, fmt.Sprintf("r%d-%d", round, rng.Int()), rng.IntN(10) == 0, -1); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := c.Compact(ctx, w.name); err != nil {
+			t.Fatal(err)
+		}
+		w.check()
+	}
+	m, _ := Latest(ctx, w.store, w.name)
+	info, _ := w.stream.Info(ctx)
+	if docs := len(m.Shards); info.State.Msgs > 120 || docs == 0 {
+		t.Errorf("%d messages left in the stream for at most 120 documents", info.State.Msgs)
+	}
+	t.Logf("%d versions written, %d messages left in the stream, %d shards, %d history segments, %d documents",
+		len(w.acked), info.State.Msgs, len(m.Shards), len(m.History), m.Docs)
+}
