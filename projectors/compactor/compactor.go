@@ -4,18 +4,19 @@
 // (every version of a sequence range) and a checkpoint manifest naming
 // them, then purges the folded versions from the COMMITS stream.
 //
-// One pass (Compact) reads the world's messages after the latest
-// checkpoint, up to the world's last message at the start of the pass.
-// Objects are written before the manifest, and the manifest last with a
+// It is a projection.Folder: streams.FoldWorld reads a world's versions
+// after the latest checkpoint (Covered), up to the world's last message at
+// the start of the pass, hands them to Fold, and deletes from the stream
+// the versions Fold returns. Objects are written before the manifest, and the manifest last with a
 // conditional create: a pass that dies between them leaves orphans and no
 // torn checkpoint, and of two compactors racing for one checkpoint one
 // wins (the other finds an identical manifest, or a different one, and
 // says so). Shards are content-addressed, so a shard no change touched is
 // the same object in the next checkpoint.
 //
-// The stream keeps every document's last version: the pass deletes, by
-// sequence, exactly the versions it folded that are not their document's
-// last (those of the pass, and the previous checkpoint's last version of
+// The stream keeps every document's last version: Fold returns, to be
+// deleted by sequence, exactly the versions it folded that are not their
+// document's last (those of the pass, and the previous checkpoint's last version of
 // each document it changed). A subject purged of every version would
 // accept "must not exist" again (streams/cas_test.go), and compare-and-set
 // must stay JetStream's alone. Deleting by sequence rather than purging a
@@ -31,16 +32,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/schemas/envelope"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/streams/projection"
 )
 
 // Store is what the compactor needs of a bucket (*bucket.Bucket).
@@ -56,36 +55,46 @@ type Config struct {
 	// ShardDocs is the number of documents a shard is cut at; a shard
 	// that grows past twice this is split. Default 4096.
 	ShardDocs int
-	// FetchBatch is how many stream messages are read at a time.
-	// Default 1000.
-	FetchBatch int
 }
 
 func (c Config) withDefaults() Config {
 	if c.ShardDocs <= 0 {
 		c.ShardDocs = 4096
 	}
-	if c.FetchBatch <= 0 {
-		c.FetchBatch = 1000
-	}
 	return c
 }
 
-// Compactor compacts worlds of the COMMITS stream into a Store.
+// Compactor folds worlds of the commit log into a Store. It keeps no state
+// but the result of each world's last pass (Last).
 type Compactor struct {
-	cfg    Config
-	js     jetstream.JetStream
-	stream jetstream.Stream
-	store  Store
+	cfg   Config
+	store Store
+
+	mu   sync.Mutex
+	last map[string]*Result
 }
 
-// New makes a compactor on the COMMITS stream of js.
-func New(ctx context.Context, cfg Config, js jetstream.JetStream, store Store) (*Compactor, error) {
-	st, err := js.Stream(ctx, streams.StreamCommits)
-	if err != nil {
-		return nil, fmt.Errorf("compactor: the %s stream: %w", streams.StreamCommits, err)
+var _ projection.Folder = (*Compactor)(nil)
+
+// New makes a compactor writing to store.
+func New(cfg Config, store Store) *Compactor {
+	return &Compactor{cfg: cfg.withDefaults(), store: store, last: map[string]*Result{}}
+}
+
+// Last is what the last Fold of world did (nil: none yet).
+func (c *Compactor) Last(world string) *Result {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last[world]
+}
+
+// Covered is the sequence of the world's latest checkpoint (0: none).
+func (c *Compactor) Covered(ctx context.Context, world string) (uint64, error) {
+	m, err := Latest(ctx, c.store, world)
+	if err != nil || m == nil {
+		return 0, err
 	}
-	return &Compactor{cfg: cfg.withDefaults(), js: js, stream: st, store: store}, nil
+	return m.Seq, nil
 }
 
 // Manifest is a checkpoint: the world's state up to Seq. Docs counts the
@@ -124,11 +133,15 @@ type Segment struct {
 
 const manifestFormat = 1
 
+// worldToken is a world's key segment: path-escaped (no '/'), and prefixed
+// so that no world makes an empty, "." or ".." segment.
+func worldToken(world string) string { return "w-" + url.PathEscape(world) }
+
 // ErrLostRace is returned when another compactor wrote a different
 // checkpoint at the same sequence first.
 var ErrLostRace = errors.New("compactor: another compactor wrote a different checkpoint at this sequence")
 
-func prefix(world string) string       { return "worlds/" + streams.Token(world) + "/" }
+func prefix(world string) string       { return "worlds/" + worldToken(world) + "/" }
 func checkpointPrefix(w string) string { return prefix(w) + "checkpoints/" }
 func checkpointKey(w string, seq uint64) string {
 	return fmt.Sprintf("%s%020d.json", checkpointPrefix(w), seq)
@@ -167,15 +180,17 @@ type Result struct {
 	Docs        int     `json:"docs"`
 	ShardsNew   int     `json:"shards_written"`
 	ShardsKept  int     `json:"shards_reused"`
-	Purged      int     `json:"versions_removed"`
+	Dropped     int     `json:"versions_dropped"`
 	Gets        int     `json:"bucket_gets"`
 	Creates     int     `json:"bucket_creates"`
 	Raced       bool    `json:"raced,omitempty"` // another compactor wrote this same checkpoint first
 	Seconds     float64 `json:"seconds"`
 }
 
-// Compact runs one pass over world.
-func (c *Compactor) Compact(ctx context.Context, world string) (*Result, error) {
+// Fold folds versions (in sequence order) into a new checkpoint and
+// returns the sequences the stream may drop. Versions at or below the
+// latest checkpoint (another compactor got there first) are skipped.
+func (c *Compactor) Fold(ctx context.Context, world string, versions []projection.Version) ([]uint64, error) {
 	start := time.Now()
 	m, err := Latest(ctx, c.store, world)
 	if err != nil {
@@ -185,11 +200,20 @@ func (c *Compactor) Compact(ctx context.Context, world string) (*Result, error) 
 		m = &Manifest{Format: manifestFormat, World: world}
 	}
 	res := &Result{World: world, From: m.Seq, To: m.Seq}
-	defer func() { res.Seconds = time.Since(start).Seconds() }()
-
-	tail, err := c.readTail(ctx, world, m.Seq)
-	if err != nil || len(tail) == 0 {
-		return res, err
+	defer func() {
+		res.Seconds = time.Since(start).Seconds()
+		c.mu.Lock()
+		c.last[world] = res
+		c.mu.Unlock()
+	}()
+	tail := make([]Record, 0, len(versions))
+	for _, v := range versions {
+		if v.Seq > m.Seq {
+			tail = append(tail, Record{ID: v.Doc, Version: v.Seq, Deleted: v.Deleted, Time: v.Time, Body: v.Body})
+		}
+	}
+	if len(tail) == 0 {
+		return nil, nil
 	}
 	res.Versions, res.To = len(tail), tail[len(tail)-1].Version
 
@@ -197,11 +221,10 @@ func (c *Compactor) Compact(ctx context.Context, world string) (*Result, error) 
 	seg := Segment{Key: fmt.Sprintf("%shistory/%020d-%020d.zst", prefix(world), m.Seq, res.To),
 		From: m.Seq, To: res.To, Versions: len(tail)}
 	if err := c.create(ctx, res, seg.Key, encode(kindHistory, tail), true); err != nil {
-		return res, err
+		return nil, err
 	}
 
-	// The latest version of each changed document, and how many versions
-	// of it the pass saw.
+	// The latest version of each changed document.
 	latest := map[string]Record{}
 	for _, r := range tail {
 		latest[r.ID] = r
@@ -209,7 +232,7 @@ func (c *Compactor) Compact(ctx context.Context, world string) (*Result, error) 
 	res.DocsChanged = len(latest)
 	shards, existed, err := c.mergeShards(ctx, res, m, latest)
 	if err != nil {
-		return res, err
+		return nil, err
 	}
 
 	next := &Manifest{Format: manifestFormat, World: world, Seq: res.To, Shards: shards,
@@ -220,77 +243,41 @@ func (c *Compactor) Compact(ctx context.Context, world string) (*Result, error) 
 	res.Docs = next.Docs
 	data, err := json.MarshalIndent(next, "", " ")
 	if err != nil {
-		return res, err
+		return nil, err
 	}
 	key := checkpointKey(world, res.To)
 	switch err := c.store.Create(ctx, key, data); {
 	case errors.Is(err, bucket.ErrExists):
 		same, eerr := c.store.Equal(ctx, key, data)
 		if eerr != nil {
-			return res, eerr
+			return nil, eerr
 		}
 		if !same {
-			return res, fmt.Errorf("%w (%s)", ErrLostRace, key)
+			return nil, fmt.Errorf("%w (%s)", ErrLostRace, key)
 		}
 		res.Raced = true
 	case err != nil:
-		return res, fmt.Errorf("compactor: checkpoint %s: %w", key, err)
+		return nil, fmt.Errorf("compactor: checkpoint %s: %w", key, err)
 	default:
 		res.Creates++
 	}
 
-	// Only now that the checkpoint holds them may versions leave the
-	// stream.
-	// The versions to remove are known exactly: those of the pass that are
-	// not their document's latest, and the previous checkpoint's last
-	// version of each document the pass changed (kept in the stream until
-	// now). Deleting them by sequence never touches a last version.
-	var gone []uint64
+	// Now that the checkpoint holds them, the stream may drop the versions
+	// that are not their document's last: those of the pass, and the
+	// previous checkpoint's last version of each document it changed
+	// (kept in the stream until now).
+	var drop []uint64
 	for _, r := range tail {
 		if latest[r.ID].Version != r.Version {
-			gone = append(gone, r.Version)
+			drop = append(drop, r.Version)
 		}
 	}
 	for _, v := range existed {
-		gone = append(gone, v)
+		drop = append(drop, v)
 	}
-	if err := c.remove(ctx, gone); err != nil {
-		return res, err
-	}
-	res.Purged = len(gone)
-	return res, nil
-}
-
-// removeConcurrency is how many deletions are in flight at once: each is
-// one JetStream API round trip.
-const removeConcurrency = 64
-
-// remove deletes the messages at seqs; one already gone (a pass that died
-// while removing, run again) is fine.
-func (c *Compactor) remove(ctx context.Context, seqs []uint64) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	sem := make(chan struct{}, removeConcurrency)
-	var wg sync.WaitGroup
-	for _, seq := range seqs {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			err := c.stream.DeleteMsg(ctx, seq)
-			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) && !errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
-				cancel(fmt.Errorf("compactor: remove version %d: %w", seq, err))
-			}
-		}()
-	}
-	wg.Wait()
-	return context.Cause(ctx)
+	slices.Sort(drop)
+	res.Dropped = len(drop)
+	return drop, nil
 }
 
 // create writes an object that must not exist yet; an object already there
@@ -315,69 +302,6 @@ func (c *Compactor) create(ctx context.Context, res *Result, key string, data []
 		return fmt.Errorf("compactor: %s exists with other content", key)
 	}
 	return nil
-}
-
-// readTail returns the world's versions after seq, up to the world's last
-// message at the time of the call, in sequence order.
-func (c *Compactor) readTail(ctx context.Context, world string, after uint64) ([]Record, error) {
-	last, err := c.stream.GetLastMsgForSubject(ctx, streams.CommitsWorldFilter(world))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("compactor: the last message of world %q: %w", world, err)
-	}
-	if last.Sequence <= after {
-		return nil, nil
-	}
-	cons, err := c.js.OrderedConsumer(ctx, streams.StreamCommits, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{streams.CommitsWorldFilter(world)},
-		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
-		OptStartSeq:    after + 1,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("compactor: read world %q: %w", world, err)
-	}
-	var out []Record
-	for {
-		batch, err := cons.Fetch(c.cfg.FetchBatch, jetstream.FetchMaxWait(5*time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("compactor: read world %q: %w", world, err)
-		}
-		n := 0
-		for msg := range batch.Messages() {
-			n++
-			meta, err := msg.Metadata()
-			if err != nil {
-				return nil, err
-			}
-			if meta.Sequence.Stream > last.Sequence {
-				continue // after the pass's end: the next pass's
-			}
-			_, id, ok := streams.CommitsSubjectDoc(msg.Subject())
-			if !ok {
-				return nil, fmt.Errorf("compactor: message %d has subject %q, not a document's", meta.Sequence.Stream, msg.Subject())
-			}
-			out = append(out, Record{ID: id, Version: meta.Sequence.Stream, Time: meta.Timestamp.UTC(),
-				Deleted: msg.Headers().Get(envelope.Kind) == envelope.KindDelete, Body: msg.Data()})
-			if meta.Sequence.Stream == last.Sequence {
-				return out, nil
-			}
-		}
-		if err := batch.Error(); err != nil {
-			return nil, fmt.Errorf("compactor: read world %q: %w", world, err)
-		}
-		if n == 0 {
-			return nil, fmt.Errorf("compactor: world %q: the stream ended at %d before its last message %d", world, lastSeq(out), last.Sequence)
-		}
-	}
-}
-
-func lastSeq(recs []Record) uint64 {
-	if len(recs) == 0 {
-		return 0
-	}
-	return recs[len(recs)-1].Version
 }
 
 // mergeShards applies the changed documents to the shards whose id ranges

@@ -85,13 +85,19 @@ func (w *world) mustPut(id, body string) uint64 {
 	return v
 }
 
-func (w *world) compactor(store Store, shardDocs int) *Compactor {
-	w.t.Helper()
-	c, err := New(context.Background(), Config{ShardDocs: shardDocs}, w.js, store)
-	if err != nil {
-		w.t.Fatal(err)
+// pass runs one fold of the world into store, as the compactor command
+// does (streams.FoldWorld), and returns what it did.
+func (w *world) pass(store Store, shardDocs int) (*Result, error) {
+	c := New(Config{ShardDocs: shardDocs}, store)
+	st, err := streams.FoldWorld(context.Background(), w.js, c, w.name)
+	res := c.Last(w.name)
+	if res == nil {
+		res = &Result{World: w.name}
 	}
-	return c
+	if err == nil && st.Dropped != res.Dropped {
+		w.t.Fatalf("FoldWorld dropped %d versions, Fold returned %d", st.Dropped, res.Dropped)
+	}
+	return res, err
 }
 
 // check is the oracle: the checkpoint's documents plus the stream's tail
@@ -187,7 +193,7 @@ func TestCompactFoldsPurgesAndKeepsCompareAndSet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := w.compactor(w.store, 0).Compact(ctx, w.name)
+	res, err := w.pass(w.store, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,12 +229,12 @@ func TestCompactFoldsPurgesAndKeepsCompareAndSet(t *testing.T) {
 		t.Fatalf("re-create over the kept tombstone: %v", err)
 	}
 	// A pass with nothing new writes nothing.
-	res, err = w.compactor(w.store, 0).Compact(ctx, w.name)
+	res, err = w.pass(w.store, 0)
 	if err != nil || res.Versions != 2 {
 		t.Fatalf("second pass: %+v, %v", res, err)
 	}
 	w.check()
-	res, err = w.compactor(w.store, 0).Compact(ctx, w.name)
+	res, err = w.pass(w.store, 0)
 	if err != nil || res.Versions != 0 || res.Creates != 0 {
 		t.Fatalf("idle pass: %+v, %v", res, err)
 	}
@@ -237,12 +243,10 @@ func TestCompactFoldsPurgesAndKeepsCompareAndSet(t *testing.T) {
 // Unchanged shards are the same objects in the next checkpoint.
 func TestUnchangedShardsReused(t *testing.T) {
 	w := newWorld(t)
-	ctx := context.Background()
 	for i := range 100 {
 		w.mustPut(fmt.Sprintf("doc-%03d", i), fmt.Sprint(i))
 	}
-	c := w.compactor(w.store, 10)
-	first, err := c.Compact(ctx, w.name)
+		first, err := w.pass(w.store, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +255,7 @@ func TestUnchangedShardsReused(t *testing.T) {
 		t.Fatalf("%d shards, %d written", len(m1.Shards), first.ShardsNew)
 	}
 	w.mustPut("doc-050", "changed")
-	second, err := c.Compact(ctx, w.name)
+	second, err := w.pass(w.store, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +296,7 @@ func TestCrashBeforeManifest(t *testing.T) {
 	for i := range 30 {
 		w.mustPut(fmt.Sprintf("d%02d", i%10), fmt.Sprint(i))
 	}
-	if _, err := w.compactor(failingStore{w.store, "/checkpoints/"}, 4).Compact(ctx, w.name); err == nil {
+	if _, err := w.pass(failingStore{w.store, "/checkpoints/"}, 4); err == nil {
 		t.Fatal("the injected failure did not surface")
 	}
 	if m, _ := Latest(ctx, w.store, w.name); m != nil {
@@ -303,7 +307,7 @@ func TestCrashBeforeManifest(t *testing.T) {
 		t.Fatalf("%d messages in the stream after the crash, want all 30", info.State.Msgs)
 	}
 	w.check()
-	res, err := w.compactor(w.store, 4).Compact(ctx, w.name)
+	res, err := w.pass(w.store, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,7 +332,7 @@ func TestRacingCompactors(t *testing.T) {
 	errs := make([]error, 4)
 	for i := range results {
 		wg.Add(1)
-		go func() { defer wg.Done(); results[i], errs[i] = w.compactor(w.store, 8).Compact(ctx, w.name) }()
+		go func() { defer wg.Done(); results[i], errs[i] = w.pass(w.store, 8) }()
 	}
 	wg.Wait()
 	wrote := 0
@@ -352,7 +356,7 @@ func TestRacingCompactors(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, _ := w.stream.Info(ctx)
-	if _, err := w.compactor(w.store, 8).Compact(ctx, w.name); !errors.Is(err, ErrLostRace) {
+	if _, err := w.pass(w.store, 8); !errors.Is(err, ErrLostRace) {
 		t.Fatalf("against a different checkpoint: %v, want ErrLostRace", err)
 	}
 	after, _ := w.stream.Info(ctx)
@@ -367,15 +371,14 @@ func TestRandomWritesAndPasses(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(3, 4))
-	c := w.compactor(w.store, 16)
-	for round := range 8 {
+		for round := range 8 {
 		for range 150 {
 			id := fmt.Sprintf("doc/%03d", rng.IntN(120))
 			if _, err := w.put(id, fmt.Sprintf("r%d-%d", round, rng.Int()), rng.IntN(10) == 0, -1); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if _, err := c.Compact(ctx, w.name); err != nil {
+		if _, err := w.pass(w.store, 16); err != nil {
 			t.Fatal(err)
 		}
 		w.check()
