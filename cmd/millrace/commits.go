@@ -8,9 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -39,20 +36,9 @@ func (o *commitsOptions) register(fs *flag.FlagSet) {
 // config reads the keys; devSecrets, when not empty, is where a
 // development key for every world is kept if none is configured.
 func (o *commitsOptions) config(devSecrets string, log *slog.Logger) (commits.Config, error) {
-	text := o.keys
-	if o.keysFile != "" {
-		b, err := os.ReadFile(o.keysFile)
-		if err != nil {
-			return commits.Config{}, fmt.Errorf("commits API keys file: %w", err)
-		}
-		text += "\n" + string(b)
-	}
-	if strings.TrimSpace(text) == "" && devSecrets != "" {
-		var err error
-		if text, err = devSecret(devSecrets, "commits-api-keys", "*"); err != nil {
-			return commits.Config{}, err
-		}
-		log.Info("development commits API key (every world) in " + filepath.Join(devSecrets, "commits-api-keys"))
+	text, err := keyLines(o.keys, o.keysFile, devSecrets, "commits-api-keys", "*", "commits API key (every world)", log)
+	if err != nil {
+		return commits.Config{}, err
 	}
 	keys, err := commits.ParseKeys(text)
 	if err != nil {

@@ -162,6 +162,28 @@ func devSecret(dir, file, name string) (string, error) {
 	return line, nil
 }
 
+// keyLines returns the API key lines given inline and in file. When there
+// are none and devSecrets is set (millrace dev), it returns the line kept in
+// devSecrets/devFile, made with a random key for devName on first use.
+func keyLines(inline, file, devSecrets, devFile, devName, what string, log *slog.Logger) (string, error) {
+	text := inline
+	if file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return "", fmt.Errorf("API keys file: %w", err)
+		}
+		text += "\n" + string(b)
+	}
+	if strings.TrimSpace(text) == "" && devSecrets != "" {
+		var err error
+		if text, err = devSecret(devSecrets, devFile, devName); err != nil {
+			return "", err
+		}
+		log.Info("development " + what + " in " + filepath.Join(devSecrets, devFile))
+	}
+	return text, nil
+}
+
 // reservationsOptions configure the reservations API.
 type reservationsOptions struct {
 	listen, tlsCert, tlsKey string
@@ -181,20 +203,9 @@ func (o *reservationsOptions) register(fs *flag.FlagSet) {
 }
 
 func (o *reservationsOptions) config(devSecrets string, log *slog.Logger) (reservations.Config, error) {
-	text := o.keys
-	if o.keysFile != "" {
-		b, err := os.ReadFile(o.keysFile)
-		if err != nil {
-			return reservations.Config{}, fmt.Errorf("API keys file: %w", err)
-		}
-		text += "\n" + string(b)
-	}
-	if strings.TrimSpace(text) == "" && devSecrets != "" {
-		var err error
-		if text, err = devSecret(devSecrets, "api-keys", "dev"); err != nil {
-			return reservations.Config{}, err
-		}
-		log.Info("development reservation API key (owner dev) in " + filepath.Join(devSecrets, "api-keys"))
+	text, err := keyLines(o.keys, o.keysFile, devSecrets, "api-keys", "dev", "reservation API key (owner dev)", log)
+	if err != nil {
+		return reservations.Config{}, err
 	}
 	keys, err := reservations.ParseKeys(text)
 	if err != nil {

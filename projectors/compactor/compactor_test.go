@@ -246,7 +246,7 @@ func TestUnchangedShardsReused(t *testing.T) {
 	for i := range 100 {
 		w.mustPut(fmt.Sprintf("doc-%03d", i), fmt.Sprint(i))
 	}
-		first, err := w.pass(w.store, 10)
+	first, err := w.pass(w.store, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestRandomWritesAndPasses(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
 	rng := rand.New(rand.NewPCG(3, 4))
-		for round := range 8 {
+	for round := range 8 {
 		for range 150 {
 			id := fmt.Sprintf("doc/%03d", rng.IntN(120))
 			if _, err := w.put(id, fmt.Sprintf("r%d-%d", round, rng.Int()), rng.IntN(10) == 0, -1); err != nil {
