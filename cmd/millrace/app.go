@@ -139,13 +139,19 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 
 // stop stops accepting streams and lets open ones finish (their acks
 // drain) until ctx ends, then cuts them.
-func (e *besEdge) stop(ctx context.Context) {
+func (e *besEdge) stop(ctx context.Context) { stopGRPC(ctx, e.grpc) }
+
+func (e *besEdge) serveDone() <-chan error { return e.done }
+
+// stopGRPC stops g gracefully (no new calls, those in progress finish)
+// until ctx ends, then cuts what is left.
+func stopGRPC(ctx context.Context, g *grpc.Server) {
 	done := make(chan struct{})
-	go func() { e.grpc.GracefulStop(); close(done) }()
+	go func() { g.GracefulStop(); close(done) }()
 	select {
 	case <-done:
 	case <-ctx.Done():
-		e.grpc.Stop()
+		g.Stop()
 		<-done
 	}
 }

@@ -89,16 +89,9 @@ func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *
 // mount serves the HTTP API on mux.
 func (e *commitsEdge) mount(mux *http.ServeMux) { mux.Handle(commits.Prefix, e.srv.Handler()) }
 
-func (e *commitsEdge) stop(ctx context.Context) {
-	done := make(chan struct{})
-	go func() { e.grpc.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		e.grpc.Stop()
-		<-done
-	}
-}
+func (e *commitsEdge) stop(ctx context.Context) { stopGRPC(ctx, e.grpc) }
+
+func (e *commitsEdge) serveDone() <-chan error { return e.done }
 
 func serveCommitsCommand() command {
 	return command{
@@ -131,34 +124,14 @@ balancer: compare-and-set is JetStream's, not the edge's.`,
 				if err != nil {
 					return err
 				}
-				t := newTelemetry()
-				bb, _, err := no.open(ctx, "millrace-commits", t.sm)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				edge, err := startCommits(ctx, co, "", bb, t, log)
-				if err != nil {
-					return err
-				}
-				mux := http.NewServeMux()
-				edge.mount(mux)
-				web, err := startHTTP(httpAddr, t, readiness(bb, nil), mux, log)
-				if err != nil {
-					edge.stop(ctx)
-					return err
-				}
-				var serveErr error
-				select {
-				case <-ctx.Done():
-				case serveErr = <-edge.done:
-				}
-				sctx, cancel := context.WithTimeout(context.Background(), shutdown)
-				defer cancel()
-				edge.stop(sctx)
-				web.stop(sctx)
-				bb.Close()
-				return serveErr
+				return runEdgeProcess(ctx, "millrace-commits", no, httpAddr, shutdown, log,
+					func(ctx context.Context, bb *streams.Backbone, t *telemetry, mux *http.ServeMux) (servedEdge, error) {
+						e, err := startCommits(ctx, co, "", bb, t, log)
+						if err == nil {
+							e.mount(mux)
+						}
+						return e, err
+					})
 			}
 		},
 	}

@@ -245,16 +245,7 @@ func startReservationsGRPC(o reservationsOptions, l *lateReservations, log *slog
 	return r, nil
 }
 
-func (r *reservationsGRPC) stop(ctx context.Context) {
-	done := make(chan struct{})
-	go func() { r.grpc.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		r.grpc.Stop()
-		<-done
-	}
-}
+func (r *reservationsGRPC) stop(ctx context.Context) { stopGRPC(ctx, r.grpc) }
 
 // fleetGateway is a running gateway: its gRPC server (which may also serve
 // the reservations API) and its background loops.
@@ -300,17 +291,12 @@ func startFleet(ctx context.Context, o fleetOptions, devSecrets string, bb *stre
 // gRPC server and then the background loops.
 func (fg *fleetGateway) stop(ctx context.Context) {
 	fg.srv.Drain(ctx)
-	done := make(chan struct{})
-	go func() { fg.grpc.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		fg.grpc.Stop()
-		<-done
-	}
+	stopGRPC(ctx, fg.grpc)
 	fg.cancel()
 	<-fg.runEnd
 }
+
+func (fg *fleetGateway) serveDone() <-chan error { return fg.done }
 
 // lateReservations serves the reservations API once the database is there
 // (`millrace dev` starts its edges before PostgreSQL); until then every call

@@ -72,32 +72,10 @@ a node whose gateway goes away re-homes through any other.`,
 				if err != nil {
 					return err
 				}
-				t := newTelemetry()
-				bb, _, err := no.open(ctx, "millrace-fleet", t.sm)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				gw, err := startFleet(ctx, fo, "", bb, t, log)
-				if err != nil {
-					return err
-				}
-				web, err := startHTTP(httpAddr, t, readiness(bb, nil), nil, log)
-				if err != nil {
-					gw.stop(ctx)
-					return err
-				}
-				var serveErr error
-				select {
-				case <-ctx.Done():
-				case serveErr = <-gw.done:
-				}
-				sctx, cancel := context.WithTimeout(context.Background(), shutdown)
-				defer cancel()
-				gw.stop(sctx)
-				bb.Close()
-				web.stop(sctx)
-				return serveErr
+				return runEdgeProcess(ctx, "millrace-fleet", no, httpAddr, shutdown, log,
+					func(ctx context.Context, bb *streams.Backbone, t *telemetry, _ *http.ServeMux) (servedEdge, error) {
+						return startFleet(ctx, fo, "", bb, t, log)
+					})
 			}
 		},
 	}

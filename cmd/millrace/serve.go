@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,32 +41,10 @@ once stored. Several instances may run behind a balancer.`,
 				if err != nil {
 					return err
 				}
-				t := newTelemetry()
-				bb, _, err := no.open(ctx, "millrace-bes", t.sm)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				edge, err := startBES(ctx, bo, bb, t, log)
-				if err != nil {
-					return err
-				}
-				web, err := startHTTP(httpAddr, t, readiness(bb, nil), nil, log)
-				if err != nil {
-					edge.stop(ctx)
-					return err
-				}
-				var serveErr error
-				select {
-				case <-ctx.Done():
-				case serveErr = <-edge.done:
-				}
-				sctx, cancel := context.WithTimeout(context.Background(), shutdown)
-				defer cancel()
-				edge.stop(sctx)
-				bb.Close()
-				web.stop(sctx)
-				return serveErr
+				return runEdgeProcess(ctx, "millrace-bes", no, httpAddr, shutdown, log,
+					func(ctx context.Context, bb *streams.Backbone, t *telemetry, _ *http.ServeMux) (servedEdge, error) {
+						return startBES(ctx, bo, bb, t, log)
+					})
 			}
 		},
 	}
@@ -107,6 +86,49 @@ others stand by (a PostgreSQL advisory lock decides).`,
 			}
 		},
 	}
+}
+
+// servedEdge is an edge a serve command runs.
+type servedEdge interface {
+	// stop ends it, gracefully until ctx ends.
+	stop(ctx context.Context)
+	// serveDone yields the gRPC server's error if it stops by itself.
+	serveDone() <-chan error
+}
+
+// runEdgeProcess is the body of a `serve` command: it opens the backbone as
+// client name, starts the edge (which may add its HTTP API to mux), serves
+// mux with /metrics, /healthz and /readyz on httpAddr, and runs until ctx
+// ends or the edge's server stops; shutdown bounds the graceful stop.
+func runEdgeProcess(ctx context.Context, name string, no natsOptions, httpAddr string, shutdown time.Duration, log *slog.Logger,
+	start func(context.Context, *streams.Backbone, *telemetry, *http.ServeMux) (servedEdge, error)) error {
+	t := newTelemetry()
+	bb, _, err := no.open(ctx, name, t.sm)
+	if err != nil {
+		return err
+	}
+	defer bb.Close()
+	mux := http.NewServeMux()
+	edge, err := start(ctx, bb, t, mux)
+	if err != nil {
+		return err
+	}
+	web, err := startHTTP(httpAddr, t, readiness(bb, nil), mux, log)
+	if err != nil {
+		edge.stop(ctx)
+		return err
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-edge.serveDone():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdown)
+	defer cancel()
+	edge.stop(sctx)
+	bb.Close()
+	web.stop(sctx)
+	return serveErr
 }
 
 // runProjectorProcess is the body of a `project` command: it opens the
