@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/streams"
 )
@@ -56,11 +57,16 @@ type commitsEdge struct {
 	done chan error
 }
 
-func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *streams.Backbone, t *telemetry, log *slog.Logger) (*commitsEdge, error) {
+// startCommits starts the edge on bb; bk is the bucket the compactor folds
+// the log into (nil: versions folded out of the stream cannot be read).
+func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *streams.Backbone, bk *bucket.Bucket, t *telemetry, log *slog.Logger) (*commitsEdge, error) {
 	log = log.With("service", "commits")
 	cfg, err := o.config(devSecrets, log)
 	if err != nil {
 		return nil, err
+	}
+	if bk != nil {
+		cfg.Store = bk
 	}
 	srv, err := commits.New(ctx, cfg, bb.JS, commits.NewMetrics(t.reg), log)
 	if err != nil {
@@ -108,12 +114,14 @@ balancer: compare-and-set is JetStream's, not the edge's.`,
 				lo       logOptions
 				no       natsOptions
 				co       commitsOptions
+				bo       bucketOptions
 				httpAddr string
 				shutdown time.Duration
 			)
 			lo.register(fs)
 			no.register(fs)
 			co.register(fs)
+			bo.register(fs)
 			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz")
 			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls in progress")
 			return func(ctx context.Context, args []string) error {
@@ -124,9 +132,14 @@ balancer: compare-and-set is JetStream's, not the edge's.`,
 				if err != nil {
 					return err
 				}
+				bk, err := bo.open(ctx)
+				if err != nil {
+					return err
+				}
+				defer bk.Close()
 				return runEdgeProcess(ctx, "millrace-commits", no, httpAddr, shutdown, log,
 					func(ctx context.Context, bb *streams.Backbone, t *telemetry, mux *http.ServeMux) (servedEdge, error) {
-						e, err := startCommits(ctx, co, "", bb, t, log)
+						e, err := startCommits(ctx, co, "", bb, bk, t, log)
 						if err == nil {
 							e.mount(mux)
 						}

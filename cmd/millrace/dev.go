@@ -54,6 +54,7 @@ type devOptions struct {
 	fleetProj fleetProjectorOptions
 	placer    placerOptions
 	commits   commitsOptions
+	bucket    bucketOptions
 	http      string
 	shutdown  time.Duration
 }
@@ -69,6 +70,7 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.fleetProj.register(fs)
 	o.placer.register(fs)
 	o.commits.register(fs)
+	o.bucket.register(fs)
 	envString(fs, &o.http, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
 	envDuration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
 }
@@ -117,7 +119,15 @@ func runDev(ctx context.Context, o devOptions) error {
 		gw.stop(ctx)
 		return err
 	}
-	ce, err := startCommits(ctx, o.commits, devSecretsDir, bb, t, log)
+	bk, err := o.bucket.open(ctx)
+	if err != nil {
+		edge.stop(ctx)
+		gw.stop(ctx)
+		rg.stop(ctx)
+		return err
+	}
+	defer bk.Close()
+	ce, err := startCommits(ctx, o.commits, devSecretsDir, bb, bk, t, log)
 	if err != nil {
 		edge.stop(ctx)
 		gw.stop(ctx)

@@ -32,13 +32,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/url"
-	"slices"
+		"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/bucket/commitlog"
 	"github.com/millrace/millrace/streams/projection"
 )
 
@@ -90,85 +90,16 @@ func (c *Compactor) Last(world string) *Result {
 
 // Covered is the sequence of the world's latest checkpoint (0: none).
 func (c *Compactor) Covered(ctx context.Context, world string) (uint64, error) {
-	m, err := Latest(ctx, c.store, world)
+	m, err := commitlog.Latest(ctx, c.store, world)
 	if err != nil || m == nil {
 		return 0, err
 	}
 	return m.Seq, nil
 }
 
-// Manifest is a checkpoint: the world's state up to Seq. Docs counts the
-// live documents.
-type Manifest struct {
-	Format  int        `json:"format"`
-	World   string     `json:"world"`
-	Seq     uint64     `json:"seq"`
-	Docs    int        `json:"docs"`
-	Shards  []ShardRef `json:"shards"`
-	History []Segment  `json:"history"`
-}
-
-// ShardRef names a shard object and the id range it holds: Docs records,
-// of which Live are not tombstones. A deleted document stays in its shard
-// as its tombstone for as long as the tombstone is its last version (and
-// so is kept in the stream): that is how the next pass knows it has a
-// version to purge when the document is written again.
-type ShardRef struct {
-	Key   string `json:"key"`
-	First string `json:"first"`
-	Last  string `json:"last"`
-	Docs  int    `json:"docs"`
-	Live  int    `json:"live"`
-	Bytes int    `json:"bytes"`
-}
-
-// Segment names a history object: every version of the world in
-// (From, To].
-type Segment struct {
-	Key      string `json:"key"`
-	From     uint64 `json:"from"`
-	To       uint64 `json:"to"`
-	Versions int    `json:"versions"`
-}
-
-const manifestFormat = 1
-
-// worldToken is a world's key segment: path-escaped (no '/'), and prefixed
-// so that no world makes an empty, "." or ".." segment.
-func worldToken(world string) string { return "w-" + url.PathEscape(world) }
-
 // ErrLostRace is returned when another compactor wrote a different
 // checkpoint at the same sequence first.
 var ErrLostRace = errors.New("compactor: another compactor wrote a different checkpoint at this sequence")
-
-func prefix(world string) string       { return "worlds/" + worldToken(world) + "/" }
-func checkpointPrefix(w string) string { return prefix(w) + "checkpoints/" }
-func checkpointKey(w string, seq uint64) string {
-	return fmt.Sprintf("%s%020d.json", checkpointPrefix(w), seq)
-}
-
-// Latest returns the world's latest checkpoint, or nil when it has none.
-func Latest(ctx context.Context, store Store, world string) (*Manifest, error) {
-	objs, err := store.List(ctx, checkpointPrefix(world))
-	if err != nil {
-		return nil, err
-	}
-	for i := len(objs) - 1; i >= 0; i-- {
-		if !strings.HasSuffix(objs[i].Key, ".json") {
-			continue
-		}
-		data, err := store.Get(ctx, objs[i].Key)
-		if err != nil {
-			return nil, err
-		}
-		var m Manifest
-		if err := json.Unmarshal(data, &m); err != nil || m.Format != manifestFormat || m.World != world {
-			return nil, fmt.Errorf("compactor: checkpoint %s is not a format-%d manifest of world %q", objs[i].Key, manifestFormat, world)
-		}
-		return &m, nil
-	}
-	return nil, nil
-}
 
 // Result tells what one pass did.
 type Result struct {
@@ -192,12 +123,12 @@ type Result struct {
 // latest checkpoint (another compactor got there first) are skipped.
 func (c *Compactor) Fold(ctx context.Context, world string, versions []projection.Version) ([]uint64, error) {
 	start := time.Now()
-	m, err := Latest(ctx, c.store, world)
+	m, err := commitlog.Latest(ctx, c.store, world)
 	if err != nil {
 		return nil, err
 	}
 	if m == nil {
-		m = &Manifest{Format: manifestFormat, World: world}
+		m = &commitlog.Manifest{Format: commitlog.ManifestFormat, World: world}
 	}
 	res := &Result{World: world, From: m.Seq, To: m.Seq}
 	defer func() {
@@ -206,10 +137,10 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 		c.last[world] = res
 		c.mu.Unlock()
 	}()
-	tail := make([]Record, 0, len(versions))
+	tail := make([]commitlog.Record, 0, len(versions))
 	for _, v := range versions {
 		if v.Seq > m.Seq {
-			tail = append(tail, Record{ID: v.Doc, Version: v.Seq, Deleted: v.Deleted, Time: v.Time, Body: v.Body})
+			tail = append(tail, commitlog.Record{ID: v.Doc, Version: v.Seq, Deleted: v.Deleted, Time: v.Time, Body: v.Body})
 		}
 	}
 	if len(tail) == 0 {
@@ -218,14 +149,14 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 	res.Versions, res.To = len(tail), tail[len(tail)-1].Version
 
 	// The history segment: every version of the pass, in order.
-	seg := Segment{Key: fmt.Sprintf("%shistory/%020d-%020d.zst", prefix(world), m.Seq, res.To),
+	seg := commitlog.Segment{Key: commitlog.HistoryKey(world, m.Seq, res.To),
 		From: m.Seq, To: res.To, Versions: len(tail)}
-	if err := c.create(ctx, res, seg.Key, encode(kindHistory, tail), true); err != nil {
+	if err := c.create(ctx, res, seg.Key, commitlog.Encode(commitlog.KindHistory, tail), true); err != nil {
 		return nil, err
 	}
 
 	// The latest version of each changed document.
-	latest := map[string]Record{}
+	latest := map[string]commitlog.Record{}
 	for _, r := range tail {
 		latest[r.ID] = r
 	}
@@ -235,7 +166,7 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 		return nil, err
 	}
 
-	next := &Manifest{Format: manifestFormat, World: world, Seq: res.To, Shards: shards,
+	next := &commitlog.Manifest{Format: commitlog.ManifestFormat, World: world, Seq: res.To, Shards: shards,
 		History: append(slices.Clone(m.History), seg)}
 	for _, s := range shards {
 		next.Docs += s.Live
@@ -245,7 +176,7 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 	if err != nil {
 		return nil, err
 	}
-	key := checkpointKey(world, res.To)
+	key := commitlog.CheckpointKey(world, res.To)
 	switch err := c.store.Create(ctx, key, data); {
 	case errors.Is(err, bucket.ErrExists):
 		same, eerr := c.store.Equal(ctx, key, data)
@@ -307,7 +238,7 @@ func (c *Compactor) create(ctx context.Context, res *Result, key string, data []
 // mergeShards applies the changed documents to the shards whose id ranges
 // they fall in and returns the new shard list, and the version each changed
 // document had in the old shards.
-func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *Manifest, latest map[string]Record) ([]ShardRef, map[string]uint64, error) {
+func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *commitlog.Manifest, latest map[string]commitlog.Record) ([]commitlog.ShardRef, map[string]uint64, error) {
 	ids := make([]string, 0, len(latest))
 	for id := range latest {
 		ids = append(ids, id)
@@ -317,23 +248,23 @@ func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *Manifest, l
 	// ids before the first shard go to shard 0.
 	byShard := map[int][]string{}
 	for _, id := range ids {
-		i, _ := slices.BinarySearchFunc(m.Shards, id, func(s ShardRef, id string) int { return strings.Compare(s.First, id) })
+		i, _ := slices.BinarySearchFunc(m.Shards, id, func(s commitlog.ShardRef, id string) int { return strings.Compare(s.First, id) })
 		if i == len(m.Shards) || m.Shards[i].First != id {
 			i--
 		}
 		byShard[max(i, 0)] = append(byShard[max(i, 0)], id)
 	}
 	existed := map[string]uint64{}
-	var out []ShardRef
-	emit := func(recs []Record) error {
+	var out []commitlog.ShardRef
+	emit := func(recs []commitlog.Record) error {
 		for len(recs) > 0 {
 			n := len(recs)
 			if n > 2*c.cfg.ShardDocs {
 				n = c.cfg.ShardDocs
 			}
-			data := encode(kindShard, recs[:n])
+			data := commitlog.Encode(commitlog.KindShard, recs[:n])
 			sum := sha256.Sum256(data)
-			ref := ShardRef{Key: prefix(m.World) + "shards/" + hex.EncodeToString(sum[:16]) + ".zst",
+			ref := commitlog.ShardRef{Key: commitlog.ShardKey(m.World, hex.EncodeToString(sum[:16])),
 				First: recs[0].ID, Last: recs[n-1].ID, Docs: n, Bytes: len(data)}
 			for _, r := range recs[:n] {
 				if !r.Deleted {
@@ -350,7 +281,7 @@ func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *Manifest, l
 		return nil
 	}
 	if len(m.Shards) == 0 {
-		recs := make([]Record, 0, len(ids))
+		recs := make([]commitlog.Record, 0, len(ids))
 		for _, id := range ids {
 			recs = append(recs, latest[id])
 		}
@@ -363,16 +294,12 @@ func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *Manifest, l
 			res.ShardsKept++
 			continue
 		}
-		data, err := c.store.Get(ctx, s.Key)
+		old, err := commitlog.ReadShard(ctx, c.store, s)
 		res.Gets++
 		if err != nil {
-			return nil, nil, fmt.Errorf("compactor: shard %s: %w", s.Key, err)
+			return nil, nil, err
 		}
-		old, err := decode(kindShard, data)
-		if err != nil {
-			return nil, nil, fmt.Errorf("compactor: shard %s: %w", s.Key, err)
-		}
-		merged := make([]Record, 0, len(old)+len(changes))
+		merged := make([]commitlog.Record, 0, len(old)+len(changes))
 		j := 0
 		for _, r := range old {
 			for j < len(changes) && changes[j] < r.ID {
@@ -395,22 +322,4 @@ func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *Manifest, l
 		}
 	}
 	return out, existed, nil
-}
-
-// Load reads a checkpoint's documents, sorted by id: the live ones, and
-// the deleted ones as their tombstones (Deleted).
-func Load(ctx context.Context, store Store, m *Manifest) ([]Record, error) {
-	var out []Record
-	for _, s := range m.Shards {
-		data, err := store.Get(ctx, s.Key)
-		if err != nil {
-			return nil, fmt.Errorf("compactor: shard %s: %w", s.Key, err)
-		}
-		recs, err := decode(kindShard, data)
-		if err != nil {
-			return nil, fmt.Errorf("compactor: shard %s: %w", s.Key, err)
-		}
-		out = append(out, recs...)
-	}
-	return out, nil
 }

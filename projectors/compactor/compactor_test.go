@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/bucket/commitlog"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
@@ -25,7 +26,7 @@ type world struct {
 	stream jetstream.Stream
 	store  *bucket.Bucket
 	name   string
-	acked  map[uint64]Record // every acknowledged version
+	acked  map[uint64]commitlog.Record // every acknowledged version
 }
 
 func newWorld(t testing.TB) *world {
@@ -53,7 +54,7 @@ func newWorld(t testing.TB) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	return &world{t: t, js: js, stream: st, store: b, name: "w/1", acked: map[uint64]Record{}}
+	return &world{t: t, js: js, stream: st, store: b, name: "w/1", acked: map[uint64]commitlog.Record{}}
 }
 
 // put writes a version as the commits edge does (expected: the version
@@ -72,7 +73,7 @@ func (w *world) put(id, body string, deleted bool, expected int64) (uint64, erro
 	if err != nil {
 		return 0, err
 	}
-	w.acked[ack.Sequence] = Record{ID: id, Version: ack.Sequence, Deleted: deleted, Body: []byte(body)}
+	w.acked[ack.Sequence] = commitlog.Record{ID: id, Version: ack.Sequence, Deleted: deleted, Body: []byte(body)}
 	return ack.Sequence, nil
 }
 
@@ -104,24 +105,24 @@ func (w *world) pass(store Store, shardDocs int) (*Result, error) {
 // give every document's latest version as the writers acknowledged it, and
 // every acknowledged version is readable from the stream or from a
 // history segment.
-func (w *world) check() *Manifest {
+func (w *world) check() *commitlog.Manifest {
 	w.t.Helper()
 	ctx := context.Background()
-	m, err := Latest(ctx, w.store, w.name)
+	m, err := commitlog.Latest(ctx, w.store, w.name)
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	want := map[string]Record{} // latest acknowledged version per document
+	want := map[string]commitlog.Record{} // latest acknowledged version per document
 	for _, r := range w.acked {
 		if cur, ok := want[r.ID]; !ok || r.Version > cur.Version {
 			want[r.ID] = r
 		}
 	}
-	got := map[string]Record{}
+	got := map[string]commitlog.Record{}
 	var cover uint64
 	if m != nil {
 		cover = m.Seq
-		recs, err := Load(ctx, w.store, m)
+		recs, err := commitlog.Load(ctx, w.store, m)
 		if err != nil {
 			w.t.Fatal(err)
 		}
@@ -150,14 +151,14 @@ func (w *world) check() *Manifest {
 		}
 	}
 	// Every acknowledged version: in the stream, or in a segment.
-	inHistory := map[uint64]Record{}
+	inHistory := map[uint64]commitlog.Record{}
 	if m != nil {
 		for _, s := range m.History {
 			data, err := w.store.Get(ctx, s.Key)
 			if err != nil {
 				w.t.Fatal(err)
 			}
-			recs, err := decode(kindHistory, data)
+			recs, err := commitlog.Decode(commitlog.KindHistory, data)
 			if err != nil {
 				w.t.Fatal(err)
 			}
@@ -299,7 +300,7 @@ func TestCrashBeforeManifest(t *testing.T) {
 	if _, err := w.pass(failingStore{w.store, "/checkpoints/"}, 4); err == nil {
 		t.Fatal("the injected failure did not surface")
 	}
-	if m, _ := Latest(ctx, w.store, w.name); m != nil {
+	if m, _ := commitlog.Latest(ctx, w.store, w.name); m != nil {
 		t.Fatalf("a checkpoint exists after the crash: %+v", m)
 	}
 	info, _ := w.stream.Info(ctx)
@@ -352,7 +353,7 @@ func TestRacingCompactors(t *testing.T) {
 	// Someone else's different checkpoint at the sequence this pass will
 	// reach: refused, and the stream keeps every version.
 	last := w.mustPut("zz", "last")
-	if err := w.store.Create(ctx, checkpointKey(w.name, last), []byte(`{"format":1,"world":"w/1","seq":1}`)); err != nil {
+	if err := w.store.Create(ctx, commitlog.CheckpointKey(w.name, last), []byte(`{"format":1,"world":"w/1","seq":1}`)); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := w.stream.Info(ctx)
@@ -383,7 +384,7 @@ func TestRandomWritesAndPasses(t *testing.T) {
 		}
 		w.check()
 	}
-	m, _ := Latest(ctx, w.store, w.name)
+	m, _ := commitlog.Latest(ctx, w.store, w.name)
 	info, _ := w.stream.Info(ctx)
 	if docs := len(m.Shards); info.State.Msgs > 120 || docs == 0 {
 		t.Errorf("%d messages left in the stream for at most 120 documents", info.State.Msgs)

@@ -572,6 +572,199 @@ func (x *HistoryResponse) GetNextAfterVersion() uint64 {
 	return 0
 }
 
+type ListRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	World string                 `protobuf:"bytes,1,opt,name=world,proto3" json:"world,omitempty"`
+	// Only ids starting with prefix (empty: every document).
+	Prefix string `protobuf:"bytes,2,opt,name=prefix,proto3" json:"prefix,omitempty"`
+	// Start after this id (the next_after_id of the previous page).
+	AfterId string `protobuf:"bytes,3,opt,name=after_id,json=afterId,proto3" json:"after_id,omitempty"`
+	// Default 100, at most 1,000.
+	PageSize      uint32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRequest) Reset() {
+	*x = ListRequest{}
+	mi := &file_millrace_commits_v1_commits_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRequest) ProtoMessage() {}
+
+func (x *ListRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_millrace_commits_v1_commits_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRequest.ProtoReflect.Descriptor instead.
+func (*ListRequest) Descriptor() ([]byte, []int) {
+	return file_millrace_commits_v1_commits_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListRequest) GetWorld() string {
+	if x != nil {
+		return x.World
+	}
+	return ""
+}
+
+func (x *ListRequest) GetPrefix() string {
+	if x != nil {
+		return x.Prefix
+	}
+	return ""
+}
+
+func (x *ListRequest) GetAfterId() string {
+	if x != nil {
+		return x.AfterId
+	}
+	return ""
+}
+
+func (x *ListRequest) GetPageSize() uint32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+type Entry struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Id      string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Version uint64                 `protobuf:"varint,2,opt,name=version,proto3" json:"version,omitempty"`
+	// The body's size in bytes.
+	Size          uint32                 `protobuf:"varint,3,opt,name=size,proto3" json:"size,omitempty"`
+	CommittedAt   *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=committed_at,json=committedAt,proto3" json:"committed_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Entry) Reset() {
+	*x = Entry{}
+	mi := &file_millrace_commits_v1_commits_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Entry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Entry) ProtoMessage() {}
+
+func (x *Entry) ProtoReflect() protoreflect.Message {
+	mi := &file_millrace_commits_v1_commits_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Entry.ProtoReflect.Descriptor instead.
+func (*Entry) Descriptor() ([]byte, []int) {
+	return file_millrace_commits_v1_commits_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *Entry) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *Entry) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *Entry) GetSize() uint32 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *Entry) GetCommittedAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CommittedAt
+	}
+	return nil
+}
+
+type ListResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Docs  []*Entry               `protobuf:"bytes,1,rep,name=docs,proto3" json:"docs,omitempty"`
+	// The after_id of the next page; empty when this page reached the end.
+	NextAfterId   string `protobuf:"bytes,2,opt,name=next_after_id,json=nextAfterId,proto3" json:"next_after_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListResponse) Reset() {
+	*x = ListResponse{}
+	mi := &file_millrace_commits_v1_commits_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListResponse) ProtoMessage() {}
+
+func (x *ListResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_millrace_commits_v1_commits_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListResponse.ProtoReflect.Descriptor instead.
+func (*ListResponse) Descriptor() ([]byte, []int) {
+	return file_millrace_commits_v1_commits_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *ListResponse) GetDocs() []*Entry {
+	if x != nil {
+		return x.Docs
+	}
+	return nil
+}
+
+func (x *ListResponse) GetNextAfterId() string {
+	if x != nil {
+		return x.NextAfterId
+	}
+	return ""
+}
+
 // Conflict is the detail of a compare-and-set failure: the document's
 // current version (0: it does not exist) and whether that is a tombstone.
 type Conflict struct {
@@ -584,7 +777,7 @@ type Conflict struct {
 
 func (x *Conflict) Reset() {
 	*x = Conflict{}
-	mi := &file_millrace_commits_v1_commits_proto_msgTypes[8]
+	mi := &file_millrace_commits_v1_commits_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -596,7 +789,7 @@ func (x *Conflict) String() string {
 func (*Conflict) ProtoMessage() {}
 
 func (x *Conflict) ProtoReflect() protoreflect.Message {
-	mi := &file_millrace_commits_v1_commits_proto_msgTypes[8]
+	mi := &file_millrace_commits_v1_commits_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -609,7 +802,7 @@ func (x *Conflict) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Conflict.ProtoReflect.Descriptor instead.
 func (*Conflict) Descriptor() ([]byte, []int) {
-	return file_millrace_commits_v1_commits_proto_rawDescGZIP(), []int{8}
+	return file_millrace_commits_v1_commits_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Conflict) GetCurrentVersion() uint64 {
@@ -674,15 +867,29 @@ const file_millrace_commits_v1_commits_proto_rawDesc = "" +
 	"\fcommitted_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt\"y\n" +
 	"\x0fHistoryResponse\x128\n" +
 	"\bversions\x18\x01 \x03(\v2\x1c.millrace.commits.v1.VersionR\bversions\x12,\n" +
-	"\x12next_after_version\x18\x02 \x01(\x04R\x10nextAfterVersion\"M\n" +
+	"\x12next_after_version\x18\x02 \x01(\x04R\x10nextAfterVersion\"s\n" +
+	"\vListRequest\x12\x14\n" +
+	"\x05world\x18\x01 \x01(\tR\x05world\x12\x16\n" +
+	"\x06prefix\x18\x02 \x01(\tR\x06prefix\x12\x19\n" +
+	"\bafter_id\x18\x03 \x01(\tR\aafterId\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\rR\bpageSize\"\x84\x01\n" +
+	"\x05Entry\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
+	"\aversion\x18\x02 \x01(\x04R\aversion\x12\x12\n" +
+	"\x04size\x18\x03 \x01(\rR\x04size\x12=\n" +
+	"\fcommitted_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\vcommittedAt\"b\n" +
+	"\fListResponse\x12.\n" +
+	"\x04docs\x18\x01 \x03(\v2\x1a.millrace.commits.v1.EntryR\x04docs\x12\"\n" +
+	"\rnext_after_id\x18\x02 \x01(\tR\vnextAfterId\"M\n" +
 	"\bConflict\x12'\n" +
 	"\x0fcurrent_version\x18\x01 \x01(\x04R\x0ecurrentVersion\x12\x18\n" +
-	"\adeleted\x18\x02 \x01(\bR\adeleted2\xc0\x02\n" +
+	"\adeleted\x18\x02 \x01(\bR\adeleted2\x8d\x03\n" +
 	"\aCommits\x12H\n" +
 	"\x03Put\x12\x1f.millrace.commits.v1.PutRequest\x1a .millrace.commits.v1.PutResponse\x12E\n" +
 	"\x03Get\x12\x1f.millrace.commits.v1.GetRequest\x1a\x1d.millrace.commits.v1.Document\x12N\n" +
 	"\x06Delete\x12\".millrace.commits.v1.DeleteRequest\x1a .millrace.commits.v1.PutResponse\x12T\n" +
-	"\aHistory\x12#.millrace.commits.v1.HistoryRequest\x1a$.millrace.commits.v1.HistoryResponseB.Z,github.com/millrace/millrace/schemas/commitsb\x06proto3"
+	"\aHistory\x12#.millrace.commits.v1.HistoryRequest\x1a$.millrace.commits.v1.HistoryResponse\x12K\n" +
+	"\x04List\x12 .millrace.commits.v1.ListRequest\x1a!.millrace.commits.v1.ListResponseB.Z,github.com/millrace/millrace/schemas/commitsb\x06proto3"
 
 var (
 	file_millrace_commits_v1_commits_proto_rawDescOnce sync.Once
@@ -696,7 +903,7 @@ func file_millrace_commits_v1_commits_proto_rawDescGZIP() []byte {
 	return file_millrace_commits_v1_commits_proto_rawDescData
 }
 
-var file_millrace_commits_v1_commits_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_millrace_commits_v1_commits_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_millrace_commits_v1_commits_proto_goTypes = []any{
 	(*PutRequest)(nil),            // 0: millrace.commits.v1.PutRequest
 	(*PutResponse)(nil),           // 1: millrace.commits.v1.PutResponse
@@ -706,26 +913,33 @@ var file_millrace_commits_v1_commits_proto_goTypes = []any{
 	(*HistoryRequest)(nil),        // 5: millrace.commits.v1.HistoryRequest
 	(*Version)(nil),               // 6: millrace.commits.v1.Version
 	(*HistoryResponse)(nil),       // 7: millrace.commits.v1.HistoryResponse
-	(*Conflict)(nil),              // 8: millrace.commits.v1.Conflict
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*ListRequest)(nil),           // 8: millrace.commits.v1.ListRequest
+	(*Entry)(nil),                 // 9: millrace.commits.v1.Entry
+	(*ListResponse)(nil),          // 10: millrace.commits.v1.ListResponse
+	(*Conflict)(nil),              // 11: millrace.commits.v1.Conflict
+	(*timestamppb.Timestamp)(nil), // 12: google.protobuf.Timestamp
 }
 var file_millrace_commits_v1_commits_proto_depIdxs = []int32{
-	9, // 0: millrace.commits.v1.Document.committed_at:type_name -> google.protobuf.Timestamp
-	9, // 1: millrace.commits.v1.Version.committed_at:type_name -> google.protobuf.Timestamp
-	6, // 2: millrace.commits.v1.HistoryResponse.versions:type_name -> millrace.commits.v1.Version
-	0, // 3: millrace.commits.v1.Commits.Put:input_type -> millrace.commits.v1.PutRequest
-	3, // 4: millrace.commits.v1.Commits.Get:input_type -> millrace.commits.v1.GetRequest
-	2, // 5: millrace.commits.v1.Commits.Delete:input_type -> millrace.commits.v1.DeleteRequest
-	5, // 6: millrace.commits.v1.Commits.History:input_type -> millrace.commits.v1.HistoryRequest
-	1, // 7: millrace.commits.v1.Commits.Put:output_type -> millrace.commits.v1.PutResponse
-	4, // 8: millrace.commits.v1.Commits.Get:output_type -> millrace.commits.v1.Document
-	1, // 9: millrace.commits.v1.Commits.Delete:output_type -> millrace.commits.v1.PutResponse
-	7, // 10: millrace.commits.v1.Commits.History:output_type -> millrace.commits.v1.HistoryResponse
-	7, // [7:11] is the sub-list for method output_type
-	3, // [3:7] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	12, // 0: millrace.commits.v1.Document.committed_at:type_name -> google.protobuf.Timestamp
+	12, // 1: millrace.commits.v1.Version.committed_at:type_name -> google.protobuf.Timestamp
+	6,  // 2: millrace.commits.v1.HistoryResponse.versions:type_name -> millrace.commits.v1.Version
+	12, // 3: millrace.commits.v1.Entry.committed_at:type_name -> google.protobuf.Timestamp
+	9,  // 4: millrace.commits.v1.ListResponse.docs:type_name -> millrace.commits.v1.Entry
+	0,  // 5: millrace.commits.v1.Commits.Put:input_type -> millrace.commits.v1.PutRequest
+	3,  // 6: millrace.commits.v1.Commits.Get:input_type -> millrace.commits.v1.GetRequest
+	2,  // 7: millrace.commits.v1.Commits.Delete:input_type -> millrace.commits.v1.DeleteRequest
+	5,  // 8: millrace.commits.v1.Commits.History:input_type -> millrace.commits.v1.HistoryRequest
+	8,  // 9: millrace.commits.v1.Commits.List:input_type -> millrace.commits.v1.ListRequest
+	1,  // 10: millrace.commits.v1.Commits.Put:output_type -> millrace.commits.v1.PutResponse
+	4,  // 11: millrace.commits.v1.Commits.Get:output_type -> millrace.commits.v1.Document
+	1,  // 12: millrace.commits.v1.Commits.Delete:output_type -> millrace.commits.v1.PutResponse
+	7,  // 13: millrace.commits.v1.Commits.History:output_type -> millrace.commits.v1.HistoryResponse
+	10, // 14: millrace.commits.v1.Commits.List:output_type -> millrace.commits.v1.ListResponse
+	10, // [10:15] is the sub-list for method output_type
+	5,  // [5:10] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_millrace_commits_v1_commits_proto_init() }
@@ -741,7 +955,7 @@ func file_millrace_commits_v1_commits_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_millrace_commits_v1_commits_proto_rawDesc), len(file_millrace_commits_v1_commits_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,7 @@ const (
 	Commits_Get_FullMethodName     = "/millrace.commits.v1.Commits/Get"
 	Commits_Delete_FullMethodName  = "/millrace.commits.v1.Commits/Delete"
 	Commits_History_FullMethodName = "/millrace.commits.v1.Commits/History"
+	Commits_List_FullMethodName    = "/millrace.commits.v1.Commits/List"
 )
 
 // CommitsClient is the client API for Commits service.
@@ -52,6 +53,10 @@ type CommitsClient interface {
 	Delete(ctx context.Context, in *DeleteRequest, opts ...grpc.CallOption) (*PutResponse, error)
 	// History lists a document's versions, oldest first, a page at a time.
 	History(ctx context.Context, in *HistoryRequest, opts ...grpc.CallOption) (*HistoryResponse, error)
+	// List names a world's live documents whose ids start with a prefix, in
+	// id order (bytewise), with their latest versions. It reflects every
+	// write acknowledged before the call.
+	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 }
 
 type commitsClient struct {
@@ -102,6 +107,16 @@ func (c *commitsClient) History(ctx context.Context, in *HistoryRequest, opts ..
 	return out, nil
 }
 
+func (c *commitsClient) List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListResponse)
+	err := c.cc.Invoke(ctx, Commits_List_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // CommitsServer is the server API for Commits service.
 // All implementations must embed UnimplementedCommitsServer
 // for forward compatibility.
@@ -118,6 +133,10 @@ type CommitsServer interface {
 	Delete(context.Context, *DeleteRequest) (*PutResponse, error)
 	// History lists a document's versions, oldest first, a page at a time.
 	History(context.Context, *HistoryRequest) (*HistoryResponse, error)
+	// List names a world's live documents whose ids start with a prefix, in
+	// id order (bytewise), with their latest versions. It reflects every
+	// write acknowledged before the call.
+	List(context.Context, *ListRequest) (*ListResponse, error)
 	mustEmbedUnimplementedCommitsServer()
 }
 
@@ -139,6 +158,9 @@ func (UnimplementedCommitsServer) Delete(context.Context, *DeleteRequest) (*PutR
 }
 func (UnimplementedCommitsServer) History(context.Context, *HistoryRequest) (*HistoryResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method History not implemented")
+}
+func (UnimplementedCommitsServer) List(context.Context, *ListRequest) (*ListResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method List not implemented")
 }
 func (UnimplementedCommitsServer) mustEmbedUnimplementedCommitsServer() {}
 func (UnimplementedCommitsServer) testEmbeddedByValue()                 {}
@@ -233,6 +255,24 @@ func _Commits_History_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Commits_List_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(CommitsServer).List(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Commits_List_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(CommitsServer).List(ctx, req.(*ListRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Commits_ServiceDesc is the grpc.ServiceDesc for Commits service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -255,6 +295,10 @@ var Commits_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "History",
 			Handler:    _Commits_History_Handler,
+		},
+		{
+			MethodName: "List",
+			Handler:    _Commits_List_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/millrace/millrace/bucket/commitlog"
 )
 
 // Config of the commits edge. The zero value takes the defaults; Keys is
@@ -17,6 +19,11 @@ type Config struct {
 	// MaxBodyBytes is the largest document body. Default 1 MiB; at most
 	// the backbone's largest message less 64 KiB for headers.
 	MaxBodyBytes int
+	// Store is the bucket the compactor folds the log into: versions
+	// dropped from the stream are read from its history segments, and
+	// List opens a world from its latest checkpoint. Nil: the stream is
+	// all there is (nothing may compact it).
+	Store commitlog.Reader
 	// ConflictRetries is how many times a write refused although its
 	// expected version was still current (a false conflict of a replicated
 	// stream) is tried again. Default 8.

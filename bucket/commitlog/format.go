@@ -1,4 +1,4 @@
-package compactor
+package commitlog
 
 import (
 	"bytes"
@@ -22,11 +22,14 @@ import (
 // every version of a sequence range, in sequence order. The decoder
 // checks every length against the limits below before it allocates.
 
+// The kinds of record file.
+const (
+	KindShard   byte = 'S'
+	KindHistory byte = 'H'
+)
+
 const (
 	magic       = "MRC1"
-	kindShard   = 'S'
-	kindHistory = 'H'
-
 	flagDeleted = 1
 
 	// Limits the decoder enforces (the edge's are lower: 1 KiB ids, 1 MiB
@@ -63,8 +66,8 @@ var (
 	})
 )
 
-// encode makes a record file of kind from recs, compressed.
-func encode(kind byte, recs []Record) []byte {
+// Encode makes a record file of kind from recs, compressed.
+func Encode(kind byte, recs []Record) []byte {
 	var buf bytes.Buffer
 	buf.WriteString(magic)
 	buf.WriteByte(kind)
@@ -86,22 +89,22 @@ func encode(kind byte, recs []Record) []byte {
 	return encoder().EncodeAll(buf.Bytes(), nil)
 }
 
-var errCorrupt = errors.New("compactor: corrupt record file")
+var ErrCorrupt = errors.New("commitlog: corrupt record file")
 
-// decode reads a record file of kind.
-func decode(kind byte, data []byte) ([]Record, error) {
+// Decode reads a record file of kind.
+func Decode(kind byte, data []byte) ([]Record, error) {
 	raw, err := decoder().DecodeAll(data, nil)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errCorrupt, err)
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
 	}
 	if len(raw) < len(magic)+1 || string(raw[:len(magic)]) != magic || raw[len(magic)] != kind {
-		return nil, fmt.Errorf("%w: not a %q file", errCorrupt, kind)
+		return nil, fmt.Errorf("%w: not a %q file", ErrCorrupt, kind)
 	}
 	p := raw[len(magic)+1:]
 	next := func(limit uint64, what string) (uint64, error) {
 		v, n := binary.Uvarint(p)
 		if n <= 0 || v > limit {
-			return 0, fmt.Errorf("%w: bad %s", errCorrupt, what)
+			return 0, fmt.Errorf("%w: bad %s", ErrCorrupt, what)
 		}
 		p = p[n:]
 		return v, nil
@@ -111,14 +114,14 @@ func decode(kind byte, data []byte) ([]Record, error) {
 		var r Record
 		n, err := next(maxIDBytes, "id length")
 		if err != nil || uint64(len(p)) < n {
-			return nil, fmt.Errorf("%w: id", errCorrupt)
+			return nil, fmt.Errorf("%w: id", ErrCorrupt)
 		}
 		r.ID, p = string(p[:n]), p[n:]
 		if r.Version, err = next(1<<63, "version"); err != nil {
 			return nil, err
 		}
 		if len(p) == 0 {
-			return nil, fmt.Errorf("%w: flags", errCorrupt)
+			return nil, fmt.Errorf("%w: flags", ErrCorrupt)
 		}
 		r.Deleted, p = p[0]&flagDeleted != 0, p[1:]
 		ns, err := next(1<<63, "time")
@@ -127,7 +130,7 @@ func decode(kind byte, data []byte) ([]Record, error) {
 		}
 		r.Time = time.Unix(0, int64(ns)).UTC()
 		if n, err = next(maxBodyBytes, "body length"); err != nil || uint64(len(p)) < n {
-			return nil, fmt.Errorf("%w: body", errCorrupt)
+			return nil, fmt.Errorf("%w: body", ErrCorrupt)
 		}
 		r.Body, p = bytes.Clone(p[:n]), p[n:]
 		recs = append(recs, r)

@@ -1,4 +1,4 @@
-package compactor
+package commitlog
 
 import (
 	"bytes"
@@ -13,8 +13,8 @@ func TestRecordFileRoundTrip(t *testing.T) {
 		{ID: "ドキュメント/\x00", Version: 1 << 40, Deleted: true, Time: at},
 		{ID: "z", Version: 7, Time: at, Body: bytes.Repeat([]byte{0xff}, 100_000)},
 	}
-	for _, kind := range []byte{kindShard, kindHistory} {
-		got, err := decode(kind, encode(kind, recs))
+	for _, kind := range []byte{KindShard, KindHistory} {
+		got, err := Decode(kind, Encode(kind, recs))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -28,10 +28,10 @@ func TestRecordFileRoundTrip(t *testing.T) {
 			}
 		}
 	}
-	if _, err := decode(kindHistory, encode(kindShard, recs)); err == nil {
+	if _, err := Decode(KindHistory, Encode(KindShard, recs)); err == nil {
 		t.Fatal("a shard decoded as a history segment")
 	}
-	if got, err := decode(kindShard, encode(kindShard, nil)); err != nil || len(got) != 0 {
+	if got, err := Decode(KindShard, Encode(KindShard, nil)); err != nil || len(got) != 0 {
 		t.Fatalf("empty file: %v, %v", got, err)
 	}
 }
@@ -39,13 +39,13 @@ func TestRecordFileRoundTrip(t *testing.T) {
 // FuzzDecode: whatever the bucket holds, decode returns records or an
 // error, within its limits, and never panics.
 func FuzzDecode(f *testing.F) {
-	f.Add(encode(kindShard, []Record{{ID: "a", Version: 1, Body: []byte("x")}}))
-	f.Add(encode(kindShard, nil))
+	f.Add(Encode(KindShard, []Record{{ID: "a", Version: 1, Body: []byte("x")}}))
+	f.Add(Encode(KindShard, nil))
 	f.Add([]byte("MRC1S"))
 	f.Add(encoder().EncodeAll([]byte("MRC1S\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"), nil))
 	f.Add(encoder().EncodeAll([]byte("MRC1S\x01a\x01\x00\x00\x80\x80\x80\x80\x01"), nil))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		recs, err := decode(kindShard, data)
+		recs, err := Decode(KindShard, data)
 		if err != nil {
 			return
 		}
@@ -55,7 +55,7 @@ func FuzzDecode(f *testing.F) {
 			}
 		}
 		// What decodes re-encodes to the same records.
-		again, err := decode(kindShard, encode(kindShard, recs))
+		again, err := Decode(KindShard, Encode(KindShard, recs))
 		if err != nil || len(again) != len(recs) {
 			t.Fatalf("re-encoded: %d records, %v", len(again), err)
 		}
