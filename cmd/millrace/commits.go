@@ -23,6 +23,8 @@ type commitsOptions struct {
 	listen, tlsCert, tlsKey string
 	keys, keysFile          string
 	maxBody                 int
+	cacheBytes, indexWorlds int
+	listWait                time.Duration
 }
 
 func (o *commitsOptions) register(fs *flag.FlagSet) {
@@ -32,6 +34,9 @@ func (o *commitsOptions) register(fs *flag.FlagSet) {
 	envString(fs, &o.keys, "commits-api-keys", "MILLRACE_COMMITS_API_KEYS", "", "commits API keys as world=key (one world) or *=key (every world), comma-separated")
 	envString(fs, &o.keysFile, "commits-api-keys-file", "MILLRACE_COMMITS_API_KEYS_FILE", "", "file of API key lines (added to --commits-api-keys)")
 	envInt(fs, &o.maxBody, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", commits.DefaultMaxBodyBytes, "largest document body")
+	envInt(fs, &o.cacheBytes, "commits-cache-bytes", "MILLRACE_COMMITS_CACHE_BYTES", commits.DefaultCacheBytes, "memory for decoded checkpoint objects (shards, history segments) kept to answer reads of folded versions")
+	envInt(fs, &o.indexWorlds, "commits-index-worlds", "MILLRACE_COMMITS_INDEX_WORLDS", commits.DefaultIndexWorlds, "worlds List keeps open in memory (about 100 bytes plus the id per document); the least recently listed closes first")
+	envDuration(fs, &o.listWait, "commits-list-wait", "MILLRACE_COMMITS_LIST_WAIT", commits.DefaultListWait, "how long a List waits for an open world to catch up with the writes acknowledged before it")
 }
 
 // config reads the keys; devSecrets, when not empty, is where a
@@ -45,7 +50,8 @@ func (o *commitsOptions) config(devSecrets string, log *slog.Logger) (commits.Co
 	if err != nil {
 		return commits.Config{}, err
 	}
-	return commits.Config{Keys: keys, MaxBodyBytes: o.maxBody}, nil
+	return commits.Config{Keys: keys, MaxBodyBytes: o.maxBody, CacheBytes: o.cacheBytes,
+		IndexWorlds: o.indexWorlds, ListWait: o.listWait}, nil
 }
 
 // commitsEdge is a running commits edge: its gRPC server, and the API for
@@ -95,20 +101,30 @@ func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *
 // mount serves the HTTP API on mux.
 func (e *commitsEdge) mount(mux *http.ServeMux) { mux.Handle(commits.Prefix, e.srv.Handler()) }
 
-func (e *commitsEdge) stop(ctx context.Context) { stopGRPC(ctx, e.grpc) }
+func (e *commitsEdge) stop(ctx context.Context) {
+	stopGRPC(ctx, e.grpc)
+	e.srv.Close()
+}
 
 func (e *commitsEdge) serveDone() <-chan error { return e.done }
 
 func serveCommitsCommand() command {
 	return command{
 		name:    "serve commits",
-		summary: "run the commits edge (the commit log's API: put, get, delete, history)",
+		summary: "run the commits edge (the commit log's API: put, get, delete, history, list)",
 		long: `Serves millrace.commits.v1.Commits over gRPC and the same API over HTTP under
 /v1/worlds/ (documents as raw bodies, If-Match / If-None-Match for
 compare-and-set). Each version is one message on COMMITS
 (commits.<world>.<doc>); its stream sequence is the version. Writers
 authenticate with API keys per world. Several instances may run behind a
-balancer: compare-and-set is JetStream's, not the edge's.`,
+balancer: compare-and-set is JetStream's, not the edge's.
+
+Versions the compactor (millrace project compactor) folded out of the
+stream are read from the bucket (--bucket-url, the compactor's): Get of an
+old version from its history segment, History across segments and stream.
+List opens a world on first use from its latest checkpoint plus the stream
+tail after it, then follows the tail; it answers every write acknowledged
+before the call.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo       logOptions

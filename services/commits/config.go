@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/millrace/millrace/bucket/commitlog"
@@ -24,6 +25,16 @@ type Config struct {
 	// List opens a world from its latest checkpoint. Nil: the stream is
 	// all there is (nothing may compact it).
 	Store commitlog.Reader
+	// CacheBytes bounds the decoded bucket objects (shards, history
+	// segments) the edge keeps for reads of folded versions. Default 64 MiB.
+	CacheBytes int
+	// IndexWorlds is how many worlds List keeps open (each holds every
+	// document id of its world in memory, about 100 bytes per document
+	// plus the id); the least recently listed closes first. Default 16.
+	IndexWorlds int
+	// ListWait bounds how long List waits for an open world to catch up
+	// with the writes acknowledged before the call. Default 10 s.
+	ListWait time.Duration
 	// ConflictRetries is how many times a write refused although its
 	// expected version was still current (a false conflict of a replicated
 	// stream) is tried again. Default 8.
@@ -34,6 +45,9 @@ type Config struct {
 const (
 	DefaultMaxBodyBytes    = 1 << 20
 	DefaultConflictRetries = 8
+	DefaultCacheBytes      = 64 << 20
+	DefaultIndexWorlds     = 16
+	DefaultListWait        = 10 * time.Second
 	// MaxIDBytes bounds a document id (UTF-8), MaxWorldBytes a world name.
 	MaxIDBytes    = 1024
 	MaxWorldBytes = 128
@@ -49,6 +63,15 @@ func (c Config) withDefaults() Config {
 	if c.ConflictRetries == 0 {
 		c.ConflictRetries = DefaultConflictRetries
 	}
+	if c.CacheBytes == 0 {
+		c.CacheBytes = DefaultCacheBytes
+	}
+	if c.IndexWorlds == 0 {
+		c.IndexWorlds = DefaultIndexWorlds
+	}
+	if c.ListWait == 0 {
+		c.ListWait = DefaultListWait
+	}
 	return c
 }
 
@@ -61,6 +84,8 @@ func (c Config) Validate() error {
 		return errors.New("commits: MaxBodyBytes is negative")
 	case c.ConflictRetries < 0:
 		return errors.New("commits: ConflictRetries is negative")
+	case c.CacheBytes < 0 || c.IndexWorlds < 0 || c.ListWait < 0:
+		return errors.New("commits: CacheBytes, IndexWorlds and ListWait may not be negative")
 	}
 	return nil
 }

@@ -16,10 +16,10 @@
 // A deleted document keeps its history; its tombstone is its latest
 // version, and "must not exist" (expected version 0) accepts it.
 //
-// Reads come from the stream. Versions folded into the bucket by the
-// compactor (projectors/compactor) and purged from the stream are the next
-// step of this package: until then Get of such a version answers NOT_FOUND
-// with a message saying so. The compactor keeps each document's latest
-// version in the stream (it deletes only versions that are not a
-// document's last), so compare-and-set never depends on the bucket.
+// Reads come from the stream, and from the bucket for what the compactor
+// (projectors/compactor) folded out of it: old versions from history
+// segments, and List's world index from the latest checkpoint's shards
+// plus the stream tail. The compactor keeps each document's latest version
+// in the stream (it deletes only versions that are not a document's last),
+// so compare-and-set never depends on the bucket.
 package commits

@@ -69,7 +69,12 @@ func startEdge(t testing.TB, cfg Config, ns ...*server.Server) *edge {
 	} else if len(ns) >= 3 {
 		replicas = 3
 	}
-	js := connect(t, ns[0].ClientURL(), replicas)
+	return serveEdge(t, cfg, connect(t, ns[0].ClientURL(), replicas))
+}
+
+// serveEdge is another edge on js.
+func serveEdge(t testing.TB, cfg Config, js jetstream.JetStream) *edge {
+	t.Helper()
 	if cfg.Keys == nil {
 		cfg.Keys = testKeys(t)
 	}
@@ -86,6 +91,7 @@ func startEdge(t testing.TB, cfg Config, ns ...*server.Server) *edge {
 	}
 	go g.Serve(lis)
 	t.Cleanup(g.Stop)
+	t.Cleanup(srv.Close)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -26,6 +26,7 @@ const Prefix = "/v1/worlds/"
 //	GET    /v1/worlds/{world}/docs/{id...}     Get (?version=N for that version)
 //	DELETE /v1/worlds/{world}/docs/{id...}     Delete
 //	GET    /v1/worlds/{world}/history/{id...}  History (?after=N&page_size=M)
+//	GET    /v1/worlds/{world}/docs             List (?prefix=P&after=ID&page_size=M)
 //
 // World and id are path-escaped (an id may hold '/', escaped or not).
 // Compare-and-set: If-Match: "N" (the current version must be N) or
@@ -39,6 +40,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE "+Prefix+"{world}/docs/{id...}", s.httpDelete)
 	mux.HandleFunc("GET "+Prefix+"{world}/docs/{id...}", s.httpGet)
 	mux.HandleFunc("GET "+Prefix+"{world}/history/{id...}", s.httpHistory)
+	mux.HandleFunc("GET "+Prefix+"{world}/docs", s.httpList)
 	mux.HandleFunc(Prefix, func(w http.ResponseWriter, r *http.Request) {
 		httpapi.WriteJSONError(w, http.StatusNotFound, httpapi.CodeName(codes.NotFound),
 			"millrace: no such commits API path; see /v1/worlds/{world}/docs/{id} and /v1/worlds/{world}/history/{id}")
@@ -200,6 +202,51 @@ func (s *Server) httpHistory(w http.ResponseWriter, r *http.Request) {
 	}{Versions: []version{}, NextAfterVersion: res.NextAfterVersion}
 	for _, v := range res.Versions {
 		out.Versions = append(out.Versions, version{v.Version, v.Deleted, v.Size, v.CommittedAt.AsTime().UTC()})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) httpList(w http.ResponseWriter, r *http.Request) {
+	type doc struct {
+		ID          string    `json:"id"`
+		Version     uint64    `json:"version"`
+		Size        uint32    `json:"size"`
+		CommittedAt time.Time `json:"committed_at"`
+	}
+	out := struct {
+		Docs        []doc  `json:"docs"`
+		NextAfterID string `json:"next_after_id,omitempty"`
+	}{Docs: []doc{}}
+	_, err := track(s, "list", func() (struct{}, error) {
+		world := r.PathValue("world")
+		if err := s.authorize(httpapi.RequestKey(r), world); err != nil {
+			return struct{}{}, err
+		}
+		q := r.URL.Query()
+		var size uint64
+		if v := q.Get("page_size"); v != "" {
+			n, err := strconv.ParseUint(v, 10, 32)
+			if err != nil {
+				return struct{}{}, status.Errorf(codes.InvalidArgument, "millrace: page_size=%q is not a number", v)
+			}
+			size = n
+		}
+		ids, entries, more, err := s.list(r.Context(), world, q.Get("prefix"), q.Get("after"), uint32(size))
+		if err != nil {
+			return struct{}{}, err
+		}
+		for i, id := range ids {
+			e := entries[i]
+			out.Docs = append(out.Docs, doc{id, e.version, e.size, time.Unix(0, e.at).UTC()})
+		}
+		if more {
+			out.NextAfterID = ids[len(ids)-1]
+		}
+		return struct{}{}, nil
+	})
+	if err != nil {
+		writeError(w, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, out)
 }

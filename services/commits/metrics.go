@@ -14,6 +14,9 @@ type Metrics struct {
 	conflicts      prometheus.Counter
 	falseConflicts prometheus.Counter
 	duplicates     prometheus.Counter
+	folded         *prometheus.CounterVec
+	worldsOpen     prometheus.Gauge
+	worldOpen      prometheus.Histogram
 }
 
 // NewMetrics registers the edge's metrics with reg (nil: unregistered).
@@ -21,7 +24,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_commits_requests_total",
-			Help: "Commits API calls by operation (put, delete, get, history) and gRPC code.",
+			Help: "Commits API calls by operation (put, delete, get, history, list) and gRPC code.",
 		}, []string{"op", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "millrace_commits_request_seconds",
@@ -40,9 +43,22 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "millrace_commits_duplicates_total",
 			Help: "Writes whose request id matched an earlier write: answered with its version, nothing stored.",
 		}),
+		folded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_commits_folded_reads_total",
+			Help: "Reads answered from the bucket because the compactor had moved the version out of the stream, by what was read (version, latest, history).",
+		}, []string{"what"}),
+		worldsOpen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "millrace_commits_worlds_open",
+			Help: "Worlds whose index (every document and its latest version, for List) this edge holds in memory.",
+		}),
+		worldOpen: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "millrace_commits_world_open_seconds",
+			Help:    "Time to open a world's index: its latest checkpoint from the bucket, then the stream tail after it.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16),
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.latency, m.conflicts, m.falseConflicts, m.duplicates)
+		reg.MustRegister(m.requests, m.latency, m.conflicts, m.falseConflicts, m.duplicates, m.folded, m.worldsOpen, m.worldOpen)
 	}
 	return m
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -19,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/millrace/millrace/bucket/commitlog"
 	"github.com/millrace/millrace/internal/httpapi"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 	"github.com/millrace/millrace/schemas/envelope"
@@ -39,6 +41,8 @@ type Server struct {
 	stream jetstream.Stream
 	m      *Metrics
 	log    *slog.Logger
+	folded *folded // nil without a bucket
+	index  *indexes
 }
 
 // New makes the edge on the COMMITS stream of js (streams.Apply creates
@@ -66,8 +70,16 @@ func New(ctx context.Context, cfg Config, js jetstream.JetStream, m *Metrics, lo
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Server{cfg: cfg, js: js, stream: st, m: m, log: log}, nil
+	s := &Server{cfg: cfg, js: js, stream: st, m: m, log: log}
+	if cfg.Store != nil {
+		s.folded = newFolded(cfg.Store, cfg.CacheBytes)
+	}
+	s.index = newIndexes(s, cfg.IndexWorlds)
+	return s, nil
 }
+
+// Close stops following the worlds List opened.
+func (s *Server) Close() { s.index.close() }
 
 // Register adds the Commits service to a gRPC server.
 func (s *Server) Register(g *grpc.Server) { commitspb.RegisterCommitsServer(g, s) }
@@ -113,6 +125,29 @@ func (s *Server) History(ctx context.Context, req *commitspb.HistoryRequest) (*c
 			return nil, err
 		}
 		return s.history(ctx, req.GetWorld(), req.GetId(), req.GetAfterVersion(), req.GetPageSize())
+	})
+}
+
+// List names a world's live documents by id prefix, in id order.
+func (s *Server) List(ctx context.Context, req *commitspb.ListRequest) (*commitspb.ListResponse, error) {
+	return track(s, "list", func() (*commitspb.ListResponse, error) {
+		if err := s.authorize(grpcKey(ctx), req.GetWorld()); err != nil {
+			return nil, err
+		}
+		ids, entries, more, err := s.list(ctx, req.GetWorld(), req.GetPrefix(), req.GetAfterId(), req.GetPageSize())
+		if err != nil {
+			return nil, err
+		}
+		resp := &commitspb.ListResponse{Docs: make([]*commitspb.Entry, len(ids))}
+		for i, id := range ids {
+			e := entries[i]
+			resp.Docs[i] = &commitspb.Entry{Id: id, Version: e.version, Size: e.size,
+				CommittedAt: timestamppb.New(time.Unix(0, e.at))}
+		}
+		if more {
+			resp.NextAfterId = ids[len(ids)-1]
+		}
+		return resp, nil
 	})
 }
 
@@ -300,6 +335,10 @@ func isConflict(err error) bool {
 		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
 }
 
+func invalid(err error) error {
+	return status.Errorf(codes.InvalidArgument, "millrace: %v", err)
+}
+
 func unavailable(err error) error {
 	if s, ok := status.FromError(err); ok && s.Code() != codes.Unknown {
 		return err
@@ -354,24 +393,67 @@ func (s *Server) get(ctx context.Context, world, id string, version uint64) (*co
 	)
 	if version == 0 {
 		m, err = s.stream.GetLastMsgForSubject(ctx, subject)
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return nil, status.Errorf(codes.NotFound, "millrace: world %q has no document %q", world, id)
-		}
 	} else {
 		m, err = s.stream.GetMsg(ctx, version)
-		if errors.Is(err, jetstream.ErrMsgNotFound) || (err == nil && m.Subject != subject) {
-			return nil, status.Errorf(codes.NotFound, "millrace: version %d is not a version of document %q of world %q in the stream", version, id, world)
+		if err == nil && m.Subject != subject {
+			return nil, status.Errorf(codes.NotFound, "millrace: version %d is not a version of document %q of world %q", version, id, world)
 		}
 	}
-	if err != nil {
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return s.getFolded(ctx, world, id, version)
+	case err != nil:
 		return nil, unavailable(err)
 	}
 	doc := &commitspb.Document{World: world, Id: id, Version: m.Sequence, Body: m.Data,
 		Deleted: m.Header.Get(envelope.Kind) == envelope.KindDelete, CommittedAt: timestamppb.New(m.Time)}
+	return s.answer(doc, version)
+}
+
+// answer returns doc, unless the latest version was asked for and it is a
+// tombstone.
+func (s *Server) answer(doc *commitspb.Document, version uint64) (*commitspb.Document, error) {
 	if version == 0 && doc.Deleted {
-		return nil, status.Errorf(codes.NotFound, "millrace: document %q of world %q was deleted at version %d", id, world, m.Sequence)
+		return nil, status.Errorf(codes.NotFound, "millrace: document %q of world %q was deleted at version %d", doc.Id, doc.World, doc.Version)
 	}
 	return doc, nil
+}
+
+// getFolded looks for a version the stream does not hold in the bucket:
+// the compactor deletes a version from the stream only after a checkpoint
+// holds it.
+func (s *Server) getFolded(ctx context.Context, world, id string, version uint64) (*commitspb.Document, error) {
+	notFound := func() error {
+		if version == 0 {
+			return status.Errorf(codes.NotFound, "millrace: world %q has no document %q", world, id)
+		}
+		return status.Errorf(codes.NotFound, "millrace: version %d is not a version of document %q of world %q", version, id, world)
+	}
+	if s.folded == nil {
+		return nil, notFound()
+	}
+	asked := time.Now()
+	var (
+		r    *commitlog.Record
+		err  error
+		what = "version"
+	)
+	if version == 0 {
+		what = "latest"
+		r, err = s.folded.latest(ctx, world, id, asked)
+	} else {
+		r, err = s.folded.version(ctx, world, id, version, asked)
+	}
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	if r == nil {
+		return nil, notFound()
+	}
+	s.m.folded.WithLabelValues(what).Inc()
+	doc := &commitspb.Document{World: world, Id: id, Version: r.Version, Body: r.Body,
+		Deleted: r.Deleted, CommittedAt: timestamppb.New(r.Time)}
+	return s.answer(doc, version)
 }
 
 func (s *Server) history(ctx context.Context, world, id string, after uint64, pageSize uint32) (*commitspb.HistoryResponse, error) {
@@ -385,21 +467,47 @@ func (s *Server) history(ctx context.Context, world, id string, after uint64, pa
 		return nil, status.Errorf(codes.InvalidArgument, "millrace: page size %d is more than %d", pageSize, MaxPageSize)
 	}
 	subject := streams.CommitsSubject(world, id)
-	resp := &commitspb.HistoryResponse{}
+	var page []*commitspb.Version
 	next := after + 1
-	for uint32(len(resp.Versions)) < pageSize {
+	for uint32(len(page)) < pageSize {
 		m, err := s.stream.GetMsg(ctx, next, jetstream.WithGetMsgSubject(subject))
 		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return resp, nil
+			break
 		}
 		if err != nil {
 			return nil, unavailable(err)
 		}
-		resp.Versions = append(resp.Versions, &commitspb.Version{Version: m.Sequence, Size: uint32(len(m.Data)),
+		page = append(page, &commitspb.Version{Version: m.Sequence, Size: uint32(len(m.Data)),
 			Deleted: m.Header.Get(envelope.Kind) == envelope.KindDelete, CommittedAt: timestamppb.New(m.Time)})
 		next = m.Sequence + 1
 	}
-	// A full page: there may be more.
-	resp.NextAfterVersion = next - 1
+	if s.folded != nil {
+		// Versions folded out of the stream before it was read are in a
+		// checkpoint read after that: merge the first pageSize of both.
+		recs, _, err := s.folded.history(ctx, world, id, after, int(pageSize), time.Now())
+		if err != nil {
+			return nil, unavailable(err)
+		}
+		if len(recs) > 0 {
+			s.m.folded.WithLabelValues("history").Inc()
+			inStream := make(map[uint64]bool, len(page))
+			for _, v := range page {
+				inStream[v.Version] = true
+			}
+			for _, r := range recs {
+				if !inStream[r.Version] {
+					page = append(page, &commitspb.Version{Version: r.Version, Size: uint32(len(r.Body)),
+						Deleted: r.Deleted, CommittedAt: timestamppb.New(r.Time)})
+				}
+			}
+			slices.SortFunc(page, func(a, b *commitspb.Version) int { return cmpUint(a.Version, b.Version) })
+		}
+	}
+	resp := &commitspb.HistoryResponse{Versions: page}
+	if uint32(len(page)) >= pageSize {
+		// A full page: there may be more.
+		resp.Versions = page[:pageSize]
+		resp.NextAfterVersion = resp.Versions[pageSize-1].Version
+	}
 	return resp, nil
 }

@@ -1,0 +1,239 @@
+package commits
+
+import (
+	"container/list"
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/millrace/millrace/bucket/commitlog"
+)
+
+// folded reads what the compactor moved out of the stream: versions from
+// history segments, documents from shards. Record files are immutable
+// (content-addressed shards; a segment's key is its sequence range), so
+// decoded ones are kept in a cache bounded by size.
+//
+// Manifests are not immutable knowledge: a newer checkpoint may exist.
+// The compactor writes a checkpoint before it deletes anything it covers,
+// so a manifest read after the stream said "not there" covers whatever was
+// deleted before that read. Each lookup says how fresh a manifest it needs.
+type folded struct {
+	store commitlog.Reader
+
+	mu     sync.Mutex
+	worlds map[string]*manifestCache
+	files  *fileCache
+}
+
+type manifestCache struct {
+	mu      sync.Mutex // one fetch at a time per world
+	m       *commitlog.Manifest
+	fetched time.Time
+}
+
+func newFolded(store commitlog.Reader, cacheBytes int) *folded {
+	return &folded{store: store, worlds: map[string]*manifestCache{}, files: newFileCache(cacheBytes)}
+}
+
+// manifest returns the world's latest checkpoint (nil: none), read from
+// the bucket unless the one in memory was read after notBefore or already
+// covers seq.
+func (f *folded) manifest(ctx context.Context, world string, notBefore time.Time, seq uint64) (*commitlog.Manifest, error) {
+	f.mu.Lock()
+	c := f.worlds[world]
+	if c == nil {
+		c = &manifestCache{}
+		f.worlds[world] = c
+	}
+	f.mu.Unlock()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m != nil && seq > 0 && c.m.Seq >= seq {
+		return c.m, nil
+	}
+	if !c.fetched.IsZero() && !c.fetched.Before(notBefore) {
+		return c.m, nil
+	}
+	at := time.Now()
+	m, err := commitlog.Latest(ctx, f.store, world)
+	if err != nil {
+		return nil, err
+	}
+	c.m, c.fetched = m, at
+	return m, nil
+}
+
+// version finds version seq of document id in the world's history
+// segments (nil: the checkpoints hold no such version). asked is when the
+// stream was found not to hold it.
+func (f *folded) version(ctx context.Context, world, id string, seq uint64, asked time.Time) (*commitlog.Record, error) {
+	m, err := f.manifest(ctx, world, asked, seq)
+	if err != nil || m == nil || m.Seq < seq {
+		return nil, err
+	}
+	i, _ := slices.BinarySearchFunc(m.History, seq, func(s commitlog.Segment, v uint64) int {
+		switch {
+		case s.To < v:
+			return -1
+		case s.From >= v:
+			return 1
+		}
+		return 0
+	})
+	if i == len(m.History) || m.History[i].From >= seq || m.History[i].To < seq {
+		return nil, nil
+	}
+	recs, err := f.read(ctx, commitlog.KindHistory, m.History[i].Key)
+	if err != nil {
+		return nil, err
+	}
+	j, ok := slices.BinarySearchFunc(recs, seq, func(r commitlog.Record, v uint64) int { return cmpUint(r.Version, v) })
+	if !ok || recs[j].ID != id {
+		return nil, nil
+	}
+	return &recs[j], nil
+}
+
+// latest finds document id in the world's latest checkpoint (nil: not
+// there).
+func (f *folded) latest(ctx context.Context, world, id string, asked time.Time) (*commitlog.Record, error) {
+	m, err := f.manifest(ctx, world, asked, 0)
+	if err != nil || m == nil {
+		return nil, err
+	}
+	for _, s := range m.Shards {
+		if id < s.First || id > s.Last {
+			continue
+		}
+		recs, err := f.read(ctx, commitlog.KindShard, s.Key)
+		if err != nil {
+			return nil, err
+		}
+		if j, ok := slices.BinarySearchFunc(recs, id, func(r commitlog.Record, id string) int { return strings.Compare(r.ID, id) }); ok {
+			return &recs[j], nil
+		}
+		return nil, nil
+	}
+	return nil, nil
+}
+
+// history returns up to n versions of document id after seq from the
+// world's history segments, oldest first, and the sequence the segments
+// cover up to (the stream holds every version after it). asked is when
+// the stream was read.
+func (f *folded) history(ctx context.Context, world, id string, after uint64, n int, asked time.Time) ([]commitlog.Record, uint64, error) {
+	m, err := f.manifest(ctx, world, asked, 0)
+	if err != nil || m == nil {
+		return nil, 0, err
+	}
+	var out []commitlog.Record
+	for _, s := range m.History {
+		if s.To <= after {
+			continue
+		}
+		recs, err := f.read(ctx, commitlog.KindHistory, s.Key)
+		if err != nil {
+			return nil, 0, err
+		}
+		for _, r := range recs {
+			if r.Version > after && r.ID == id {
+				out = append(out, r)
+				if len(out) == n {
+					return out, m.Seq, nil
+				}
+			}
+		}
+	}
+	return out, m.Seq, nil
+}
+
+func (f *folded) read(ctx context.Context, kind byte, key string) ([]commitlog.Record, error) {
+	if recs, ok := f.files.get(key); ok {
+		return recs, nil
+	}
+	var (
+		recs []commitlog.Record
+		err  error
+	)
+	if kind == commitlog.KindShard {
+		recs, err = commitlog.ReadShard(ctx, f.store, commitlog.ShardRef{Key: key})
+	} else {
+		recs, err = commitlog.ReadSegment(ctx, f.store, commitlog.Segment{Key: key})
+	}
+	if err != nil {
+		return nil, err
+	}
+	f.files.put(key, recs)
+	return recs, nil
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// fileCache keeps decoded record files, least recently used out first,
+// within a budget of bytes (ids and bodies, plus a fixed cost per record).
+type fileCache struct {
+	mu     sync.Mutex
+	budget int
+	used   int
+	order  *list.List // of *cachedFile, most recent first
+	byKey  map[string]*list.Element
+}
+
+type cachedFile struct {
+	key  string
+	recs []commitlog.Record
+	size int
+}
+
+// recordOverhead is what a decoded record costs beside its id and body.
+const recordOverhead = 96
+
+func newFileCache(budget int) *fileCache {
+	return &fileCache{budget: budget, order: list.New(), byKey: map[string]*list.Element{}}
+}
+
+func (c *fileCache) get(key string) ([]commitlog.Record, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.byKey[key]
+	if !ok {
+		return nil, false
+	}
+	c.order.MoveToFront(e)
+	return e.Value.(*cachedFile).recs, true
+}
+
+func (c *fileCache) put(key string, recs []commitlog.Record) {
+	size := 0
+	for _, r := range recs {
+		size += len(r.ID) + len(r.Body) + recordOverhead
+	}
+	if size > c.budget {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.byKey[key]; ok {
+		return
+	}
+	c.byKey[key] = c.order.PushFront(&cachedFile{key: key, recs: recs, size: size})
+	c.used += size
+	for c.used > c.budget {
+		e := c.order.Back()
+		f := e.Value.(*cachedFile)
+		c.order.Remove(e)
+		delete(c.byKey, f.key)
+		c.used -= f.size
+	}
+}
