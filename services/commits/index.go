@@ -177,6 +177,7 @@ func (x *indexes) open(w *worldIndex) {
 			w.applied = m.Seq
 		}
 	}
+	docs := len(w.docs) // from the checkpoint; apply runs from here on
 	if w.err == nil {
 		cons, err := x.s.js.OrderedConsumer(ctx, streams.StreamCommits, jetstream.OrderedConsumerConfig{
 			FilterSubjects: []string{streams.CommitsWorldFilter(w.world)},
@@ -207,7 +208,7 @@ func (x *indexes) open(w *worldIndex) {
 	if m != nil {
 		from = m.Seq
 	}
-	x.s.log.Info("world opened", "world", w.world, "docs", len(w.docs), "checkpoint", from, "seconds", took.Seconds())
+	x.s.log.Info("world opened", "world", w.world, "checkpoint_docs", docs, "checkpoint", from, "seconds", took.Seconds())
 }
 
 // apply takes one message of the world's tail (headers only).
