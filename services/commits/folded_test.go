@@ -30,7 +30,7 @@ func fold(t *testing.T, js jetstream.JetStream, bk *bucket.Bucket, world string)
 	return st
 }
 
-func memBucket(t *testing.T) *bucket.Bucket {
+func memBucket(t testing.TB) *bucket.Bucket {
 	t.Helper()
 	bk, err := bucket.Open(context.Background(), "mem://")
 	if err != nil {
