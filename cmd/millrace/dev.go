@@ -24,7 +24,8 @@ func devCommand() command {
 PostgreSQL (or uses $DATABASE_URL), applies migrations, and runs the BES edge,
 the builds projector, the fleet gateway (mTLS, :1986), the reservations API
 (:1988 and /v1/reservations), the liveness projector, the placer, the commits
-API (:1987 and /v1/worlds/) and the HTTP console (/metrics, /healthz, /readyz).
+API (:1987 and /v1/worlds/), the compactor (folding the commit log into
+--bucket-url) and the HTTP console (/metrics, /healthz, /readyz).
 Point Bazel at it with: bazel build --bes_backend=grpc://127.0.0.1:1985 //...
 Without configured secrets, dev makes a CA in --fleet-ca-dir (var/fleet/ca)
 and, beside it, a join token for pool "default" (var/fleet/join-tokens) and a
@@ -55,6 +56,7 @@ type devOptions struct {
 	placer    placerOptions
 	commits   commitsOptions
 	bucket    bucketOptions
+	compactor compactorOptions
 	http      string
 	shutdown  time.Duration
 }
@@ -71,12 +73,19 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.placer.register(fs)
 	o.commits.register(fs)
 	o.bucket.register(fs)
+	o.compactor.register(fs)
 	envString(fs, &o.http, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
 	envDuration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
 }
 
 func runDev(ctx context.Context, o devOptions) error {
 	log, err := o.log.logger()
+	if err != nil {
+		return err
+	}
+	// Checked before anything starts. Passes in flight get half the
+	// shutdown timeout: the rest is for what stops after the compactor.
+	compactorRC, compactorCC, err := o.compactor.config(o.shutdown/2, log)
 	if err != nil {
 		return err
 	}
@@ -157,6 +166,9 @@ func runDev(ctx context.Context, o devOptions) error {
 		return err
 	}
 
+	// The compactor needs the backbone and the bucket, not the database.
+	comp := startCompactor(newCompactor(compactorRC, compactorCC, bb.JS, bk, t))
+
 	projCtx, stopProjector := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -206,6 +218,7 @@ func runDev(ctx context.Context, o devOptions) error {
 	gw.stop(sctx)   // nodes re-home to another gateway
 	rg.stop(sctx)
 	ce.stop(sctx)
+	comp.stop()     // passes in flight finish, or are abandoned and redone at the next start
 	stopProjector() // the runners finish or roll back their batches
 	wg.Wait()
 	bb.Close() // flush publishes, stop the embedded server

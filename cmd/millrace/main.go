@@ -36,6 +36,7 @@ var commands = []command{
 	projectFleetCommand(),
 	projectPlacerCommand(),
 	serveCommitsCommand(),
+	projectCompactorCommand(),
 	migrateCommand(),
 	streamsApplyCommand(),
 	streamsInfoCommand(),

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -18,6 +19,7 @@ import (
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/streams/projection"
 )
 
 type world struct {
@@ -391,4 +393,154 @@ func TestRandomWritesAndPasses(t *testing.T) {
 	}
 	t.Logf("%d versions written, %d messages left in the stream, %d shards, %d history segments, %d documents",
 		len(w.acked), info.State.Msgs, len(m.Shards), len(m.History), m.Docs)
+}
+
+// diesAfterFold stores its checkpoint and then dies before FoldWorld
+// deletes anything: the error stops FoldWorld before the deletions, and
+// cancel (when set) makes the deletions themselves fail.
+type diesAfterFold struct {
+	*Compactor
+	cancel context.CancelFunc
+}
+
+func (d diesAfterFold) Fold(ctx context.Context, world string, versions []projection.Version) ([]uint64, error) {
+	drop, err := d.Compactor.Fold(ctx, world, versions)
+	if d.cancel != nil {
+		d.cancel() // the deletions find their context ended
+		return drop, err
+	}
+	if err == nil {
+		err = errors.New("injected: the compactor died before its deletions")
+	}
+	return nil, err
+}
+
+// streamMsgs is how many messages the stream holds.
+func (w *world) streamMsgs() uint64 {
+	w.t.Helper()
+	info, err := w.stream.Info(context.Background())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return info.State.Msgs
+}
+
+func (w *world) marked(seq uint64) bool {
+	w.t.Helper()
+	ok, err := w.store.Exists(context.Background(), DroppedKey(w.name, seq))
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return ok
+}
+
+// A pass that dies after its manifest and before its deletions leaves
+// versions at or below the checkpoint that no later pass would delete; the
+// next pass sweeps them (once, then marks the checkpoint), and every
+// document keeps its last version in the stream, so compare-and-set
+// holds.
+func TestStrandedVersionsSwept(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	var last map[string]uint64
+	round := func(n int) {
+		last = map[string]uint64{}
+		for i := range n {
+			for d := range 10 {
+				last[fmt.Sprintf("d%d", d)] = w.mustPut(fmt.Sprintf("d%d", d), fmt.Sprintf("v%d-%d", i, d))
+			}
+		}
+	}
+
+	// The first pass of the world dies in its deletions (its context
+	// ends): the checkpoint holds 30 versions, the stream keeps all 30.
+	round(3)
+	dctx, cancel := context.WithCancel(ctx)
+	st, err := streams.FoldWorld(dctx, w.js, diesAfterFold{New(Config{ShardDocs: 4}, w.store), cancel}, w.name)
+	if err == nil {
+		t.Fatalf("the injected failure did not surface: %+v", st)
+	}
+	m, _ := commitlog.Latest(ctx, w.store, w.name)
+	if m == nil || m.Seq != last["d9"] {
+		t.Fatalf("the dead pass left checkpoint %+v, want one at %d", m, last["d9"])
+	}
+	if n := w.streamMsgs(); n != 30 || w.marked(m.Seq) {
+		t.Fatalf("after the dead pass: %d messages (want 30 stranded), marked %v", n, w.marked(m.Seq))
+	}
+	w.check()
+
+	// The next pass (a new compactor, as after a restart) has nothing new
+	// to fold, and sweeps.
+	st, err = streams.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Swept != 20 || st.Versions != 0 || !w.marked(m.Seq) {
+		t.Fatalf("sweep: %+v, marked %v; want 20 swept, nothing folded, marked", st, w.marked(m.Seq))
+	}
+	if n := w.streamMsgs(); n != 10 {
+		t.Fatalf("%d messages after the sweep, want one per document (10)", n)
+	}
+	w.check()
+
+	// A pass on top of a marked checkpoint dies before its deletions; a
+	// document is written meanwhile. The next pass sweeps the versions the
+	// dead pass should have dropped (the previous last of each document,
+	// and the first of the two updates), then folds the new document.
+	round(2)
+	if _, err := streams.FoldWorld(ctx, w.js, diesAfterFold{Compactor: New(Config{ShardDocs: 4}, w.store)}, w.name); err == nil {
+		t.Fatal("the injected failure did not surface")
+	}
+	m, _ = commitlog.Latest(ctx, w.store, w.name)
+	if m.Seq != last["d9"] || w.marked(m.Seq) || w.streamMsgs() != 30 {
+		t.Fatalf("after the second dead pass: checkpoint %d (want %d), marked %v, %d messages (want 30)", m.Seq, last["d9"], w.marked(m.Seq), w.streamMsgs())
+	}
+	// Folding on top of the unmarked checkpoint (no sweep: Fold called
+	// directly) must not mark the new one: its base still has strays.
+	c := New(Config{ShardDocs: 4}, w.store)
+	newer := w.mustPut("other", "o1")
+	if _, err := c.Fold(ctx, w.name, []projection.Version{{Doc: "other", Seq: newer, Time: time.Now(), Body: []byte("o1")}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Dropped(ctx, w.name, newer); err != nil || w.marked(newer) {
+		t.Fatalf("a checkpoint on an unswept base was marked (%v)", err)
+	}
+	w.mustPut("new", "n1")
+	st, err = streams.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Swept != 20 || st.Versions != 1 {
+		t.Fatalf("second sweep: %+v, want 20 swept and 1 folded", st)
+	}
+	m = w.check()
+	if n := w.streamMsgs(); n != 12 || !w.marked(m.Seq) {
+		t.Fatalf("%d messages for 12 documents, marked %v", n, w.marked(m.Seq))
+	}
+
+	// Compare-and-set still holds on every document.
+	for doc, v := range last {
+		if _, err := w.put(doc, "stale", false, int64(v)-1); err == nil {
+			t.Fatalf("%s: a stale version accepted after the sweep", doc)
+		}
+		if _, err := w.put(doc, "x", false, 0); err == nil {
+			t.Fatalf(`%s: "must not exist" accepted after the sweep`, doc)
+		}
+		if _, err := w.put(doc, "next", false, int64(v)); err != nil {
+			t.Fatalf("%s: the current version %d refused after the sweep: %v", doc, v, err)
+		}
+	}
+	// A healthy pass marks its checkpoint, and the one after sweeps nothing.
+	st, err = streams.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	if err != nil || st.Swept != 0 || st.Versions != 10 || st.Dropped != 10 {
+		t.Fatalf("healthy pass: %+v, %v", st, err)
+	}
+	m = w.check()
+	if !w.marked(m.Seq) {
+		t.Fatal("a healthy pass left its checkpoint unmarked")
+	}
+	st, err = streams.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	if err != nil || st.Swept != 0 || st.Versions != 0 {
+		t.Fatalf("idle pass: %+v, %v", st, err)
+	}
 }

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/projectors/compactor"
+	"github.com/millrace/millrace/streams"
+)
+
+// compactorOptions configure the commit log's compactor: when a world is
+// folded (streams.FoldRunner) and how (compactor.Config).
+type compactorOptions struct {
+	durable       string
+	minVersions   int
+	interval      time.Duration
+	concurrency   int
+	maxAckPending int
+	ackWait       time.Duration
+	shardDocs     int
+}
+
+func (o *compactorOptions) register(fs *flag.FlagSet) {
+	envString(fs, &o.durable, "compactor-durable", "MILLRACE_COMPACTOR_DURABLE", "compactor",
+		"name of the compactor's discovery consumer on COMMITS; run one compactor process per name")
+	envInt(fs, &o.minVersions, "compactor-min-versions", "MILLRACE_COMPACTOR_MIN_VERSIONS", 10000,
+		"fold a world as soon as this many of its versions wait")
+	envDuration(fs, &o.interval, "compactor-interval", "MILLRACE_COMPACTOR_INTERVAL", 30*time.Second,
+		"fold a world once its oldest waiting version is this old")
+	envInt(fs, &o.concurrency, "compactor-concurrency", "MILLRACE_COMPACTOR_CONCURRENCY", 2,
+		"worlds folded at once (one pass per world at a time)")
+	envInt(fs, &o.maxAckPending, "compactor-max-ack-pending", "MILLRACE_COMPACTOR_MAX_ACK_PENDING", 200000,
+		"versions delivered to the compactor and not folded yet before JetStream pauses deliveries; at half of it the world with the oldest waiting version folds at once (about 120 bytes of memory each)")
+	envDuration(fs, &o.ackWait, "compactor-ack-wait", "MILLRACE_COMPACTOR_ACK_WAIT", 5*time.Minute,
+		"how long JetStream waits for the compactor to acknowledge a version before delivering it again; keep it well above --compactor-interval")
+	envInt(fs, &o.shardDocs, "compactor-shard-docs", "MILLRACE_COMPACTOR_SHARD_DOCS", 4096,
+		"documents per shard object of a checkpoint; a shard past twice this is split")
+}
+
+// config checks the options; drain is how long passes in flight may go
+// on once the compactor is told to stop.
+func (o *compactorOptions) config(drain time.Duration, log *slog.Logger) (streams.FoldRunnerConfig, compactor.Config, error) {
+	switch {
+	case o.minVersions < 1:
+		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-min-versions must be at least 1"}
+	case o.interval <= 0:
+		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-interval must be positive"}
+	case o.concurrency < 1:
+		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-concurrency must be at least 1"}
+	case o.maxAckPending < 1:
+		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-max-ack-pending must be positive"}
+	case o.ackWait <= 0:
+		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-ack-wait must be positive"}
+	case o.shardDocs < 1:
+		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-shard-docs must be at least 1"}
+	}
+	rc := streams.FoldRunnerConfig{
+		Durable:       o.durable,
+		MinVersions:   o.minVersions,
+		Interval:      o.interval,
+		Concurrency:   o.concurrency,
+		MaxAckPending: o.maxAckPending,
+		AckWait:       o.ackWait,
+		Drain:         drain,
+		Logger:        log,
+	}
+	if err := rc.Validate(); err != nil {
+		return rc, compactor.Config{}, usageError{err.Error()}
+	}
+	return rc, compactor.Config{ShardDocs: o.shardDocs}, nil
+}
+
+// newCompactor makes the fold runner of the compactor over bk, with its
+// metrics on t.
+func newCompactor(rc streams.FoldRunnerConfig, cc compactor.Config, js jetstream.JetStream, bk *bucket.Bucket, t *telemetry) *streams.FoldRunner {
+	ops := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "millrace_compactor_bucket_operations_total",
+		Help: "Bucket operations of the compactor, by operation (list, get, create, equal) and result (ok, exists, error).",
+	}, []string{"op", "result"})
+	t.reg.MustRegister(ops)
+	rc.Metrics = streams.NewFoldMetrics(t.reg)
+	return streams.NewFoldRunner(js, compactor.New(cc, countingStore{bk, ops}), rc)
+}
+
+// runningCompactor is a fold runner on a goroutine of its own (in dev).
+type runningCompactor struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startCompactor(r *streams.FoldRunner) *runningCompactor {
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &runningCompactor{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		r.Run(ctx)
+	}()
+	return c
+}
+
+// stop asks the runner to stop and waits: passes in flight get the
+// runner's Drain, and what they did not fold is folded after the next
+// start.
+func (c *runningCompactor) stop() {
+	c.cancel()
+	<-c.done
+}
+
+// countingStore counts the compactor's bucket operations: what a pass
+// costs in requests (and in money, on S3 or GCS) shows in the metrics.
+type countingStore struct {
+	b   *bucket.Bucket
+	ops *prometheus.CounterVec
+}
+
+func (s countingStore) count(op string, err error) {
+	result := "ok"
+	switch {
+	case errors.Is(err, bucket.ErrExists):
+		result = "exists" // a race or a retried pass: expected
+	case err != nil:
+		result = "error"
+	}
+	s.ops.WithLabelValues(op, result).Inc()
+}
+
+func (s countingStore) Create(ctx context.Context, key string, data []byte) error {
+	err := s.b.Create(ctx, key, data)
+	s.count("create", err)
+	return err
+}
+
+func (s countingStore) Get(ctx context.Context, key string) ([]byte, error) {
+	data, err := s.b.Get(ctx, key)
+	s.count("get", err)
+	return data, err
+}
+
+func (s countingStore) List(ctx context.Context, prefix string) ([]bucket.Object, error) {
+	objs, err := s.b.List(ctx, prefix)
+	s.count("list", err)
+	return objs, err
+}
+
+func (s countingStore) Equal(ctx context.Context, key string, data []byte) (bool, error) {
+	same, err := s.b.Equal(ctx, key, data)
+	s.count("equal", err)
+	return same, err
+}
+
+func projectCompactorCommand() command {
+	return command{
+		name:    "project compactor",
+		summary: "run the commit log's compactor (COMMITS -> checkpoints in the bucket)",
+		long: `Folds the worlds of the commit log into the bucket (--bucket-url): per world,
+shards of its documents at their latest version, history segments of every
+version, and a checkpoint manifest; then deletes from COMMITS the folded
+versions that are not their document's last (compare-and-set stays
+JetStream's), so the stream keeps about one message per document.
+
+Which worlds to fold comes from a durable consumer on commits.> that reads
+headers only (--compactor-durable). A world folds once
+--compactor-min-versions of its versions wait, or once its oldest waiting
+version is --compactor-interval old; at most --compactor-concurrency worlds
+fold at once. A version is acknowledged only once its world is folded up to
+it, so a crash or a restart re-delivers exactly what was not folded. A pass
+that died between its checkpoint and its deletions is finished by the next
+pass of the world (a sweep of the versions it left).
+
+Run one compactor process per durable name. Metrics (millrace_compactor_*)
+on --http-listen.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo       logOptions
+				no       natsOptions
+				bo       bucketOptions
+				co       compactorOptions
+				httpAddr string
+				shutdown time.Duration
+			)
+			lo.register(fs)
+			no.register(fs)
+			bo.register(fs)
+			co.register(fs)
+			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8087", "HTTP address: /metrics, /healthz, /readyz")
+			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second,
+				"how long shutdown lets passes in flight finish; a pass cut short is redone after the next start")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"project compactor takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				rc, cc, err := co.config(shutdown, log)
+				if err != nil {
+					return err
+				}
+				t := newTelemetry()
+				bb, _, err := no.open(ctx, "millrace-compactor", t.sm)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				bk, err := bo.open(ctx)
+				if err != nil {
+					return err
+				}
+				defer bk.Close()
+				web, err := startHTTP(httpAddr, t, readiness(bb, nil), nil, log)
+				if err != nil {
+					return err
+				}
+				// Run returns once ctx ends and passes in flight have
+				// finished or been abandoned (within shutdown).
+				err = newCompactor(rc, cc, bb.JS, bk, t).Run(ctx)
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				web.stop(sctx)
+				return err
+			}
+		},
+	}
+}

@@ -1,0 +1,884 @@
+package streams
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/millrace/millrace/streams/projection"
+)
+
+// FoldRunnerConfig configures a FoldRunner. Zero fields take the defaults.
+type FoldRunnerConfig struct {
+	// Durable names the discovery consumer on COMMITS. Default
+	// "compactor". Run one process per durable name: a runner that starts
+	// recreates the consumer (so that what the last one held comes at
+	// once), which would pull it from under another.
+	Durable string
+	// MinVersions folds a world as soon as this many of its versions are
+	// waiting. Default 10,000.
+	MinVersions int
+	// Interval folds a world once its oldest waiting version (by the time
+	// JetStream stored it) is this old. Default 30s.
+	Interval time.Duration
+	// Concurrency is how many worlds fold at once. Default 2.
+	Concurrency int
+	// MaxAckPending is the most versions delivered to the runner and not
+	// yet acknowledged (folded): at that many JetStream stops delivering
+	// until some are. At half of it the world with the oldest waiting
+	// version folds at once, whatever MinVersions and Interval say.
+	// Default 200,000 (about 25 MB of the runner's memory).
+	MaxAckPending int
+	// AckWait is how long JetStream waits for an acknowledgement before
+	// it delivers a version again. A version waits about Interval plus a
+	// pass; a redelivery while it waits costs a re-read of its headers,
+	// and a delivery lost in transit (a disconnect) comes again after it.
+	// Default 5m.
+	AckWait time.Duration
+	// Fetch is how many message headers one pull asks for. Default 1000.
+	Fetch int
+	// FetchWait is how long a pull waits for messages. Default 1s.
+	FetchWait time.Duration
+	// RetryMin and RetryMax bound the backoff of a world whose pass
+	// failed (doubling from RetryMin). Defaults 1s and 1m.
+	RetryMin, RetryMax time.Duration
+	// Drain is how long passes in flight may go on after Run's context
+	// ends before they are cancelled. Default 10s.
+	Drain   time.Duration
+	Logger  *slog.Logger
+	Metrics *FoldMetrics
+}
+
+func (c FoldRunnerConfig) withDefaults() FoldRunnerConfig {
+	if c.Durable == "" {
+		c.Durable = "compactor"
+	}
+	if c.MinVersions <= 0 {
+		c.MinVersions = 10000
+	}
+	if c.Interval <= 0 {
+		c.Interval = 30 * time.Second
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 2
+	}
+	if c.MaxAckPending <= 0 {
+		c.MaxAckPending = 200000
+	}
+	if c.AckWait <= 0 {
+		c.AckWait = 5 * time.Minute
+	}
+	if c.Fetch <= 0 {
+		c.Fetch = 1000
+	}
+	if c.FetchWait <= 0 {
+		c.FetchWait = time.Second
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = time.Second
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = time.Minute
+	}
+	if c.Drain <= 0 {
+		c.Drain = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Validate reports a configuration the runner cannot work with.
+func (c FoldRunnerConfig) Validate() error {
+	c = c.withDefaults()
+	if strings.ContainsAny(c.Durable, ".*> \t\r\n") {
+		return fmt.Errorf("fold runner: durable name %q: no '.', '*', '>' or spaces", c.Durable)
+	}
+	if c.MaxAckPending < 2*c.Fetch {
+		return fmt.Errorf("fold runner: max ack pending %d must be at least twice the fetch size %d", c.MaxAckPending, c.Fetch)
+	}
+	if c.RetryMax < c.RetryMin {
+		return fmt.Errorf("fold runner: retry max %s is below retry min %s", c.RetryMax, c.RetryMin)
+	}
+	return nil
+}
+
+// FoldRunner decides when to fold which world of the commit log, and
+// folds it with FoldWorld.
+//
+// Discovery. Listing the subjects of COMMITS to find worlds with new
+// versions costs a walk of every document (1,000,000 in a big world) on
+// every look. Instead the runner reads a durable pull consumer on
+// commits.> with HeadersOnly (subject, sequence and time; no bodies) and
+// keeps, per world, the sequences, times and reply subjects of the
+// versions delivered and not yet folded. A world folds when MinVersions
+// of its versions wait, when its oldest is Interval old, or at once when
+// the versions waiting near MaxAckPending and it holds the oldest. At
+// most Concurrency passes run at once, one per world; a failed pass is
+// retried with backoff while other worlds go on.
+//
+// Acknowledgement. Each version is acked once its world is folded up to
+// it (AckExplicit), so the consumer's ack floor is the lowest version
+// still waiting, and a crash re-delivers exactly what was not folded; a
+// world whose checkpoint already covers what comes again makes a pass
+// that finds nothing new. Not AckAll, though one ack per batch would be
+// cheaper: a pass deletes folded versions that the consumer still has
+// delivered and unacknowledged, JetStream treats the deletion of a pending
+// message as its acknowledgement, and under AckAll that acknowledges every
+// message below it, the unfolded versions of other worlds included
+// (nats-server consumer.decStreamPending). Under AckExplicit such a
+// deletion acknowledges that one message, which is exactly right, and the
+// runner's own ack of it later is a no-op.
+//
+// Restart and loss. At start the runner recreates the consumer to deliver
+// from right after its ack floor (unless nothing is in flight), so what
+// the last process held comes at once rather than after AckWait; versions
+// above the floor that were folded come again and cost an idle pass per
+// world. When the consumer disappears (deleted, or the stream recreated)
+// the runner recreates it from its own lowest waiting version. A delivery
+// lost in transit (a disconnect) is redelivered after AckWait. Until the
+// COMMITS stream exists the runner waits and says so.
+type FoldRunner struct {
+	js  jetstream.JetStream
+	f   projection.Folder
+	cfg FoldRunnerConfig
+	m   *FoldMetrics
+	log *slog.Logger
+
+	// Consumer state.
+	cons      jetstream.Consumer
+	created   time.Time // the stream's creation time when attached
+	attached  bool      // attached once: positions are ours, not the server's
+	attachAt  time.Time // the next attach attempt
+	attachErr string    // the last attach error logged, to say it once
+	fetchErrs int       // pull failures in a row
+	fetchAt   time.Time // the next pull after a failure
+
+	// Discovery state, owned by Run's goroutine.
+	worlds   map[string]*foldState
+	maxSeq   uint64 // the highest sequence delivered
+	waiting  int    // versions waiting, all worlds
+	urgent   bool   // a pull made a world due by size, or the pressure high
+	inFlight int
+}
+
+// foldState is one world as the runner knows it.
+type foldState struct {
+	covered uint64        // the folder's position after the last pass (0: unknown)
+	last    uint64        // the highest of its sequences delivered
+	waiting []waitVersion // delivered, not known folded; ascending
+	folding bool
+	cut     uint64 // last when the pass in flight began
+	fails   int
+	retryAt time.Time
+}
+
+// waitVersion is a version waiting to be folded. It keeps the delivery's
+// reply subject, which is all an ack needs: about 120 bytes a version,
+// where the delivered message with its headers takes several times that.
+type waitVersion struct {
+	seq   uint64
+	at    int64 // unix nanoseconds, stored by JetStream
+	reply string
+}
+
+// ackBody is JetStream's acknowledgement, what jetstream.Msg.Ack sends.
+var ackBody = []byte("+ACK")
+
+// NewFoldRunner makes a runner that folds the worlds of COMMITS with f.
+func NewFoldRunner(js jetstream.JetStream, f projection.Folder, cfg FoldRunnerConfig) *FoldRunner {
+	cfg = cfg.withDefaults()
+	return &FoldRunner{js: js, f: f, cfg: cfg, m: cfg.Metrics,
+		log:    cfg.Logger.With("component", "compactor", "consumer", cfg.Durable),
+		worlds: map[string]*foldState{}}
+}
+
+// fetched is what one pull brought.
+type fetched struct {
+	cons jetstream.Consumer
+	msgs []jetstream.Msg
+	err  error
+}
+
+// passDone is what one pass did.
+type passDone struct {
+	world string
+	st    FoldStats
+	err   error
+	took  time.Duration
+}
+
+// Run discovers and folds worlds until ctx ends; then it lets passes in
+// flight finish for up to Drain (cancelling them after), acks what they
+// folded, and returns: what is not folded stays unacknowledged for the
+// next start. It returns an error only for a bad configuration.
+func (r *FoldRunner) Run(ctx context.Context) error {
+	if err := r.cfg.Validate(); err != nil {
+		return err
+	}
+	passCtx, cancelPasses := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelPasses()
+	done := make(chan passDone, r.cfg.Concurrency)
+	pulls := make(chan fetched, 1)
+	var fetcher *fetcher
+	stopFetcher := func() {
+		if fetcher != nil {
+			fetcher.stop()
+			fetcher = nil
+			// A pull it had made may be waiting in the channel.
+			select {
+			case <-pulls:
+			default:
+			}
+		}
+	}
+	defer stopFetcher()
+	tick := time.NewTicker(max(10*time.Millisecond, min(time.Second, r.cfg.Interval/4)))
+	defer tick.Stop()
+
+	for ctx.Err() == nil {
+		now := time.Now()
+		if r.cons == nil && !now.Before(r.attachAt) {
+			r.attach(ctx)
+		}
+		if r.cons != nil && fetcher == nil && !now.Before(r.fetchAt) {
+			fetcher = r.startFetch(ctx, r.cons, pulls)
+		}
+		// Scheduling walks every world waiting, so it runs on the tick,
+		// when a pass ends (a slot is free), and when a pull made a world
+		// or the whole due by size; not on every pull, which may bring a
+		// handful of versions thousands of times a second.
+		sched := false
+		select {
+		case <-ctx.Done():
+		case p := <-pulls:
+			if p.cons != r.cons {
+				break // from a consumer since replaced
+			}
+			if p.err != nil {
+				stopFetcher()
+				r.fetchFailed(ctx, p.err)
+				break
+			}
+			r.take(p.msgs)
+			sched = r.urgent
+		case d := <-done:
+			r.finish(d, false)
+			sched = true
+		case <-tick.C:
+			r.tidy(time.Now())
+			sched = true
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if sched {
+			r.urgent = false
+			r.schedule(passCtx, done, time.Now())
+		}
+	}
+
+	// Stop: no new pulls or passes; passes in flight get Drain.
+	stopFetcher()
+	if r.inFlight > 0 {
+		r.log.Info("stopping: waiting for passes in flight", "passes", r.inFlight, "drain", r.cfg.Drain)
+	}
+	drain := time.NewTimer(r.cfg.Drain)
+	defer drain.Stop()
+	abandoned := false
+	for r.inFlight > 0 {
+		select {
+		case d := <-done:
+			r.finish(d, abandoned)
+		case <-drain.C:
+			abandoned = true
+			cancelPasses()
+		}
+	}
+	r.tidy(time.Now())
+	return nil
+}
+
+// fetcher is the goroutine that pulls from one consumer.
+type fetcher struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (r *FoldRunner) startFetch(ctx context.Context, cons jetstream.Consumer, out chan<- fetched) *fetcher {
+	ctx, cancel := context.WithCancel(ctx)
+	f := &fetcher{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(f.done)
+		r.fetch(ctx, cons, out)
+	}()
+	return f
+}
+
+// stop ends the pulls and waits for the goroutine.
+func (f *fetcher) stop() {
+	f.cancel()
+	<-f.done
+}
+
+// fetch pulls headers until ctx ends or a pull fails, handing what each
+// pull brings to Run's loop as it comes (a pull that does not fill waits
+// until FetchWait, and discovery should not wait with it).
+func (r *FoldRunner) fetch(ctx context.Context, cons jetstream.Consumer, out chan<- fetched) {
+	send := func(p fetched) bool {
+		select {
+		case out <- p:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
+	for ctx.Err() == nil {
+		// A pull's own deadline, not FetchMaxWait, so that a stop ends it
+		// at once; the server's expiry is set a tenth earlier, so a pull
+		// normally ends with the server's timeout and loses nothing.
+		pctx, cancel := context.WithTimeout(ctx, r.cfg.FetchWait)
+		batch, err := cons.Fetch(r.cfg.Fetch, jetstream.FetchContext(pctx))
+		if err != nil {
+			cancel()
+			if ctx.Err() == nil {
+				send(fetched{cons: cons, err: err})
+			}
+			return
+		}
+		var chunk []jetstream.Msg
+		msgs := batch.Messages()
+		for open := true; open; {
+			msg, ok := <-msgs
+			if ok {
+				chunk = append(chunk, msg)
+			}
+			open = ok
+			// Take whatever else is already here, then hand it over.
+		more:
+			for open {
+				select {
+				case msg, ok := <-msgs:
+					if !ok {
+						open = false
+						break more
+					}
+					chunk = append(chunk, msg)
+				default:
+					break more
+				}
+			}
+			if len(chunk) > 0 {
+				if !send(fetched{cons: cons, msgs: chunk}) {
+					cancel()
+					return
+				}
+				chunk = nil
+			}
+		}
+		err = batch.Error()
+		cancel()
+		if ctx.Err() != nil {
+			return // what this pull brought is delivered again after AckWait
+		}
+		if err != nil && !errors.Is(err, context.DeadlineExceeded) { // the pull's own deadline is its normal end
+			send(fetched{cons: cons, err: err})
+			return
+		}
+	}
+}
+
+// attach looks up or creates the discovery consumer. It starts after the
+// consumer's ack floor on the first attach (a restart), and at the
+// runner's own lowest waiting version afterwards.
+func (r *FoldRunner) attach(ctx context.Context) {
+	err := r.tryAttach(ctx)
+	if err == nil {
+		r.attachErr = ""
+		return
+	}
+	r.attachAt = time.Now().Add(time.Second)
+	if ctx.Err() != nil {
+		return
+	}
+	msg := err.Error()
+	if msg != r.attachErr {
+		if errors.Is(err, jetstream.ErrStreamNotFound) {
+			r.log.Warn("waiting for the "+StreamCommits+" stream (any millrace service creates it at start, or `millrace streams apply`); retrying every second", "err", err)
+		} else {
+			r.log.Warn("cannot attach the discovery consumer; retrying every second", "err", err)
+		}
+		r.attachErr = msg
+	}
+}
+
+func (r *FoldRunner) tryAttach(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stream, err := r.js.Stream(ctx, StreamCommits)
+	if err != nil {
+		return fmt.Errorf("the %s stream: %w", StreamCommits, err)
+	}
+	created := stream.CachedInfo().Created
+	if r.attached && !created.Equal(r.created) {
+		r.log.Error("the " + StreamCommits + " stream was recreated: its sequences start over, so discovery does too")
+		r.reset()
+	}
+	want := r.consumerConfig()
+	start := r.resumeFrom()
+	info, err := stream.Consumer(ctx, r.cfg.Durable)
+	switch {
+	case err == nil:
+		ci := info.CachedInfo()
+		if !r.attached {
+			start = ci.AckFloor.Stream + 1
+			if ci.NumAckPending == 0 && sameConsumer(ci.Config, want) {
+				// Nothing in flight, and configured as wanted: keep it.
+				r.use(info, created, ci.Delivered.Stream+1)
+				return nil
+			}
+		}
+		if err := stream.DeleteConsumer(ctx, r.cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return fmt.Errorf("reset consumer %s: %w", r.cfg.Durable, err)
+		}
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+	default:
+		return fmt.Errorf("look up consumer %s: %w", r.cfg.Durable, err)
+	}
+	if start > 1 {
+		want.DeliverPolicy, want.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
+	}
+	cons, err := stream.CreateConsumer(ctx, want)
+	if err != nil {
+		return fmt.Errorf("create consumer %s: %w", r.cfg.Durable, err)
+	}
+	r.use(cons, created, start)
+	return nil
+}
+
+// resumeFrom is where a recreated consumer starts: the lowest version
+// waiting, or after the highest delivered when none waits.
+func (r *FoldRunner) resumeFrom() uint64 {
+	if low, ok := r.watermark(); ok {
+		return low
+	}
+	return r.maxSeq + 1
+}
+
+// use makes cons the discovery consumer, delivering from start.
+func (r *FoldRunner) use(cons jetstream.Consumer, created time.Time, start uint64) {
+	first := !r.attached
+	r.cons, r.created, r.attached = cons, created, true
+	r.fetchErrs, r.fetchAt = 0, time.Time{}
+	if first {
+		r.log.Info("discovering worlds", "from", start, "min_versions", r.cfg.MinVersions,
+			"interval", r.cfg.Interval, "concurrency", r.cfg.Concurrency)
+		return
+	}
+	// The waiting versions' replies were the old consumer's, and acks to
+	// them go nowhere: the new consumer delivers them again, from the
+	// lowest, and they are recorded afresh. What a world has folded
+	// (covered) and its pass in flight stay.
+	for _, w := range r.worlds {
+		w.waiting, w.last = nil, 0
+	}
+	r.waiting = 0
+	r.log.Info("discovery consumer recreated", "from", start)
+}
+
+// reset forgets everything the runner knew of the stream (it was
+// recreated, so its sequences mean something else now), but for which
+// worlds have a pass in flight: one pass at a time per world.
+func (r *FoldRunner) reset() {
+	for name, w := range r.worlds {
+		if !w.folding {
+			delete(r.worlds, name)
+			continue
+		}
+		// Its pass still reports here; nothing of the old stream counts.
+		*w = foldState{folding: true}
+	}
+	r.maxSeq, r.waiting = 0, 0
+}
+
+func (r *FoldRunner) consumerConfig() jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{
+		Durable:       r.cfg.Durable,
+		Description:   "millrace compactor: which worlds of the commit log have versions to fold (headers only)",
+		FilterSubject: CommitsSubjects,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       r.cfg.AckWait,
+		MaxDeliver:    -1,
+		MaxAckPending: r.cfg.MaxAckPending,
+		HeadersOnly:   true,
+		ReplayPolicy:  jetstream.ReplayInstantPolicy,
+	}
+}
+
+func sameConsumer(have, want jetstream.ConsumerConfig) bool {
+	return have.FilterSubject == want.FilterSubject && have.AckPolicy == want.AckPolicy &&
+		have.AckWait == want.AckWait && have.MaxAckPending == want.MaxAckPending && have.HeadersOnly
+}
+
+// detach drops the consumer; the next attach recreates it after the last
+// ack.
+func (r *FoldRunner) detach() {
+	r.cons = nil
+	r.attachAt = time.Time{}
+}
+
+// fetchFailed decides what a failed pull means: the consumer or the
+// stream gone (attach again), or a passing fault such as a disconnect
+// (pull again after a backoff).
+func (r *FoldRunner) fetchFailed(ctx context.Context, err error) {
+	if ctx.Err() != nil {
+		return
+	}
+	gone := errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound)
+	if !gone {
+		ictx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, ierr := r.cons.Info(ictx)
+		cancel()
+		gone = errors.Is(ierr, jetstream.ErrConsumerNotFound) || errors.Is(ierr, jetstream.ErrStreamNotFound)
+	}
+	if gone {
+		r.log.Warn("the discovery consumer is gone; recreating it from the lowest version waiting", "err", err)
+		r.detach()
+		return
+	}
+	r.fetchErrs++
+	wait := backoff(r.fetchErrs, 250*time.Millisecond, 5*time.Second)
+	r.fetchAt = time.Now().Add(wait)
+	if r.fetchErrs == 1 || r.fetchErrs%20 == 0 {
+		r.log.Warn("pull from the discovery consumer failed; retrying", "err", err, "failures", r.fetchErrs, "retry_in", wait)
+	}
+}
+
+// take records a pull. A version already folded (at or below its world's
+// position, or delivered again after its world's pass) is acked at once;
+// a version delivered again while it waits keeps its place.
+func (r *FoldRunner) take(msgs []jetstream.Msg) {
+	if r.fetchErrs > 0 {
+		r.log.Info("pulling from the discovery consumer again", "after_failures", r.fetchErrs)
+		r.fetchErrs = 0
+	}
+	for _, msg := range msgs {
+		meta, err := msg.Metadata()
+		if err != nil {
+			r.log.Warn("a delivery without metadata; skipped (JetStream delivers it again)", "subject", msg.Subject(), "err", err)
+			continue
+		}
+		seq := meta.Sequence.Stream
+		r.maxSeq = max(r.maxSeq, seq)
+		world, _, ok := CommitsSubjectDoc(msg.Subject())
+		if !ok {
+			r.log.Warn("a message on COMMITS that is not a document version; acknowledged and skipped", "subject", msg.Subject(), "seq", seq)
+			r.ack(msg.Reply())
+			continue
+		}
+		w := r.worlds[world]
+		if w == nil {
+			w = &foldState{}
+			r.worlds[world] = w
+		}
+		switch {
+		case seq <= w.covered:
+			r.ack(msg.Reply()) // folded by a pass before discovery got here
+		case seq <= w.last:
+			if _, found := slices.BinarySearchFunc(w.waiting, seq, cmpWait); !found {
+				r.ack(msg.Reply()) // delivered again after its pass
+			}
+		default:
+			w.last = seq
+			w.waiting = append(w.waiting, waitVersion{seq: seq, at: meta.Timestamp.UnixNano(), reply: msg.Reply()})
+			r.waiting++
+			r.m.discovered()
+			if len(w.waiting) == r.cfg.MinVersions || r.waiting == r.cfg.MaxAckPending/2 {
+				r.urgent = true
+			}
+		}
+	}
+}
+
+func cmpWait(v waitVersion, seq uint64) int { return cmpUint(v.seq, seq) }
+
+// ack acknowledges one delivery. A lost ack costs a redelivery after
+// AckWait, which finds the version folded and acks it again.
+func (r *FoldRunner) ack(reply string) {
+	if reply == "" {
+		return
+	}
+	if err := r.js.Conn().Publish(reply, ackBody); err != nil {
+		r.log.Debug("ack not sent; JetStream delivers the version again after AckWait", "err", err)
+	}
+}
+
+// schedule starts passes of the worlds that are due, oldest waiting
+// version first (they hold the acknowledgement back), up to Concurrency.
+func (r *FoldRunner) schedule(ctx context.Context, done chan<- passDone, now time.Time) {
+	if r.inFlight >= r.cfg.Concurrency || ctx.Err() != nil {
+		return
+	}
+	pressure := r.waiting >= r.cfg.MaxAckPending/2
+	var floor string
+	var floorSeq uint64
+	type due struct {
+		world string
+		first uint64
+	}
+	var ready []due
+	for name, w := range r.worlds {
+		if len(w.waiting) == 0 {
+			continue
+		}
+		first := w.waiting[0]
+		if floor == "" || first.seq < floorSeq {
+			floor, floorSeq = name, first.seq
+		}
+		if w.folding || now.Before(w.retryAt) {
+			continue
+		}
+		if len(w.waiting) >= r.cfg.MinVersions || now.Sub(time.Unix(0, first.at)) >= r.cfg.Interval {
+			ready = append(ready, due{name, first.seq})
+		}
+	}
+	if pressure && floor != "" {
+		w := r.worlds[floor]
+		if !w.folding && !now.Before(w.retryAt) && !slices.ContainsFunc(ready, func(d due) bool { return d.world == floor }) {
+			ready = append(ready, due{floor, floorSeq})
+		}
+	}
+	slices.SortFunc(ready, func(a, b due) int { return cmpUint(a.first, b.first) })
+	for _, d := range ready {
+		if r.inFlight >= r.cfg.Concurrency {
+			break
+		}
+		w := r.worlds[d.world]
+		w.folding, w.cut = true, w.last
+		r.inFlight++
+		go r.pass(ctx, d.world, done)
+	}
+}
+
+func cmpUint(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// pass runs FoldWorld on one world and reports; a panic in the folder is
+// a failed pass, not a dead process.
+func (r *FoldRunner) pass(ctx context.Context, world string, done chan<- passDone) {
+	start := time.Now()
+	d := passDone{world: world}
+	defer func() {
+		if p := recover(); p != nil {
+			d.err = fmt.Errorf("panic: %v\n%s", p, debug.Stack())
+		}
+		d.took = time.Since(start)
+		done <- d
+	}()
+	d.st, d.err = FoldWorld(ctx, r.js, r.f, world)
+}
+
+// finish records a pass. After a pass that succeeded, every version
+// delivered before it began is folded or gone from the stream (the pass
+// read the world up to its last message), and so is everything at or
+// below the folder's position.
+func (r *FoldRunner) finish(d passDone, abandoned bool) {
+	r.inFlight--
+	w := r.worlds[d.world]
+	if w == nil {
+		return // the stream was recreated meanwhile
+	}
+	w.folding = false
+	if d.err != nil {
+		if abandoned {
+			r.m.pass("abandoned", d.took, d.st)
+			r.log.Info("pass abandoned at shutdown; the world stays unacknowledged for the next start", "world", d.world, "err", d.err)
+			return
+		}
+		r.m.pass("error", d.took, d.st)
+		w.fails++
+		wait := backoff(w.fails, r.cfg.RetryMin, r.cfg.RetryMax)
+		w.retryAt = time.Now().Add(wait)
+		r.log.Warn("pass failed; the world is retried later, others go on", "world", d.world, "err", d.err,
+			"failures", w.fails, "retry_in", wait, "waiting", len(w.waiting))
+		return
+	}
+	w.fails, w.retryAt = 0, time.Time{}
+	w.covered = max(w.covered, d.st.Position())
+	upto := max(w.cut, w.covered)
+	n, _ := slices.BinarySearchFunc(w.waiting, upto+1, cmpWait)
+	for _, v := range w.waiting[:n] {
+		r.ack(v.reply)
+	}
+	w.waiting = slices.Delete(w.waiting, 0, n)
+	r.waiting -= n
+	if len(w.waiting) == 0 {
+		w.waiting = nil // let a big world's slice go
+	}
+	switch {
+	case d.st.Versions > 0 || d.st.Swept > 0:
+		r.m.pass("folded", d.took, d.st)
+		r.log.Info("folded", "world", d.world, "versions", d.st.Versions, "dropped", d.st.Dropped,
+			"swept", d.st.Swept, "to", d.st.To, "seconds", roundSeconds(d.took))
+	default:
+		r.m.pass("idle", d.took, d.st)
+		r.log.Debug("nothing new to fold", "world", d.world, "covered", w.covered, "seconds", roundSeconds(d.took))
+	}
+}
+
+func roundSeconds(d time.Duration) float64 {
+	return float64(d.Round(time.Millisecond)) / float64(time.Second)
+}
+
+func backoff(n int, lo, hi time.Duration) time.Duration {
+	d := lo
+	for i := 1; i < n && d < hi; i++ {
+		d *= 2
+	}
+	return min(d, hi)
+}
+
+// watermark is the lowest waiting version of any world (ok false: none
+// waits).
+func (r *FoldRunner) watermark() (uint64, bool) {
+	var low uint64
+	found := false
+	for _, w := range r.worlds {
+		if len(w.waiting) > 0 && (!found || w.waiting[0].seq < low) {
+			low, found = w.waiting[0].seq, true
+		}
+	}
+	return low, found
+}
+
+// tidy forgets the worlds with nothing waiting whose position is at or
+// below what discovery has delivered (from then on every delivery of
+// theirs is new, and the position filters nothing), and updates the
+// gauges. The worlds kept are those waiting or folding, and those a pass
+// folded further than discovery has read: their position spares a pass
+// when discovery delivers what is already folded.
+func (r *FoldRunner) tidy(now time.Time) {
+	dirty, waiting := 0, 0
+	var oldest int64
+	for name, w := range r.worlds {
+		if len(w.waiting) == 0 {
+			if !w.folding && w.covered <= r.maxSeq {
+				delete(r.worlds, name)
+			}
+			continue
+		}
+		dirty++
+		waiting += len(w.waiting)
+		if oldest == 0 || w.waiting[0].at < oldest {
+			oldest = w.waiting[0].at
+		}
+	}
+	if r.m == nil {
+		return
+	}
+	age := 0.0
+	if oldest != 0 {
+		age = max(0, now.Sub(time.Unix(0, oldest)).Seconds())
+	}
+	r.m.worldsDirty.Set(float64(dirty))
+	r.m.waiting.Set(float64(waiting))
+	r.m.oldestAge.Set(age)
+}
+
+// FoldMetrics are the fold runner's metrics (prefix millrace_compactor_).
+type FoldMetrics struct {
+	passes      *prometheus.CounterVec
+	folded      prometheus.Counter
+	dropped     prometheus.Counter
+	swept       prometheus.Counter
+	discoveries prometheus.Counter
+	seconds     prometheus.Histogram
+	worldsDirty prometheus.Gauge
+	waiting     prometheus.Gauge
+	oldestAge   prometheus.Gauge
+}
+
+// NewFoldMetrics registers the metrics with reg (nil: not registered).
+func NewFoldMetrics(reg prometheus.Registerer) *FoldMetrics {
+	m := &FoldMetrics{
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_compactor_passes_total",
+			Help: "Fold passes by result: folded (wrote a checkpoint or swept), idle (nothing new), error.",
+		}, []string{"result"}),
+		folded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "millrace_compactor_versions_folded_total",
+			Help: "Document versions folded into checkpoints.",
+		}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "millrace_compactor_versions_dropped_total",
+			Help: "Versions deleted from COMMITS after their checkpoint (not their document's last).",
+		}),
+		swept: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "millrace_compactor_versions_swept_total",
+			Help: "Versions a pass that died during its deletions had left in COMMITS, deleted by a later pass.",
+		}),
+		discoveries: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "millrace_compactor_versions_discovered_total",
+			Help: "Versions the discovery consumer delivered that were not folded yet.",
+		}),
+		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "millrace_compactor_pass_seconds",
+			Help:    "Time of each fold pass.",
+			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
+		}),
+		worldsDirty: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "millrace_compactor_worlds_dirty",
+			Help: "Worlds with versions waiting to be folded.",
+		}),
+		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "millrace_compactor_versions_waiting",
+			Help: "Versions delivered to the compactor and not folded yet.",
+		}),
+		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "millrace_compactor_oldest_unfolded_age_seconds",
+			Help: "Age of the oldest version waiting to be folded (0: none waits).",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.passes, m.folded, m.dropped, m.swept, m.discoveries, m.seconds,
+			m.worldsDirty, m.waiting, m.oldestAge)
+	}
+	return m
+}
+
+func (m *FoldMetrics) pass(result string, took time.Duration, st FoldStats) {
+	if m == nil {
+		return
+	}
+	m.passes.WithLabelValues(result).Inc()
+	m.seconds.Observe(took.Seconds())
+	if result == "error" {
+		return
+	}
+	m.folded.Add(float64(st.Versions))
+	m.dropped.Add(float64(st.Dropped))
+	m.swept.Add(float64(st.Swept))
+}
+
+func (m *FoldMetrics) discovered() {
+	if m != nil {
+		m.discoveries.Inc()
+	}
+}
