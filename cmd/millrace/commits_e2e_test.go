@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -29,7 +30,10 @@ func TestCommitsInDev(t *testing.T) {
 	dev := newDev(t, testenv.Database(t))
 	dev.start()
 	keyFile := filepath.Join(dev.fleetDir, "commits-api-keys")
-	waitUntil(t, "the development commits key", func() bool { _, err := os.Stat(keyFile); return err == nil })
+	waitUntil(t, "the development commits key", func() bool {
+		b, err := os.ReadFile(keyFile) // written once; read it whole
+		return err == nil && bytes.Contains(b, []byte("\n"))
+	})
 	b, err := os.ReadFile(keyFile)
 	if err != nil {
 		t.Fatal(err)
@@ -81,5 +85,44 @@ func TestCommitsInDev(t *testing.T) {
 	_, err = client.Put(ctx, &commitspb.PutRequest{World: "e2e", Id: "doc 1", Body: []byte("again"), ExpectedVersion: new(uint64)})
 	if status.Code(err) != codes.FailedPrecondition {
 		t.Fatalf("create over the document after the restart: %v, want FAILED_PRECONDITION", err)
+	}
+
+	// The compactor of dev (a 1 s interval here) folds the world into the
+	// bucket and drops the replaced version from the stream; the edge then
+	// reads it from the bucket, after a restart too, and lists the world.
+	v2, err := client.Put(ctx, &commitspb.PutRequest{World: "e2e", Id: "doc 1", Body: []byte("v2"), ExpectedVersion: &put.Version})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Put(ctx, &commitspb.PutRequest{World: "e2e", Id: "doc 2", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	folded := regexp.MustCompile(`msg=folded .*world=e2e versions=\d+ dropped=[1-9]`)
+	deadline := time.Now().Add(60 * time.Second)
+	for !folded.MatchString(dev.output()) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no pass over world e2e dropped the replaced version:\n%s", dev.output())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	dev.kill()
+	dev.start()
+	waitUntil(t, "the folded version through the API", func() bool {
+		d, err = client.Get(ctx, &commitspb.GetRequest{World: "e2e", Id: "doc 1", Version: put.Version})
+		return err == nil
+	})
+	if string(d.Body) != "v1" {
+		t.Fatalf("the folded version %d: %q, want \"v1\"", put.Version, d.Body)
+	}
+	h, err := client.History(ctx, &commitspb.HistoryRequest{World: "e2e", Id: "doc 1"})
+	if err != nil || len(h.Versions) != 2 || h.Versions[0].Version != put.Version || h.Versions[1].Version != v2.Version {
+		t.Fatalf("history of doc 1: %v, %v", h, err)
+	}
+	l, err := client.List(ctx, &commitspb.ListRequest{World: "e2e"})
+	if err != nil || len(l.Docs) != 2 || l.Docs[0].Id != "doc 1" || l.Docs[0].Version != v2.Version || l.Docs[1].Id != "doc 2" {
+		t.Fatalf("list of e2e: %v, %v", l, err)
+	}
+	if !regexp.MustCompile(`msg="world opened" .*world=e2e checkpoint_docs=2 `).MatchString(dev.output()) {
+		t.Fatalf("List did not open the world from its checkpoint:\n%s", dev.output())
 	}
 }

@@ -118,6 +118,8 @@ func newDev(t *testing.T, databaseURL string) *devProcess {
 		"MILLRACE_FLEET_CA_DIR="+filepath.Join(d.fleetDir, "ca"),
 		"MILLRACE_RESERVATIONS_LISTEN="+d.resvAddr,
 		"MILLRACE_COMMITS_LISTEN="+d.commitsAddr,
+		"MILLRACE_BUCKET_URL="+filepath.Join(dir, "bucket"),
+		"MILLRACE_COMPACTOR_INTERVAL=1s",
 		"MILLRACE_HTTP_LISTEN=127.0.0.1:0",
 		"MILLRACE_BUILDS_MAX_WAIT=50ms",
 		"MILLRACE_BUILDS_ACK_WAIT=5s",

@@ -156,7 +156,13 @@ func devSecret(dir, file, name string) (string, error) {
 	secret := make([]byte, 16)
 	rand.Read(secret)
 	line := name + "=" + hex.EncodeToString(secret) + "\n"
-	if err := os.WriteFile(path, []byte(line), 0o600); err != nil {
+	// Written beside and renamed into place: a reader (a script, a test)
+	// never sees the file empty or half written.
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(line), 0o600); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, path); err != nil {
 		return "", err
 	}
 	return line, nil
