@@ -17,9 +17,10 @@ import (
 //	record*                          until the end
 //	record = uvarint(len(id)) id  uvarint(version)  flags  uvarint(unix ns)  uvarint(len(body)) body
 //
-// flags bit 0: a tombstone. A shard holds the live documents of an id
-// range, sorted by id, each at its latest version; a history segment holds
-// every version of a sequence range, in sequence order. The decoder
+// flags bit 0: a tombstone. A shard holds the documents of an id range,
+// sorted by id, each at its latest version (a deleted one as its
+// tombstone); a history segment holds every version of a sequence range
+// of the documents of an id range, sorted by id and then version. The decoder
 // checks every length against the limits below before it allocates.
 
 // The kinds of record file.

@@ -6,7 +6,7 @@
 // Under worlds/<world token>/:
 //
 //	shards/<sha256/128 hex>.zst     documents of an id range at their latest version, sorted by id
-//	history/<from>-<to>.zst         every version in the sequence range (from, to], in order
+//	history/<from>-<to>-<i>.zst     the versions in the sequence range (from, to] of an id range, by id then version
 //	checkpoints/<seq>.json          the manifest: the world up to seq
 //
 // A manifest is created last, conditionally: it is the commit point of a
@@ -59,13 +59,24 @@ type ShardRef struct {
 	Bytes int    `json:"bytes"`
 }
 
-// Segment names a history object: every version of the world in
-// (From, To].
+// Segment names a history object: every version in (From, To] of the
+// documents with ids in [First, Last], sorted by id and then version. A
+// pass cuts its versions into segments by id range, never splitting one
+// document's versions, so a version or a document's history of a pass is
+// in one small object (a reader finds it from the manifest and decodes
+// only that). Empty First and Last: the segment may hold any id.
 type Segment struct {
 	Key      string `json:"key"`
 	From     uint64 `json:"from"`
 	To       uint64 `json:"to"`
+	First    string `json:"first,omitempty"`
+	Last     string `json:"last,omitempty"`
 	Versions int    `json:"versions"`
+}
+
+// Holds reports whether the segment's id range takes id.
+func (s Segment) Holds(id string) bool {
+	return (s.First == "" && s.Last == "") || (s.First <= id && id <= s.Last)
 }
 
 // worldToken is a world's key segment: path-escaped (no '/'), and prefixed
@@ -83,9 +94,10 @@ func CheckpointKey(world string, seq uint64) string {
 	return fmt.Sprintf("%s%020d.json", CheckpointPrefix(world), seq)
 }
 
-// HistoryKey names the history segment of (from, to].
-func HistoryKey(world string, from, to uint64) string {
-	return fmt.Sprintf("%shistory/%020d-%020d.zst", Prefix(world), from, to)
+// HistoryKey names the i-th history segment (in id order) of the pass
+// over (from, to].
+func HistoryKey(world string, from, to uint64, i int) string {
+	return fmt.Sprintf("%shistory/%020d-%020d-%06d.zst", Prefix(world), from, to, i)
 }
 
 // ShardKey names a shard by the hex digest of its content.

@@ -63,11 +63,19 @@ type Config struct {
 	// ShardDocs is the number of documents a shard is cut at; a shard
 	// that grows past twice this is split. Default 4096.
 	ShardDocs int
+	// HistoryVersions is about how many versions a history segment holds
+	// (a document's versions of one pass are never split). Small segments
+	// keep a read of one folded version cheap: the reader decodes one
+	// segment of the pass, not the pass. Default 2048.
+	HistoryVersions int
 }
 
 func (c Config) withDefaults() Config {
 	if c.ShardDocs <= 0 {
 		c.ShardDocs = 4096
+	}
+	if c.HistoryVersions <= 0 {
+		c.HistoryVersions = 2048
 	}
 	return c
 }
@@ -268,10 +276,9 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 	}
 	res.Versions, res.To = len(tail), tail[len(tail)-1].Version
 
-	// The history segment: every version of the pass, in order.
-	seg := commitlog.Segment{Key: commitlog.HistoryKey(world, m.Seq, res.To),
-		From: m.Seq, To: res.To, Versions: len(tail)}
-	if err := c.create(ctx, res, seg.Key, commitlog.Encode(commitlog.KindHistory, tail), true); err != nil {
+	// The history segments: every version of the pass, by id range.
+	segs, err := c.writeHistory(ctx, res, world, m.Seq, tail)
+	if err != nil {
 		return nil, err
 	}
 
@@ -287,7 +294,7 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 	}
 
 	next := &commitlog.Manifest{Format: commitlog.ManifestFormat, World: world, Seq: res.To, Shards: shards,
-		History: append(slices.Clone(m.History), seg)}
+		History: append(slices.Clone(m.History), segs...)}
 	for _, s := range shards {
 		next.Docs += s.Live
 	}
@@ -336,6 +343,30 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 		c.mu.Unlock()
 	}
 	return drop, nil
+}
+
+// writeHistory writes the pass's versions (tail, in sequence order) as
+// segments sorted by id and version, cut after HistoryVersions versions
+// at a change of document, and returns them in id order. A pass redone
+// after a crash cuts the same segments and finds them written.
+func (c *Compactor) writeHistory(ctx context.Context, res *Result, world string, from uint64, tail []commitlog.Record) ([]commitlog.Segment, error) {
+	byID := slices.Clone(tail)
+	slices.SortStableFunc(byID, func(a, b commitlog.Record) int { return strings.Compare(a.ID, b.ID) }) // stable: versions stay in order
+	var segs []commitlog.Segment
+	for len(byID) > 0 {
+		n := min(len(byID), c.cfg.HistoryVersions)
+		for n < len(byID) && byID[n].ID == byID[n-1].ID {
+			n++
+		}
+		seg := commitlog.Segment{Key: commitlog.HistoryKey(world, from, res.To, len(segs)), From: from, To: res.To,
+			First: byID[0].ID, Last: byID[n-1].ID, Versions: n}
+		if err := c.create(ctx, res, seg.Key, commitlog.Encode(commitlog.KindHistory, byID[:n]), true); err != nil {
+			return nil, err
+		}
+		segs = append(segs, seg)
+		byID = byID[n:]
+	}
+	return segs, nil
 }
 
 // create writes an object that must not exist yet; an object already there

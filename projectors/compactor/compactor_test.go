@@ -544,3 +544,56 @@ func TestStrandedVersionsSwept(t *testing.T) {
 		t.Fatalf("idle pass: %+v, %v", st, err)
 	}
 }
+
+// A pass's history is cut into segments by id range, each sorted by id and
+// version, and one document's versions of a pass are never split.
+func TestHistorySegmentsByIDRange(t *testing.T) {
+	w := newWorld(t)
+	for round := range 3 {
+		for i := range 10 {
+			w.mustPut(fmt.Sprintf("doc-%02d", (i*7)%10), fmt.Sprint(round, i))
+		}
+	}
+	w.mustPut("doc-03", "last")
+	c := New(Config{HistoryVersions: 4}, w.store)
+	if _, err := streams.FoldWorld(context.Background(), w.js, c, w.name); err != nil {
+		t.Fatal(err)
+	}
+	m := w.check()
+	if len(m.History) < 5 {
+		t.Fatalf("%d segments for 31 versions at 4 per segment", len(m.History))
+	}
+	seen := map[string]int{}
+	prevLast := ""
+	total := 0
+	for i, s := range m.History {
+		if s.First > s.Last || (i > 0 && s.First <= prevLast) {
+			t.Fatalf("segment %d: range [%s, %s] after %s", i, s.First, s.Last, prevLast)
+		}
+		prevLast = s.Last
+		data, err := w.store.Get(context.Background(), s.Key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs, err := commitlog.Decode(commitlog.KindHistory, data)
+		if err != nil || len(recs) != s.Versions {
+			t.Fatalf("segment %d: %d records (%v), manifest says %d", i, len(recs), err, s.Versions)
+		}
+		for j, r := range recs {
+			if r.ID < s.First || r.ID > s.Last {
+				t.Fatalf("segment %d [%s, %s] holds %s", i, s.First, s.Last, r.ID)
+			}
+			if j > 0 && (recs[j-1].ID > r.ID || (recs[j-1].ID == r.ID && recs[j-1].Version >= r.Version)) {
+				t.Fatalf("segment %d not sorted by id and version at %d", i, j)
+			}
+			if k, ok := seen[r.ID]; ok && k != i {
+				t.Fatalf("%s has versions in segments %d and %d of one pass", r.ID, k, i)
+			}
+			seen[r.ID] = i
+		}
+		total += len(recs)
+	}
+	if total != 31 {
+		t.Fatalf("%d versions in history, want 31", total)
+	}
+}

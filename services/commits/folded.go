@@ -74,27 +74,35 @@ func (f *folded) version(ctx context.Context, world, id string, seq uint64, aske
 	if err != nil || m == nil || m.Seq < seq {
 		return nil, err
 	}
-	i, _ := slices.BinarySearchFunc(m.History, seq, func(s commitlog.Segment, v uint64) int {
-		switch {
-		case s.To < v:
-			return -1
-		case s.From >= v:
-			return 1
+	// Segments are in pass order, and in id order within a pass: the
+	// pass holding seq starts at the first segment whose range reaches it.
+	i, _ := slices.BinarySearchFunc(m.History, seq, func(s commitlog.Segment, v uint64) int { return cmpUint(s.To, v) })
+	for ; i < len(m.History) && m.History[i].From < seq; i++ {
+		s := m.History[i]
+		if !s.Holds(id) {
+			continue
 		}
-		return 0
-	})
-	if i == len(m.History) || m.History[i].From >= seq || m.History[i].To < seq {
-		return nil, nil
+		recs, err := f.read(ctx, commitlog.KindHistory, s.Key)
+		if err != nil {
+			return nil, err
+		}
+		if r := find(recs, id, seq); r != nil {
+			return r, nil
+		}
 	}
-	recs, err := f.read(ctx, commitlog.KindHistory, m.History[i].Key)
-	if err != nil {
-		return nil, err
+	return nil, nil
+}
+
+// find returns the record of document id at version seq in a segment
+// (sorted by id, then version).
+func find(recs []commitlog.Record, id string, seq uint64) *commitlog.Record {
+	j, _ := slices.BinarySearchFunc(recs, id, func(r commitlog.Record, id string) int { return strings.Compare(r.ID, id) })
+	for ; j < len(recs) && recs[j].ID == id; j++ {
+		if recs[j].Version == seq {
+			return &recs[j]
+		}
 	}
-	j, ok := slices.BinarySearchFunc(recs, seq, func(r commitlog.Record, v uint64) int { return cmpUint(r.Version, v) })
-	if !ok || recs[j].ID != id {
-		return nil, nil
-	}
-	return &recs[j], nil
+	return nil
 }
 
 // latest finds document id in the world's latest checkpoint (nil: not
@@ -123,24 +131,28 @@ func (f *folded) latest(ctx context.Context, world, id string, asked time.Time) 
 // history returns up to n versions of document id after seq from the
 // world's history segments, oldest first, and the sequence the segments
 // cover up to (the stream holds every version after it). asked is when
-// the stream was read.
+// the stream was read. It reads the one segment of each pass since after
+// whose id range holds the document.
 func (f *folded) history(ctx context.Context, world, id string, after uint64, n int, asked time.Time) ([]commitlog.Record, uint64, error) {
 	m, err := f.manifest(ctx, world, asked, 0)
 	if err != nil || m == nil {
 		return nil, 0, err
 	}
 	var out []commitlog.Record
-	for _, s := range m.History {
-		if s.To <= after {
+	i, _ := slices.BinarySearchFunc(m.History, after+1, func(s commitlog.Segment, v uint64) int { return cmpUint(s.To, v) })
+	for ; i < len(m.History); i++ {
+		s := m.History[i]
+		if !s.Holds(id) {
 			continue
 		}
 		recs, err := f.read(ctx, commitlog.KindHistory, s.Key)
 		if err != nil {
 			return nil, 0, err
 		}
-		for _, r := range recs {
-			if r.Version > after && r.ID == id {
-				out = append(out, r)
+		j, _ := slices.BinarySearchFunc(recs, id, func(r commitlog.Record, id string) int { return strings.Compare(r.ID, id) })
+		for ; j < len(recs) && recs[j].ID == id; j++ {
+			if recs[j].Version > after {
+				out = append(out, recs[j])
 				if len(out) == n {
 					return out, m.Seq, nil
 				}

@@ -23,7 +23,7 @@ import (
 
 func fold(t *testing.T, js jetstream.JetStream, bk *bucket.Bucket, world string) streams.FoldStats {
 	t.Helper()
-	st, err := streams.FoldWorld(context.Background(), js, compactor.New(compactor.Config{ShardDocs: 2}, bk), world)
+	st, err := streams.FoldWorld(context.Background(), js, compactor.New(compactor.Config{ShardDocs: 2, HistoryVersions: 2}, bk), world)
 	if err != nil {
 		t.Fatal(err)
 	}
