@@ -44,6 +44,7 @@ var commands = []command{
 	replayFleetCommand(),
 	buildsShowCommand(),
 	loadtestFleetCommand(),
+	loadtestCommitsCommand(),
 	versionCommand(),
 }
 

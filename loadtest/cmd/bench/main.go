@@ -28,7 +28,7 @@ const (
 	scPaced1000     = "paced-1000"
 )
 
-var allScenarios = append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}, fleetScenarios...)
+var allScenarios = append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}, fleetScenarios...), commitsScenarios...)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string
@@ -57,7 +57,8 @@ type config struct {
 	lagPoll, lagTimeout, drainTimeout time.Duration
 	keep                              bool
 
-	fleet fleetConfig
+	fleet   fleetConfig
+	commits commitsConfig
 }
 
 func main() {
@@ -90,6 +91,7 @@ func main() {
 	flag.DurationVar(&c.drainTimeout, "drain-timeout", 5*time.Minute, "projector: longest drain before giving up")
 	flag.BoolVar(&c.keep, "keep", false, "keep the scenarios' state and logs")
 	c.fleet.register(flag.CommandLine)
+	c.commits.register(flag.CommandLine)
 	flag.Parse()
 
 	c.scenarios = map[string]bool{}
@@ -156,7 +158,7 @@ func run(ctx context.Context, c config) error {
 			fmt.Printf("bench: state and logs kept in %s\n", tmp)
 		}
 	}()
-	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scProjector]) {
+	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scProjector] || anyOf(c.scenarios, commitsScenarios)) {
 		if b.natsd, err = buildNATSD(ctx, tmp); err != nil {
 			return err
 		}

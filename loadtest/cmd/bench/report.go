@@ -28,9 +28,11 @@ type scenarioReport struct {
 	Fixtures    fixtureInfo `json:"fixtures"`
 	Runs        []runReport `json:"runs"`
 	// Fleet is the fleet simulator's report, for the fleet scenarios.
-	Fleet  *fleetsim.Report `json:"fleet,omitempty"`
-	Checks []check          `json:"checks"`
-	Error  string           `json:"error,omitempty"`
+	Fleet *fleetsim.Report `json:"fleet,omitempty"`
+	// Commits are the commit-log load runs of a commits scenario.
+	Commits []commitsRun `json:"commits,omitempty"`
+	Checks  []check      `json:"checks"`
+	Error   string       `json:"error,omitempty"`
 }
 
 // runReport is one load run within a scenario.

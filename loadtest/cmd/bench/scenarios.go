@@ -195,6 +195,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.placerScenario(ctx, rep)
 	case scFleetSessions, scFleetPlace, scFleetActive, scFleetRehome:
 		err = b.fleetScenario(ctx, name, rep)
+	case scCommits3Writers, scCommits1Writer, scCommitsFold, scCommitsColdStart:
+		err = b.commitsScenario(ctx, name, rep)
 	}
 	if err != nil {
 		rep.Error = err.Error()

@@ -1,0 +1,408 @@
+package commitsload
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/millrace/millrace/projectors/compactor"
+)
+
+// Config is one run. The zero value of a field takes the default named in
+// its flag (RegisterFlags); Validate checks the rest.
+type Config struct {
+	// Addr is the commits edge's gRPC address (host:port) the writers use;
+	// ReadAddr is where the oracle reads back (default Addr): point it at
+	// a freshly started edge to check what a cold start serves.
+	Addr, ReadAddr string
+	// APIKey is sent as "authorization: Bearer KEY"; it must be allowed
+	// every world of the run.
+	APIKey string
+
+	// World names the world, or with Worlds > 1 the prefix of the worlds
+	// World-0 ... World-(Worlds-1).
+	World  string
+	Worlds int
+	// Docs is the number of documents per world; their ids are IDPrefix
+	// and a number zero-padded to at least 7 digits.
+	Docs     int
+	IDPrefix string
+	// BodyBytes is every body's size (at least 8: each body starts with a
+	// number unique to its write, so that no two versions look alike).
+	BodyBytes int
+
+	// Writers and InFlight: a writer is one client, with its own gRPC
+	// connection (all share one with SharedConn), that keeps up to
+	// InFlight puts outstanding; the run has Writers × InFlight puts in
+	// flight at most.
+	Writers, InFlight int
+	SharedConn        bool
+	// Rate is the total puts per second asked of all writers (0: flat
+	// out). Paced puts measure their latency from the moment the pacer
+	// scheduled them, so a writer that falls behind shows it.
+	Rate float64
+	// Fill first writes every document once, in order (world by world
+	// within each document number), before the random updates.
+	Fill bool
+	// Writes is the number of random updates after the fill; Duration
+	// bounds the update phase in time. Both 0: no updates after a fill,
+	// otherwise DefaultDuration.
+	Writes   int64
+	Duration time.Duration
+	// Warmup is left out of the latency histogram and the rate: puts sent
+	// before it ends still count as acknowledged versions for the oracle.
+	Warmup time.Duration
+	// CASFraction is the fraction of updates sent with compare-and-set
+	// (expected_version = the latest version this run saw acknowledged for
+	// the document, 0 for one it never wrote); refusals count as conflicts,
+	// not errors.
+	CASFraction float64
+	// RPCTimeout bounds each call.
+	RPCTimeout time.Duration
+
+	// Fold runs one compactor pass per world in this process after the
+	// writes (streams.FoldWorld with the compactor), reading the stream at
+	// NATSURL and writing the bucket at BucketURL (the one the edge reads:
+	// `serve commits --bucket-url`).
+	Fold      bool
+	NATSURL   string
+	BucketURL string
+	// Bucket, when set, is used instead of opening BucketURL: a caller
+	// in the same process as the edge shares its bucket (a mem:// bucket
+	// is a new one at each Open).
+	Bucket compactor.Store
+
+	// NoVerify skips the oracle; VerifyOnly skips the writes and checks the
+	// acknowledged versions in Ledger (written by earlier runs).
+	NoVerify, VerifyOnly bool
+	// Ledger is a file of every acknowledged put (world, id, version, body
+	// hash) and every put that failed without a clear answer: written
+	// after the writes (appended to with LedgerAppend), read by
+	// VerifyOnly.
+	Ledger       string
+	LedgerAppend bool
+	// VerifyConcurrency is how many documents the oracle checks at once.
+	VerifyConcurrency int
+	// VerifyFraction is the fraction of the ledger's documents whose
+	// every acknowledged version is read back with Get and History (0:
+	// all; evenly spread over the documents); List checks every document
+	// whatever it is. Reading a million versions back takes longer than
+	// writing them: a benchmark may check a sample.
+	VerifyFraction float64
+	// VerifyTimeout, when positive, stops reading documents back after
+	// that long (List is always paged through first, whatever it takes):
+	// the report then says how many of the documents were not checked,
+	// and that counts as a finding.
+	VerifyTimeout time.Duration
+
+	// PIDs are processes on this machine (name=pid) whose CPU time is
+	// measured over each phase: the edge and NATS, to give CPU-seconds per
+	// 1,000 writes.
+	PIDs map[string]int
+
+	// ProgressEvery is the progress line's period (negative: none).
+	ProgressEvery time.Duration
+	// Out is where the caller writes the JSON report ("-": stdout); Run
+	// itself does not write it (WriteReport does).
+	Out string
+	// Seed makes the random choices repeatable; 0 picks one.
+	Seed uint64
+}
+
+// Defaults.
+const (
+	DefaultAddr              = "127.0.0.1:1987"
+	DefaultWorld             = "load"
+	DefaultDocs              = 10_000
+	DefaultIDPrefix          = "doc-"
+	DefaultBodyBytes         = 100
+	DefaultWriters           = 3
+	DefaultInFlight          = 16
+	DefaultDuration          = 30 * time.Second
+	DefaultRPCTimeout        = 10 * time.Second
+	DefaultVerifyConcurrency = 32
+	DefaultProgressEvery     = time.Second
+)
+
+func (c Config) withDefaults() Config {
+	if c.Addr == "" {
+		c.Addr = DefaultAddr
+	}
+	if c.ReadAddr == "" {
+		c.ReadAddr = c.Addr
+	}
+	if c.World == "" {
+		c.World = DefaultWorld
+	}
+	if c.Worlds == 0 {
+		c.Worlds = 1
+	}
+	if c.Docs == 0 {
+		c.Docs = DefaultDocs
+	}
+	if c.IDPrefix == "" {
+		c.IDPrefix = DefaultIDPrefix
+	}
+	if c.BodyBytes == 0 {
+		c.BodyBytes = DefaultBodyBytes
+	}
+	if c.Writers == 0 {
+		c.Writers = DefaultWriters
+	}
+	if c.InFlight == 0 {
+		c.InFlight = DefaultInFlight
+	}
+	if c.Writes == 0 && c.Duration == 0 && !c.Fill {
+		c.Duration = DefaultDuration
+	}
+	if c.RPCTimeout == 0 {
+		c.RPCTimeout = DefaultRPCTimeout
+	}
+	if c.VerifyConcurrency == 0 {
+		c.VerifyConcurrency = DefaultVerifyConcurrency
+	}
+	if c.VerifyFraction == 0 {
+		c.VerifyFraction = 1
+	}
+	if c.ProgressEvery == 0 {
+		c.ProgressEvery = DefaultProgressEvery
+	}
+	return c
+}
+
+// WorldNames are the run's worlds.
+func (c Config) WorldNames() []string {
+	c = c.withDefaults()
+	if c.Worlds == 1 {
+		return []string{c.World}
+	}
+	out := make([]string, c.Worlds)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s-%d", c.World, i)
+	}
+	return out
+}
+
+// Validate checks the configuration (with defaults applied).
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	var errs []error
+	for _, a := range []string{c.Addr, c.ReadAddr} {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("edge address %q: want host:port", a))
+		}
+	}
+	if c.APIKey == "" {
+		errs = append(errs, errors.New("no API key: give -api-key (a key allowed every world of the run, e.g. one of MILLRACE_COMMITS_API_KEYS's *=KEY)"))
+	}
+	if c.Worlds < 1 || c.Worlds > 1<<16 {
+		errs = append(errs, fmt.Errorf("worlds %d: want 1..65536", c.Worlds))
+	}
+	if c.Docs < 1 || c.Docs > 1<<31 {
+		errs = append(errs, fmt.Errorf("docs %d: want at least 1", c.Docs))
+	}
+	if c.BodyBytes < 8 {
+		errs = append(errs, fmt.Errorf("body size %d: want at least 8 bytes (each body starts with its write's number)", c.BodyBytes))
+	}
+	if c.Writers < 1 || c.InFlight < 1 {
+		errs = append(errs, errors.New("writers and in-flight must be at least 1"))
+	}
+	if c.Rate < 0 || c.Writes < 0 || c.Duration < 0 || c.Warmup < 0 || c.RPCTimeout < 0 {
+		errs = append(errs, errors.New("rate, writes and durations must not be negative"))
+	}
+	if c.CASFraction < 0 || c.CASFraction > 1 {
+		errs = append(errs, fmt.Errorf("cas fraction %v: want 0..1", c.CASFraction))
+	}
+	if c.Fold && (c.NATSURL == "" || (c.BucketURL == "" && c.Bucket == nil)) {
+		errs = append(errs, errors.New("fold needs -nats-url (the edge's NATS) and -bucket-url (the bucket the edge reads: serve commits --bucket-url)"))
+	}
+	if c.Fold && c.VerifyOnly {
+		errs = append(errs, errors.New("fold and verify-only do not go together: fold once after the writes"))
+	}
+	if c.VerifyOnly && c.Ledger == "" {
+		errs = append(errs, errors.New("verify-only needs -ledger: the file of acknowledged versions an earlier run wrote"))
+	}
+	if c.VerifyOnly && c.NoVerify {
+		errs = append(errs, errors.New("verify-only and no-verify contradict each other"))
+	}
+	if c.VerifyTimeout < 0 {
+		errs = append(errs, errors.New("verify timeout must not be negative"))
+	}
+	if c.VerifyFraction < 0 || c.VerifyFraction > 1 {
+		errs = append(errs, fmt.Errorf("verify fraction %v: want 0..1", c.VerifyFraction))
+	}
+	if c.VerifyConcurrency < 1 {
+		errs = append(errs, errors.New("verify concurrency must be at least 1"))
+	}
+	return errors.Join(errs...)
+}
+
+// RegisterFlags registers a flag for every field on fs, each defaulting to
+// its environment variable when set (the command line wins over the
+// environment, the environment over the default): MILLRACE_COMMITSLOAD_*,
+// plus MILLRACE_NATS_URL and MILLRACE_BUCKET_URL.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	e := envFlags{fs}
+	e.str(&c.Addr, "addr", "ADDR", DefaultAddr, "commits edge gRPC address the writers use")
+	e.str(&c.ReadAddr, "read-addr", "READ_ADDR", "", "commits edge the oracle reads back from, e.g. a freshly started one (default: -addr)")
+	e.str(&c.APIKey, "api-key", "API_KEY", "", "API key allowed every world of the run (sent as authorization: Bearer)")
+	e.str(&c.World, "world", "WORLD", DefaultWorld, "the world, or with -worlds > 1 the prefix of WORLD-0, WORLD-1, ...")
+	e.int(&c.Worlds, "worlds", "WORLDS", 1, "number of worlds, written alike")
+	e.int(&c.Docs, "docs", "DOCS", DefaultDocs, "documents per world")
+	e.str(&c.IDPrefix, "id-prefix", "ID_PREFIX", DefaultIDPrefix, "document ids are this prefix and a zero-padded number")
+	e.int(&c.BodyBytes, "body-bytes", "BODY_BYTES", DefaultBodyBytes, "size of every body (at least 8)")
+	e.int(&c.Writers, "writers", "WRITERS", DefaultWriters, "writers: clients with a gRPC connection each (see -shared-conn) and up to -in-flight puts outstanding")
+	e.int(&c.InFlight, "in-flight", "IN_FLIGHT", DefaultInFlight, "puts each writer keeps outstanding")
+	e.bool(&c.SharedConn, "shared-conn", "SHARED_CONN", "all writers share one gRPC connection")
+	e.float(&c.Rate, "rate", "RATE", 0, "total puts per second over all writers (0: flat out)")
+	e.bool(&c.Fill, "fill", "FILL", "first write every document once, in order, then the updates")
+	e.int64(&c.Writes, "writes", "WRITES", 0, "random updates after the fill (0: bounded by -duration)")
+	e.dur(&c.Duration, "duration", "DURATION", 0, fmt.Sprintf("how long the updates run (0 and -writes 0: %s, or none after -fill)", DefaultDuration))
+	e.dur(&c.Warmup, "warmup", "WARMUP", 0, "first part of the writes left out of the rate and latency figures")
+	e.float(&c.CASFraction, "cas-fraction", "CAS_FRACTION", 0, "fraction of updates sent with compare-and-set on the latest version seen (conflicts are counted)")
+	e.dur(&c.RPCTimeout, "rpc-timeout", "RPC_TIMEOUT", DefaultRPCTimeout, "deadline of each call")
+	e.bool(&c.Fold, "fold", "FOLD", "after the writes, fold each world into the bucket in this process (needs -nats-url and -bucket-url)")
+	envString(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS of the edge (for -fold)")
+	envString(fs, &c.BucketURL, "bucket-url", "MILLRACE_BUCKET_URL", "", "bucket the edge reads folded versions from, e.g. file:///abs/dir (for -fold)")
+	e.bool(&c.NoVerify, "no-verify", "NO_VERIFY", "skip the oracle (read-back of every acknowledged version)")
+	e.bool(&c.VerifyOnly, "verify-only", "VERIFY_ONLY", "write nothing: check the acknowledged versions in -ledger")
+	e.str(&c.Ledger, "ledger", "LEDGER", "", "file of acknowledged versions: written after the writes, read by -verify-only")
+	e.bool(&c.LedgerAppend, "ledger-append", "LEDGER_APPEND", "append to -ledger instead of replacing it (several runs, one check)")
+	e.int(&c.VerifyConcurrency, "verify-concurrency", "VERIFY_CONCURRENCY", DefaultVerifyConcurrency, "documents the oracle checks at once")
+	e.float(&c.VerifyFraction, "verify-fraction", "VERIFY_FRACTION", 1, "fraction of the documents whose every version the oracle reads back with Get and History (List checks all)")
+	e.dur(&c.VerifyTimeout, "verify-timeout", "VERIFY_TIMEOUT", 0, "stop reading documents back after this long, reporting those left unchecked as a finding (0: no limit)")
+	fs.Func("pids", "processes whose CPU to measure per phase, name=pid, comma-separated (e.g. edge=123,nats=456) [$MILLRACE_COMMITSLOAD_PIDS]", func(s string) error {
+		p, err := ParsePIDs(s)
+		c.PIDs = p
+		return err
+	})
+	if v, ok := os.LookupEnv("MILLRACE_COMMITSLOAD_PIDS"); ok {
+		if p, err := ParsePIDs(v); err == nil {
+			c.PIDs = p
+		} else {
+			fmt.Fprintf(os.Stderr, "commitsload: ignoring $MILLRACE_COMMITSLOAD_PIDS: %v\n", err)
+		}
+	}
+	e.dur(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
+	e.str(&c.Out, "out", "OUT", "", `write the JSON report here ("-": stdout)`)
+	if v, ok := os.LookupEnv("MILLRACE_COMMITSLOAD_SEED"); ok {
+		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
+			c.Seed = n
+		}
+	}
+	fs.Var(seedValue{c}, "seed", "random seed (0: random) [$MILLRACE_COMMITSLOAD_SEED]")
+}
+
+// ParsePIDs reads "name=pid,name=pid".
+func ParsePIDs(s string) (map[string]int, error) {
+	out := map[string]int{}
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		name, v, ok := strings.Cut(p, "=")
+		n, err := strconv.Atoi(v)
+		if !ok || name == "" || err != nil || n <= 0 {
+			return nil, fmt.Errorf("pid %q: want name=pid", p)
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+// seedValue writes -seed straight into Config.Seed.
+type seedValue struct{ c *Config }
+
+func (v seedValue) String() string {
+	if v.c == nil {
+		return "0"
+	}
+	return strconv.FormatUint(v.c.Seed, 10)
+}
+
+func (v seedValue) Set(s string) error {
+	n, err := strconv.ParseUint(s, 10, 64)
+	v.c.Seed = n
+	return err
+}
+
+const envPrefix = "MILLRACE_COMMITSLOAD_"
+
+type envFlags struct{ fs *flag.FlagSet }
+
+func (e envFlags) str(p *string, name, env, def, help string) {
+	envString(e.fs, p, name, envPrefix+env, def, help)
+}
+
+func (e envFlags) bool(p *bool, name, env, help string) {
+	env = envPrefix + env
+	def := false
+	if v, ok := os.LookupEnv(env); ok {
+		if b, err := strconv.ParseBool(v); err == nil {
+			def = b
+		} else {
+			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not true or false\n", env, v)
+		}
+	}
+	e.fs.BoolVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+func (e envFlags) int(p *int, name, env string, def int, help string) {
+	env = envPrefix + env
+	if v, ok := os.LookupEnv(env); ok {
+		if n, err := strconv.Atoi(v); err == nil {
+			def = n
+		} else {
+			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not a number\n", env, v)
+		}
+	}
+	e.fs.IntVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+func (e envFlags) int64(p *int64, name, env string, def int64, help string) {
+	env = envPrefix + env
+	if v, ok := os.LookupEnv(env); ok {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+			def = n
+		} else {
+			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not a number\n", env, v)
+		}
+	}
+	e.fs.Int64Var(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+func (e envFlags) float(p *float64, name, env string, def float64, help string) {
+	env = envPrefix + env
+	if v, ok := os.LookupEnv(env); ok {
+		if n, err := strconv.ParseFloat(v, 64); err == nil {
+			def = n
+		} else {
+			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not a number\n", env, v)
+		}
+	}
+	e.fs.Float64Var(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+func (e envFlags) dur(p *time.Duration, name, env string, def time.Duration, help string) {
+	env = envPrefix + env
+	if v, ok := os.LookupEnv(env); ok {
+		if d, err := time.ParseDuration(v); err == nil {
+			def = d
+		} else {
+			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not a duration\n", env, v)
+		}
+	}
+	e.fs.DurationVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+func envString(fs *flag.FlagSet, p *string, name, env, def, help string) {
+	if v, ok := os.LookupEnv(env); ok {
+		def = v
+	}
+	fs.StringVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
