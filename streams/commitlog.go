@@ -1,9 +1,13 @@
 package streams
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -41,7 +45,11 @@ const dropConcurrency = 64
 // died during its deletions left (see projection.Dropper), and records
 // its own deletions as done once they all succeeded. A pass that fails
 // after Fold returns an error and records nothing: the next one sweeps.
-func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder, world string) (FoldStats, error) {
+func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder, world string, opts ...FoldOption) (FoldStats, error) {
+	var o foldOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	var st FoldStats
 	stream, err := js.Stream(ctx, StreamCommits)
 	if err != nil {
@@ -58,7 +66,7 @@ func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder,
 		return st, err
 	}
 	st.From = after
-	versions, err := readWorld(ctx, js, stream, world, after)
+	versions, err := readWorld(ctx, js, stream, world, after, o.waiting)
 	if err != nil || len(versions) == 0 {
 		return st, err
 	}
@@ -67,7 +75,7 @@ func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder,
 	if err != nil {
 		return st, err
 	}
-	if err := deleteSeqs(ctx, stream, drop); err != nil {
+	if err := deleteSeqs(ctx, js, drop); err != nil {
 		return st, fmt.Errorf("fold %q: %w", world, err)
 	}
 	st.Dropped = len(drop)
@@ -78,6 +86,23 @@ func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder,
 	}
 	return st, nil
 }
+
+// A FoldOption tells FoldWorld what the caller knows.
+type FoldOption func(*foldOptions)
+
+type foldOptions struct {
+	waiting int
+}
+
+// FoldWaiting says that n versions of the world are known to wait (the
+// compactor runner counts them). When they make at least half of the
+// stream's sequences between the checkpoint and the world's last message,
+// the pass reads that range unfiltered and skips other worlds' messages:
+// a consumer filtered on the world makes the server count the world's
+// pending messages subject by subject when it is created, a cost that
+// grows with the documents of the world (about 0.3 s of server CPU at
+// 100,000 documents, 3 s at 1,000,000), not with the pass.
+func FoldWaiting(n int) FoldOption { return func(o *foldOptions) { o.waiting = n } }
 
 // sweepWorld removes the versions a pass that died during its deletions
 // left at or below d's latest checkpoint: every message older than its
@@ -102,7 +127,7 @@ func sweepWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.St
 			return 0, err
 		}
 	}
-	if err := deleteSeqs(ctx, stream, drop); err != nil {
+	if err := deleteSeqs(ctx, js, drop); err != nil {
 		return 0, fmt.Errorf("sweep %q: %w", world, err)
 	}
 	if err := d.Dropped(ctx, world, seq); err != nil {
@@ -162,7 +187,7 @@ func strandedVersions(ctx context.Context, js jetstream.JetStream, world string,
 
 // readWorld returns the world's versions after seq, up to the world's last
 // message at the time of the call.
-func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, world string, after uint64) ([]projection.Version, error) {
+func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, world string, after uint64, waiting int) ([]projection.Version, error) {
 	last, err := stream.GetLastMsgForSubject(ctx, CommitsWorldFilter(world))
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil, nil
@@ -173,11 +198,16 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 	if last.Sequence <= after {
 		return nil, nil
 	}
-	cons, err := js.OrderedConsumer(ctx, StreamCommits, jetstream.OrderedConsumerConfig{
+	cfg := jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{CommitsWorldFilter(world)},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    after + 1,
-	})
+	}
+	mixed := waiting > 0 && last.Sequence-after <= 2*uint64(waiting)
+	if mixed {
+		cfg.FilterSubjects = nil // see FoldWaiting
+	}
+	cons, err := js.OrderedConsumer(ctx, StreamCommits, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("fold %q: %w", world, err)
 	}
@@ -196,11 +226,17 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 			}
 			seq := meta.Sequence.Stream
 			if seq > last.Sequence {
-				continue // the next pass's
+				return out, nil // the world's last message was deleted since: the pass ends here
 			}
-			_, doc, ok := CommitsSubjectDoc(msg.Subject())
-			if !ok {
+			w, doc, ok := CommitsSubjectDoc(msg.Subject())
+			switch {
+			case !ok:
 				return nil, fmt.Errorf("fold %q: message %d has subject %q, not a document's", world, seq, msg.Subject())
+			case w != world: // another world's, read unfiltered
+				if seq == last.Sequence {
+					return out, nil
+				}
+				continue
 			}
 			out = append(out, projection.Version{Doc: doc, Seq: seq, Time: meta.Timestamp.UTC(),
 				Deleted: msg.Headers().Get(envelope.Kind) == envelope.KindDelete, Body: msg.Data()})
@@ -218,7 +254,19 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 }
 
 // deleteSeqs deletes the messages at seqs, dropConcurrency at a time.
-func deleteSeqs(ctx context.Context, stream jetstream.Stream, seqs []uint64) error {
+// A message already gone is fine.
+//
+// The requests are made by hand rather than with jetstream.Stream's
+// DeleteMsg: a pass deletes about one message per changed document, and
+// the client's reflection-based JSON for each request and answer was a
+// fifth of a pass's CPU. The request is the API's: {"seq":N,"no_erase":true}
+// on $JS.API.STREAM.MSG.DELETE.<stream>.
+func deleteSeqs(ctx context.Context, js jetstream.JetStream, seqs []uint64) error {
+	if len(seqs) == 0 {
+		return nil
+	}
+	subject := apiPrefix(js) + "STREAM.MSG.DELETE." + StreamCommits
+	nc := js.Conn()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	sem := make(chan struct{}, dropConcurrency)
@@ -234,12 +282,62 @@ func deleteSeqs(ctx context.Context, stream jetstream.Stream, seqs []uint64) err
 		wg.Add(1)
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			err := stream.DeleteMsg(ctx, seq)
-			if err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) && !errors.Is(err, jetstream.ErrMsgDeleteUnsuccessful) {
+			req := strconv.AppendUint([]byte(`{"seq":`), seq, 10)
+			req = append(req, `,"no_erase":true}`...)
+			reqCtx, cancelReq := ctx, context.CancelFunc(func() {})
+			if _, ok := ctx.Deadline(); !ok {
+				reqCtx, cancelReq = context.WithTimeout(ctx, 10*time.Second)
+			}
+			defer cancelReq()
+			msg, err := nc.RequestWithContext(reqCtx, subject, req)
+			if err == nil {
+				err = deleteAnswer(msg.Data)
+			}
+			if err != nil {
 				cancel(fmt.Errorf("delete version %d: %w", seq, err))
 			}
 		}()
 	}
 	wg.Wait()
 	return context.Cause(ctx)
+}
+
+// deleteAnswer reads the answer to a deletion: nil when the message is
+// deleted or was already gone.
+func deleteAnswer(data []byte) error {
+	if bytes.Contains(data, []byte(`"success":true`)) {
+		return nil
+	}
+	var resp struct {
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(data, &resp); err != nil || resp.Error == nil {
+		return fmt.Errorf("unexpected answer %q", data)
+	}
+	switch {
+	case resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound,
+		resp.Error.ErrorCode == errCodeSequenceNotFound,
+		resp.Error.ErrorCode == errCodeMsgDeleteFailed && (strings.Contains(resp.Error.Description, "no message found") ||
+			strings.Contains(resp.Error.Description, "stream store EOF")): // past the stream's last message
+		return nil
+	}
+	return resp.Error
+}
+
+// JetStream API error codes the jetstream package does not name.
+const (
+	errCodeSequenceNotFound jetstream.ErrorCode = 10043 // "sequence N not found"
+	errCodeMsgDeleteFailed  jetstream.ErrorCode = 10057 // the store's error: "no message found", "stream store EOF"...
+)
+
+// apiPrefix is the subject prefix of js's API requests.
+func apiPrefix(js jetstream.JetStream) string {
+	o := js.Options()
+	switch {
+	case o.Domain != "":
+		return "$JS." + o.Domain + ".API."
+	case o.APIPrefix != "":
+		return strings.TrimSuffix(o.APIPrefix, ".") + "."
+	}
+	return jetstream.DefaultAPIPrefix
 }

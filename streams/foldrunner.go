@@ -666,7 +666,7 @@ func (r *FoldRunner) schedule(ctx context.Context, done chan<- passDone, now tim
 		w := r.worlds[d.world]
 		w.folding, w.cut = true, w.last
 		r.inFlight++
-		go r.pass(ctx, d.world, done)
+		go r.pass(ctx, d.world, len(w.waiting), done)
 	}
 }
 
@@ -682,7 +682,7 @@ func cmpUint(a, b uint64) int {
 
 // pass runs FoldWorld on one world and reports; a panic in the folder is
 // a failed pass, not a dead process.
-func (r *FoldRunner) pass(ctx context.Context, world string, done chan<- passDone) {
+func (r *FoldRunner) pass(ctx context.Context, world string, waiting int, done chan<- passDone) {
 	start := time.Now()
 	d := passDone{world: world}
 	defer func() {
@@ -692,7 +692,7 @@ func (r *FoldRunner) pass(ctx context.Context, world string, done chan<- passDon
 		d.took = time.Since(start)
 		done <- d
 	}()
-	d.st, d.err = FoldWorld(ctx, r.js, r.f, world)
+	d.st, d.err = FoldWorld(ctx, r.js, r.f, world, FoldWaiting(waiting))
 }
 
 // finish records a pass. After a pass that succeeded, every version

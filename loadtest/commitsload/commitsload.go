@@ -112,7 +112,7 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 
 	if cfg.Fold {
 		meter.begin()
-		f, ferr := runFold(ctx, cfg, led.worlds, out)
+		f, ferr := runFold(ctx, cfg, led, out)
 		meter.end(func(p *Process, cpu float64) { p.FoldCPUS = cpu })
 		rep.Fold = f
 		if ferr != nil {

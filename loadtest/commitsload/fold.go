@@ -17,7 +17,8 @@ import (
 // `millrace project compactor` would: streams.FoldWorld reads the world's
 // versions over NATS, the compactor writes the bucket, and the versions it
 // folded that are not their document's last are deleted from the stream.
-func runFold(ctx context.Context, cfg Config, worlds []string, out *printer) (*Fold, error) {
+func runFold(ctx context.Context, cfg Config, led *ledger, out *printer) (*Fold, error) {
+	worlds := led.worlds
 	nc, err := nats.Connect(cfg.NATSURL, nats.Name("millrace-commitsload"), nats.Timeout(10*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("fold: NATS %s: %w", cfg.NATSURL, err)
@@ -41,8 +42,20 @@ func runFold(ctx context.Context, cfg Config, worlds []string, out *printer) (*F
 	f := &Fold{}
 	cpu0, t0 := selfCPU(), time.Now()
 	for _, world := range worlds {
+		// What the compactor runner knows: the versions it saw waiting
+		// (the acknowledged ones after the checkpoint).
+		covered, err := c.Covered(ctx, world)
+		if err != nil {
+			return f, fmt.Errorf("fold %s: %w", world, err)
+		}
+		waiting := 0
+		for _, a := range led.acks {
+			if led.worlds[a.world] == world && a.version > covered {
+				waiting++
+			}
+		}
 		start := time.Now()
-		st, err := streams.FoldWorld(ctx, js, c, world)
+		st, err := streams.FoldWorld(ctx, js, c, world, streams.FoldWaiting(waiting))
 		if err != nil {
 			return f, fmt.Errorf("fold %s: %w", world, err)
 		}
