@@ -25,7 +25,8 @@ PostgreSQL (or uses $DATABASE_URL), applies migrations, and runs the BES edge,
 the builds projector, the fleet gateway (mTLS, :1986), the reservations API
 (:1988 and /v1/reservations), the liveness projector, the placer, the commits
 API (:1987 and /v1/worlds/), the compactor (folding the commit log into
---bucket-url) and the HTTP console (/metrics, /healthz, /readyz).
+--bucket-url), the Kafka export when --kafka-brokers is set (see
+millrace export kafka) and the HTTP console (/metrics, /healthz, /readyz).
 Point Bazel at it with: bazel build --bes_backend=grpc://127.0.0.1:1985 //...
 Without configured secrets, dev makes a CA in --fleet-ca-dir (var/fleet/ca)
 and, beside it, a join token for pool "default" (var/fleet/join-tokens) and a
@@ -57,6 +58,7 @@ type devOptions struct {
 	commits   commitsOptions
 	bucket    bucketOptions
 	compactor compactorOptions
+	kafka     kafkaOptions
 	http      string
 	shutdown  time.Duration
 }
@@ -74,6 +76,7 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.commits.register(fs)
 	o.bucket.register(fs)
 	o.compactor.register(fs)
+	o.kafka.register(fs)
 	envString(fs, &o.http, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
 	envDuration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
 }
@@ -169,6 +172,28 @@ func runDev(ctx context.Context, o devOptions) error {
 	// The compactor needs the backbone and the bucket, not the database.
 	comp := startCompactor(newCompactor(compactorRC, compactorCC, bb.JS, bk, t))
 
+	// The Kafka export, when brokers are named: it needs the backbone only.
+	exportCtx, stopExport := context.WithCancel(context.WithoutCancel(ctx))
+	exportDone := make(chan struct{})
+	if o.kafka.brokers == "" {
+		close(exportDone)
+	} else {
+		k, err := newKafkaExport(o.kafka, bb.JS, t, log)
+		if err != nil {
+			stopExport()
+			comp.stop()
+			edge.stop(ctx)
+			gw.stop(ctx)
+			rg.stop(ctx)
+			ce.stop(ctx)
+			return err
+		}
+		go func() {
+			defer close(exportDone)
+			k.run(exportCtx)
+		}()
+	}
+
 	projCtx, stopProjector := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -218,7 +243,9 @@ func runDev(ctx context.Context, o devOptions) error {
 	gw.stop(sctx)   // nodes re-home to another gateway
 	rg.stop(sctx)
 	ce.stop(sctx)
-	comp.stop()     // passes in flight finish, or are abandoned and redone at the next start
+	comp.stop()  // passes in flight finish, or are abandoned and redone at the next start
+	stopExport() // what Kafka has not acknowledged is sent again at the next start
+	<-exportDone
 	stopProjector() // the runners finish or roll back their batches
 	wg.Wait()
 	bb.Close() // flush publishes, stop the embedded server

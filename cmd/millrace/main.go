@@ -37,6 +37,7 @@ var commands = []command{
 	projectPlacerCommand(),
 	serveCommitsCommand(),
 	projectCompactorCommand(),
+	exportKafkaCommand(),
 	migrateCommand(),
 	streamsApplyCommand(),
 	streamsInfoCommand(),

@@ -106,7 +106,7 @@ func TestSendKeysHeadersAndOrder(t *testing.T) {
 		r := &projection.Record{Stream: "BES", Subject: fmt.Sprintf("bes.p.inv%02d", i%37), Seq: uint64(i),
 			Time: time.Unix(1700000000, 0), MsgID: fmt.Sprint("m", i),
 			Headers: map[string][]string{"Nats-Msg-Id": {fmt.Sprint("m", i)}, "Millrace-Schema": {"bes.v1"}},
-			Data: []byte(fmt.Sprint("event ", i))}
+			Data:    []byte(fmt.Sprint("event ", i))}
 		wg.Add(1)
 		if err := e.Send(ctx, r, func(err error) {
 			defer wg.Done()

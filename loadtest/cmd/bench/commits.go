@@ -47,23 +47,23 @@ type commitsConfig struct {
 }
 
 func (c *commitsConfig) register(fs *flag.FlagSet) {
-	fs.DurationVar(&c.duration, "commits-duration", 20*time.Second, "commits-3writers, commits-1writer: measured time of the flat-out writes, after the warm-up")
+	fs.DurationVar(&c.duration, "commits-duration", 10*time.Second, "commits-3writers, commits-1writer: measured time of the flat-out writes, after the warm-up")
 	fs.DurationVar(&c.warmup, "commits-warmup", 3*time.Second, "commits-3writers, commits-1writer: warm-up left out of the rate and latency")
 	fs.IntVar(&c.docs, "commits-docs", 20000, "commits-3writers, commits-1writer: documents of the world the updates hit at random")
 	fs.IntVar(&c.inFlight3, "commits-in-flight", 16, "commits-3writers: puts each of the three writers keeps outstanding")
 	fs.IntVar(&c.inFlight1, "commits-1writer-in-flight", 64, "commits-1writer: puts the one writer keeps outstanding")
-	fs.Float64Var(&c.verify, "commits-verify-fraction", 0.1, "commits-3writers, commits-1writer: fraction of the documents whose every version the oracle reads back (List checks all)")
+	fs.Float64Var(&c.verify, "commits-verify-fraction", 1, "commits-3writers, commits-1writer: fraction of the documents whose every version the oracle reads back (List checks all)")
 	fs.IntVar(&c.bodyBytes, "commits-body-bytes", 100, "commits-3writers, commits-1writer, commits-fold: body size")
 	fs.IntVar(&c.foldDocs, "commits-fold-docs", 100000, "commits-fold: documents written once, then folded (pass 1)")
 	fs.IntVar(&c.foldUpdates, "commits-fold-updates", 50000, "commits-fold: random updates of the folded world, then folded again (pass 2)")
-	fs.Float64Var(&c.foldVerify, "commits-fold-verify-fraction", 0.25, "commits-fold: fraction of the documents the oracle reads back after the passes")
+	fs.Float64Var(&c.foldVerify, "commits-fold-verify-fraction", 1, "commits-fold: fraction of the documents the oracle reads back after the passes")
 	fs.IntVar(&c.coldDocs, "commits-cold-docs", 1000000, "commits-coldstart: documents of the world opened cold")
 	fs.IntVar(&c.coldTail, "commits-cold-tail", 20000, "commits-coldstart: random updates after the fold, left in the stream tail")
 	fs.IntVar(&c.coldWriters, "commits-cold-writers", 2, "commits-coldstart: writers filling the world (64 puts in flight each)")
 	fs.IntVar(&c.coldBodyBytes, "commits-cold-body-bytes", 32, "commits-coldstart: body size")
-	fs.Float64Var(&c.coldVerify, "commits-cold-verify-fraction", 0.05, "commits-coldstart: fraction of the documents the oracle reads back through the fresh edge (List checks all)")
-	fs.DurationVar(&c.verifyTimeout, "commits-verify-timeout", 90*time.Second, "commits-3writers, commits-1writer, commits-fold: the oracle stops reading documents back after this (those left fail a check)")
-	fs.DurationVar(&c.coldTimeout, "commits-cold-verify-timeout", 120*time.Second, "commits-coldstart: the oracle stops reading documents back after this (those left fail a check)")
+	fs.Float64Var(&c.coldVerify, "commits-cold-verify-fraction", 1, "commits-coldstart: fraction of the documents the oracle reads back through the fresh edge (List checks all)")
+	fs.DurationVar(&c.verifyTimeout, "commits-verify-timeout", 5*time.Minute, "commits-3writers, commits-1writer, commits-fold: the oracle stops reading documents back after this (those left fail a check)")
+	fs.DurationVar(&c.coldTimeout, "commits-cold-verify-timeout", 10*time.Minute, "commits-coldstart: the oracle stops reading documents back after this (those left fail a check)")
 }
 
 // commitsRun is one run of the load generator within a scenario, with the

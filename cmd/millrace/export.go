@@ -1,0 +1,273 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/projectors/kafka"
+	"github.com/millrace/millrace/streams"
+)
+
+// DefaultKafkaRoutes sends every stream of millrace to a topic of its own.
+const defaultKafkaRoutes = "bes.> -> millrace.bes, fleet.node.> -> millrace.fleet.nodes, fleet.resv.> -> millrace.reservations, " +
+	"fleet.place.> -> millrace.placements, commits.> -> millrace.commits"
+
+// kafkaOptions configure the Kafka export.
+type kafkaOptions struct {
+	brokers, routes, clientID      string
+	createTopics                   bool
+	partitions, replicationFactor  int
+	linger                         time.Duration
+	batchMaxBytes, maxBuffered     int
+	compression                    string
+	tls                            bool
+	tlsCA, tlsCert, tlsKey         string
+	tlsServerName                  string
+	saslMechanism, saslUser        string
+	saslPassword, saslPasswordFile string
+	maxInFlight                    int
+}
+
+func (o *kafkaOptions) register(fs *flag.FlagSet) {
+	envString(fs, &o.brokers, "kafka-brokers", "MILLRACE_KAFKA_BROKERS", "", "Kafka bootstrap brokers, host:port comma-separated (in dev: the export runs only when set)")
+	envString(fs, &o.routes, "kafka-routes", "MILLRACE_KAFKA_ROUTES", defaultKafkaRoutes, `subjects to topics: "subject.pattern.> -> topic" comma-separated; the first match takes a message, subjects no route takes are not exported`)
+	envString(fs, &o.clientID, "kafka-client-id", "MILLRACE_KAFKA_CLIENT_ID", "millrace-export", "client id the producer shows the brokers")
+	envBool(fs, &o.createTopics, "kafka-create-topics", "MILLRACE_KAFKA_CREATE_TOPICS", true, "create missing topics with --kafka-partitions and --kafka-replication-factor; false: only check they exist")
+	envInt(fs, &o.partitions, "kafka-partitions", "MILLRACE_KAFKA_PARTITIONS", 12, "partitions of created topics (-1: the brokers' default)")
+	envInt(fs, &o.replicationFactor, "kafka-replication-factor", "MILLRACE_KAFKA_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the brokers' default)")
+	envDuration(fs, &o.linger, "kafka-linger", "MILLRACE_KAFKA_LINGER", 10*time.Millisecond, "how long a partition's batch waits for more records before it is sent (a backlog fills batches sooner)")
+	envInt(fs, &o.batchMaxBytes, "kafka-batch-max-bytes", "MILLRACE_KAFKA_BATCH_MAX_BYTES", 1<<20, "largest batch per partition (keep under the brokers' message.max.bytes)")
+	envInt(fs, &o.maxBuffered, "kafka-max-buffered-records", "MILLRACE_KAFKA_MAX_BUFFERED_RECORDS", 50000, "records waiting for Kafka's ack before export pauses")
+	envString(fs, &o.compression, "kafka-compression", "MILLRACE_KAFKA_COMPRESSION", "lz4", "batch compression: none, gzip, snappy, lz4 or zstd")
+	envBool(fs, &o.tls, "kafka-tls", "MILLRACE_KAFKA_TLS", false, "connect to the brokers over TLS (implied by --kafka-tls-ca or --kafka-tls-cert)")
+	envString(fs, &o.tlsCA, "kafka-tls-ca", "MILLRACE_KAFKA_TLS_CA", "", "PEM CA bundle the brokers' certificates must chain to (default: the system's)")
+	envString(fs, &o.tlsCert, "kafka-tls-cert", "MILLRACE_KAFKA_TLS_CERT", "", "PEM client certificate for mutual TLS (with --kafka-tls-key)")
+	envString(fs, &o.tlsKey, "kafka-tls-key", "MILLRACE_KAFKA_TLS_KEY", "", "PEM private key of --kafka-tls-cert")
+	envString(fs, &o.tlsServerName, "kafka-tls-server-name", "MILLRACE_KAFKA_TLS_SERVER_NAME", "", "name to verify the brokers' certificates against (default: the broker host)")
+	envString(fs, &o.saslMechanism, "kafka-sasl-mechanism", "MILLRACE_KAFKA_SASL_MECHANISM", "", "SASL: plain, scram-sha-256 or scram-sha-512 (empty: none); use with TLS")
+	envString(fs, &o.saslUser, "kafka-sasl-user", "MILLRACE_KAFKA_SASL_USER", "", "SASL user")
+	envString(fs, &o.saslPassword, "kafka-sasl-password", "MILLRACE_KAFKA_SASL_PASSWORD", "", "SASL password (prefer --kafka-sasl-password-file)")
+	envString(fs, &o.saslPasswordFile, "kafka-sasl-password-file", "MILLRACE_KAFKA_SASL_PASSWORD_FILE", "", "file holding the SASL password")
+	envInt(fs, &o.maxInFlight, "kafka-max-in-flight", "MILLRACE_KAFKA_MAX_IN_FLIGHT", 20000, "messages per stream sent and not yet acknowledged by Kafka (the consumer's max ack pending)")
+}
+
+// config builds the exporter's configuration and the streams to export.
+func (o *kafkaOptions) config(log *slog.Logger) (kafka.Config, map[string][]string, error) {
+	var cfg kafka.Config
+	for _, b := range strings.Split(o.brokers, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			cfg.Brokers = append(cfg.Brokers, b)
+		}
+	}
+	if len(cfg.Brokers) == 0 {
+		return cfg, nil, usageError{"--kafka-brokers (MILLRACE_KAFKA_BROKERS) names no broker"}
+	}
+	routes, err := kafka.ParseRoutes(o.routes)
+	if err != nil {
+		return cfg, nil, usageError{err.Error()}
+	}
+	filters := map[string][]string{} // stream -> subjects
+	for _, r := range routes {
+		stream, ok := streams.StreamOf(r.Filter)
+		if !ok {
+			return cfg, nil, usageError{fmt.Sprintf("route %s -> %s: no millrace stream holds every subject of %q (streams: %s)",
+				r.Filter, r.Topic, r.Filter, strings.Join(streams.Names(), ", "))}
+		}
+		filters[stream] = append(filters[stream], r.Filter)
+	}
+	if o.partitions == 0 || o.replicationFactor == 0 || o.maxInFlight < 1 || o.maxBuffered < 1 || o.batchMaxBytes < 1 {
+		return cfg, nil, usageError{"--kafka-partitions and --kafka-replication-factor are -1 or positive; max in flight, max buffered records and batch max bytes are positive"}
+	}
+	cfg.Routes, cfg.ClientID, cfg.CreateTopics = routes, o.clientID, o.createTopics
+	cfg.Partitions, cfg.ReplicationFactor = int32(o.partitions), int16(o.replicationFactor)
+	cfg.Linger, cfg.BatchMaxBytes, cfg.MaxBufferedRecords, cfg.Compression = o.linger, int32(o.batchMaxBytes), o.maxBuffered, o.compression
+	if cfg.TLS, err = o.tlsConfig(); err != nil {
+		return cfg, nil, err
+	}
+	cfg.SASLMechanism, cfg.SASLUser, cfg.SASLPassword = o.saslMechanism, o.saslUser, o.saslPassword
+	if o.saslPasswordFile != "" {
+		b, err := os.ReadFile(o.saslPasswordFile)
+		if err != nil {
+			return cfg, nil, fmt.Errorf("--kafka-sasl-password-file: %w", err)
+		}
+		cfg.SASLPassword = strings.TrimSpace(string(b))
+	}
+	if cfg.SASLMechanism != "" && cfg.TLS == nil {
+		log.Warn("SASL without TLS: the brokers see the credentials in clear (plain) or a replayable exchange; set --kafka-tls")
+	}
+	cfg.Logger = log
+	return cfg, filters, nil
+}
+
+func (o *kafkaOptions) tlsConfig() (*tls.Config, error) {
+	if !o.tls && o.tlsCA == "" && o.tlsCert == "" && o.tlsKey == "" {
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.tlsServerName}
+	if o.tlsCA != "" {
+		pem, err := os.ReadFile(o.tlsCA)
+		if err != nil {
+			return nil, fmt.Errorf("--kafka-tls-ca: %w", err)
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--kafka-tls-ca %s holds no PEM certificate", o.tlsCA)
+		}
+	}
+	if o.tlsCert != "" || o.tlsKey != "" {
+		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+		if err != nil {
+			return nil, fmt.Errorf("--kafka-tls-cert/--kafka-tls-key: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+// kafkaExport is the exporter and one runner per stream.
+type kafkaExport struct {
+	exp     *kafka.Exporter
+	runners []*streams.ExportRunner
+	log     *slog.Logger
+}
+
+func newKafkaExport(o kafkaOptions, js jetstream.JetStream, t *telemetry, log *slog.Logger) (*kafkaExport, error) {
+	log = log.With("component", "kafka-export")
+	cfg, filters, err := o.config(log)
+	if err != nil {
+		return nil, err
+	}
+	exp, err := kafka.New(cfg, kafka.NewMetrics(t.reg))
+	if err != nil {
+		return nil, err
+	}
+	m := streams.NewExportMetrics(t.reg)
+	k := &kafkaExport{exp: exp, log: log}
+	for stream, fs := range filters {
+		k.runners = append(k.runners, streams.NewExportRunner(js, exp, streams.ExportConfig{Stream: stream, Filters: fs,
+			Durable: "export-kafka-" + strings.ToLower(stream), MaxInFlight: o.maxInFlight, Logger: log}, m))
+	}
+	return k, nil
+}
+
+// run makes sure of the topics (retrying while the brokers are away),
+// then exports every stream until ctx ends.
+func (k *kafkaExport) run(ctx context.Context) error {
+	defer k.exp.Close()
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
+		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		err := k.exp.EnsureTopics(tctx)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		k.log.Warn("topics not ready; export waits", "err", err, "retry_in", wait)
+		if !sleepCtx(ctx, wait) {
+			return nil
+		}
+	}
+	var wg sync.WaitGroup
+	for _, r := range k.runners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r.Run(ctx)
+		}()
+	}
+	wg.Wait()
+	return nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func exportKafkaCommand() command {
+	return command{
+		name:    "export kafka",
+		summary: "copy streams to Kafka topics (nothing lost, order kept per subject)",
+		long: `Exports millrace's streams to Kafka with an idempotent producer (acks from
+every in-sync replica). --kafka-routes maps subject patterns to topics; each
+stream a route reads gets a durable JetStream consumer
+("export-kafka-<stream>") whose ack floor is the export's position: a
+message is acknowledged on the stream only after Kafka acknowledged its
+record and every record before it. A broker outage pauses the export (the
+producer retries; once --kafka-max-buffered-records wait, reading stops)
+and it resumes where it stopped; a restarted exporter starts at once from
+the last acknowledged message.
+
+Each record's key is the message's subject (one invocation, node, pool or
+document), so Kafka's key hashing keeps each entity's records on one
+partition, in stream order. Headers: Millrace-Subject, Millrace-Stream,
+Millrace-Seq (the stream sequence) and the message's own headers
+(Millrace-Schema, Millrace-Kind, Nats-Msg-Id...). A record is sent twice only
+after a failure or a crash, with the same Millrace-Stream and Millrace-Seq:
+consumers deduplicate on them. Topics are created (kadm) with
+--kafka-partitions and --kafka-replication-factor unless
+--kafka-create-topics=false. TLS (--kafka-tls*) and SASL PLAIN or SCRAM
+(--kafka-sasl-*) for real clusters.
+
+Run one exporter per stream and consumer name. Metrics (millrace_export_*,
+millrace_kafka_*) on --http-listen. See projectors/kafka/README.md.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo       logOptions
+				no       natsOptions
+				ko       kafkaOptions
+				httpAddr string
+			)
+			lo.register(fs)
+			no.register(fs)
+			ko.register(fs)
+			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8088", "HTTP address: /metrics, /healthz, /readyz")
+			return func(ctx context.Context, args []string) error {
+				if len(args) > 0 {
+					return usageError{"export kafka takes no arguments"}
+				}
+				log, err := lo.logger()
+				if err != nil {
+					return err
+				}
+				t := newTelemetry()
+				bb, _, err := no.open(ctx, "millrace-export-kafka", t.sm)
+				if err != nil {
+					return err
+				}
+				defer bb.Close()
+				k, err := newKafkaExport(ko, bb.JS, t, log)
+				if err != nil {
+					return err
+				}
+				web, err := startHTTP(httpAddr, t, readiness(bb, nil), nil, log)
+				if err != nil {
+					return err
+				}
+				err = k.run(ctx)
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				web.stop(sctx)
+				return err
+			}
+		},
+	}
+}
