@@ -6,11 +6,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/schemas/envelope"
@@ -24,6 +27,9 @@ type FoldStats struct {
 	Dropped  int    // removed from the stream afterwards
 	To       uint64 // the last sequence folded (0: nothing was new)
 	Swept    int    // versions a dead pass had left, removed first
+	// Withheld counts versions the pass would have removed but an export
+	// had not yet acknowledged (ExportMetadata); a later pass sweeps them.
+	Withheld int
 }
 
 // Position is where the world is folded up to after the pass.
@@ -75,11 +81,18 @@ func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder,
 	if err != nil {
 		return st, err
 	}
+	floor, err := exportFloor(ctx, stream, world)
+	if err != nil {
+		return st, fmt.Errorf("fold %q: %w", world, err)
+	}
+	drop, st.Withheld = below(drop, floor)
 	if err := deleteSeqs(ctx, js, drop); err != nil {
 		return st, fmt.Errorf("fold %q: %w", world, err)
 	}
 	st.Dropped = len(drop)
-	if drops {
+	// With versions withheld the checkpoint's drops are not all done:
+	// recorded as undone, the next pass sweeps what is left.
+	if drops && st.Withheld == 0 {
 		if err := d.Dropped(ctx, world, st.To); err != nil {
 			return st, err
 		}
@@ -127,13 +140,54 @@ func sweepWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.St
 			return 0, err
 		}
 	}
+	floor, err := exportFloor(ctx, stream, world)
+	if err != nil {
+		return 0, fmt.Errorf("sweep %q: %w", world, err)
+	}
+	drop, withheld := below(drop, floor)
 	if err := deleteSeqs(ctx, js, drop); err != nil {
 		return 0, fmt.Errorf("sweep %q: %w", world, err)
 	}
-	if err := d.Dropped(ctx, world, seq); err != nil {
-		return 0, err
+	if withheld == 0 {
+		if err := d.Dropped(ctx, world, seq); err != nil {
+			return 0, err
+		}
 	}
 	return len(drop), nil
+}
+
+// below splits seqs (sorted) at floor: those at or below it, and how many
+// are above.
+func below(seqs []uint64, floor uint64) ([]uint64, int) {
+	n := len(seqs)
+	if floor < math.MaxUint64 {
+		n, _ = slices.BinarySearch(seqs, floor+1)
+	}
+	return seqs[:n], len(seqs) - n
+}
+
+// exportFloor is the lowest ack floor of the export consumers on COMMITS
+// (ExportMetadata) whose subjects take the world's (MaxUint64: none). A
+// version above it may not have reached the other system yet.
+func exportFloor(ctx context.Context, stream jetstream.Stream, world string) (uint64, error) {
+	floor := uint64(math.MaxUint64)
+	l := stream.ListConsumers(ctx)
+	for ci := range l.Info() {
+		if _, ok := ci.Config.Metadata[ExportMetadata]; !ok {
+			continue
+		}
+		filters := ci.Config.FilterSubjects
+		if ci.Config.FilterSubject != "" {
+			filters = append(filters, ci.Config.FilterSubject)
+		}
+		if len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return overlaps(f, CommitsWorldFilter(world)) }) {
+			floor = min(floor, ci.AckFloor.Stream)
+		}
+	}
+	if err := l.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
+		return 0, fmt.Errorf("the export consumers' positions: %w", err)
+	}
+	return floor, nil
 }
 
 // strandedVersions reads the world's message headers up to limit and
@@ -185,17 +239,20 @@ func strandedVersions(ctx context.Context, js jetstream.JetStream, world string,
 	}
 }
 
-// readWorld returns the world's versions after seq, up to the world's last
-// message at the time of the call.
+// readWorld returns the world's versions after seq, up to the stream's
+// last message at the start of the pass (later ones are the next pass's).
+//
+// It never asks for the world's last message: GetLastMsgForSubject on a
+// wildcard makes the server search its index of the stream's blocks, a
+// cost that grows with the stream. The consumer's own count of what is
+// pending after each message says where the world ends.
 func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, world string, after uint64, waiting int) ([]projection.Version, error) {
-	last, err := stream.GetLastMsgForSubject(ctx, CommitsWorldFilter(world))
-	if errors.Is(err, jetstream.ErrMsgNotFound) {
-		return nil, nil
-	}
+	info, err := stream.Info(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("fold %q: its last message: %w", world, err)
+		return nil, fmt.Errorf("fold %q: the stream's state: %w", world, err)
 	}
-	if last.Sequence <= after {
+	last := info.State.LastSeq
+	if last <= after {
 		return nil, nil
 	}
 	cfg := jetstream.OrderedConsumerConfig{
@@ -203,8 +260,7 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    after + 1,
 	}
-	mixed := waiting > 0 && last.Sequence-after <= 2*uint64(waiting)
-	if mixed {
+	if waiting > 0 && last-after <= 2*uint64(waiting) {
 		cfg.FilterSubjects = nil // see FoldWaiting
 	}
 	cons, err := js.OrderedConsumer(ctx, StreamCommits, cfg)
@@ -213,7 +269,7 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 	}
 	var out []projection.Version
 	for {
-		batch, err := cons.Fetch(foldFetch, jetstream.FetchMaxWait(5*time.Second))
+		batch, err := cons.FetchNoWait(foldFetch)
 		if err != nil {
 			return nil, fmt.Errorf("fold %q: %w", world, err)
 		}
@@ -225,30 +281,28 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 				return nil, err
 			}
 			seq := meta.Sequence.Stream
-			if seq > last.Sequence {
-				return out, nil // the world's last message was deleted since: the pass ends here
+			if seq > last {
+				return out, nil
 			}
 			w, doc, ok := CommitsSubjectDoc(msg.Subject())
 			switch {
 			case !ok:
 				return nil, fmt.Errorf("fold %q: message %d has subject %q, not a document's", world, seq, msg.Subject())
-			case w != world: // another world's, read unfiltered
-				if seq == last.Sequence {
-					return out, nil
-				}
-				continue
+			case w == world:
+				out = append(out, projection.Version{Doc: doc, Seq: seq, Time: meta.Timestamp.UTC(),
+					Deleted: msg.Headers().Get(envelope.Kind) == envelope.KindDelete, Body: msg.Data()})
 			}
-			out = append(out, projection.Version{Doc: doc, Seq: seq, Time: meta.Timestamp.UTC(),
-				Deleted: msg.Headers().Get(envelope.Kind) == envelope.KindDelete, Body: msg.Data()})
-			if seq == last.Sequence {
+			// Nothing after this one (of the world, or of the stream when
+			// read unfiltered) was stored when it was delivered.
+			if seq == last || meta.NumPending == 0 {
 				return out, nil
 			}
 		}
-		if err := batch.Error(); err != nil {
+		if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && !errors.Is(err, jetstream.ErrNoMessages) {
 			return nil, fmt.Errorf("fold %q: %w", world, err)
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("fold %q: the stream ended before its last message %d", world, last.Sequence)
+			return out, nil
 		}
 	}
 }

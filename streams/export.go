@@ -26,6 +26,9 @@ type ExportConfig struct {
 	// Durable names the consumer whose ack floor is the export's position.
 	// Default "export-<stream>" in lower case.
 	Durable string
+	// System names the other system (the consumer's ExportMetadata
+	// value). Default "export".
+	System string
 	// MaxInFlight bounds the messages sent and not yet acknowledged by the
 	// other system (the consumer's MaxAckPending). Default 20,000.
 	MaxInFlight int
@@ -41,6 +44,9 @@ type ExportConfig struct {
 func (c ExportConfig) withDefaults() ExportConfig {
 	if c.Durable == "" {
 		c.Durable = "export-" + strings.ToLower(c.Stream)
+	}
+	if c.System == "" {
+		c.System = "export"
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 20_000
@@ -70,8 +76,8 @@ const exportAckWait = 10 * time.Minute
 // consumer's ack floor: a message is acked (AckAll, the highest message of
 // the acknowledged prefix) only once the exporter reported it and every
 // message before it durable. A session that fails, and a new process,
-// delete the consumer and create it again from the ack floor, so they
-// resume at once rather than after the ack wait. Messages sent but not
+// reset the consumer to its ack floor, so they resume at once rather than
+// after the ack wait. Messages sent but not
 // acknowledged when a session failed or the process died are sent again:
 // the only duplicates, with the same stream sequence.
 //
@@ -115,23 +121,22 @@ func (r *ExportRunner) Run(ctx context.Context) error {
 	}
 }
 
-// consumer deletes the durable consumer, if any, and creates it again
-// from its ack floor.
+// ExportMetadata is the consumer metadata key that marks an export's
+// durable consumer (its value names the other system). The compactor
+// deletes no COMMITS message above such a consumer's ack floor: a version
+// deleted before it is exported would never reach the other system, and
+// JetStream counts the deletion of a delivered message as its ack, which
+// with AckAll acknowledges every message below it too.
+const ExportMetadata = "millrace-export"
+
+// consumer creates the durable consumer, or resets the existing one to
+// deliver again from its ack floor (nothing in flight survives a session),
+// and returns the floor. The consumer is never deleted: its floor is the
+// export's position, and the compactor reads it.
 func (r *ExportRunner) consumer(ctx context.Context) (jetstream.Consumer, uint64, error) {
 	stream, err := r.js.Stream(ctx, r.cfg.Stream)
 	if err != nil {
 		return nil, 0, fmt.Errorf("the %s stream: %w", r.cfg.Stream, err)
-	}
-	var floor uint64
-	old, err := stream.Consumer(ctx, r.cfg.Durable)
-	switch {
-	case err == nil:
-		floor = old.CachedInfo().AckFloor.Stream
-		if err := stream.DeleteConsumer(ctx, r.cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return nil, 0, fmt.Errorf("reset consumer: %w", err)
-		}
-	case !errors.Is(err, jetstream.ErrConsumerNotFound):
-		return nil, 0, fmt.Errorf("consumer: %w", err)
 	}
 	cfg := jetstream.ConsumerConfig{
 		Durable:       r.cfg.Durable,
@@ -141,9 +146,7 @@ func (r *ExportRunner) consumer(ctx context.Context) (jetstream.Consumer, uint64
 		MaxAckPending: r.cfg.MaxInFlight,
 		MaxDeliver:    -1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-	}
-	if floor > 0 {
-		cfg.DeliverPolicy, cfg.OptStartSeq = jetstream.DeliverByStartSequencePolicy, floor+1
+		Metadata:      map[string]string{ExportMetadata: r.cfg.System},
 	}
 	switch len(r.cfg.Filters) {
 	case 0:
@@ -152,9 +155,34 @@ func (r *ExportRunner) consumer(ctx context.Context) (jetstream.Consumer, uint64
 	default:
 		cfg.FilterSubjects = r.cfg.Filters
 	}
-	cons, err := stream.CreateConsumer(ctx, cfg)
+	old, err := stream.Consumer(ctx, r.cfg.Durable)
+	switch {
+	case errors.Is(err, jetstream.ErrConsumerNotFound):
+		cons, err := stream.CreateConsumer(ctx, cfg)
+		if err != nil {
+			return nil, 0, fmt.Errorf("create consumer: %w", err)
+		}
+		return cons, 0, nil
+	case err != nil:
+		return nil, 0, fmt.Errorf("consumer: %w", err)
+	}
+	// Where it starts cannot change; the rest (filters, limits) can.
+	was := old.CachedInfo().Config
+	cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = was.DeliverPolicy, was.OptStartSeq, was.OptStartTime
+	if _, err := stream.UpdateConsumer(ctx, cfg); err != nil {
+		return nil, 0, fmt.Errorf("update consumer: %w", err)
+	}
+	reset, err := r.js.ResetConsumer(ctx, r.cfg.Stream, r.cfg.Durable)
 	if err != nil {
-		return nil, 0, fmt.Errorf("create consumer: %w", err)
+		return nil, 0, fmt.Errorf("reset consumer to its ack floor: %w", err)
+	}
+	cons, err := stream.Consumer(ctx, r.cfg.Durable)
+	if err != nil {
+		return nil, 0, fmt.Errorf("consumer: %w", err)
+	}
+	floor := uint64(0)
+	if reset.ConsumerInfo != nil {
+		floor = reset.ConsumerInfo.AckFloor.Stream
 	}
 	return cons, floor, nil
 }

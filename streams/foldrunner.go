@@ -736,7 +736,7 @@ func (r *FoldRunner) finish(d passDone, abandoned bool) {
 	case d.st.Versions > 0 || d.st.Swept > 0:
 		r.m.pass("folded", d.took, d.st)
 		r.log.Info("folded", "world", d.world, "versions", d.st.Versions, "dropped", d.st.Dropped,
-			"swept", d.st.Swept, "to", d.st.To, "seconds", roundSeconds(d.took))
+			"swept", d.st.Swept, "withheld", d.st.Withheld, "to", d.st.To, "seconds", roundSeconds(d.took))
 	default:
 		r.m.pass("idle", d.took, d.st)
 		r.log.Debug("nothing new to fold", "world", d.world, "covered", w.covered, "seconds", roundSeconds(d.took))

@@ -431,3 +431,75 @@ func TestFoldRunnerPressureTrigger(t *testing.T) {
 	e.waitFolded("p", "q", "r")
 	e.waitAcked("compactor")
 }
+
+// An export consumer (ExportMetadata) on COMMITS holds the compactor's
+// deletions at its ack floor: a version it has not acknowledged stays in
+// the stream (deleting it would skip it, and JetStream would count the
+// deletion as the export's ack). Once the export acknowledges, the next
+// pass sweeps what was withheld. A consumer of another world does not
+// hold this one back.
+func TestFoldWithholdsWhatAnExportHasNotAcked(t *testing.T) {
+	e := newFoldEnv(t, true)
+	ctx := context.Background()
+	st, err := e.js.Stream(ctx, streams.StreamCommits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	export := func(name, filter string) jetstream.Consumer {
+		c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckAllPolicy,
+			FilterSubject: filter, Metadata: map[string]string{streams.ExportMetadata: "test"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	exp := export("export-test", "commits.>")
+	export("export-other", streams.CommitsWorldFilter("other"))
+	e.put("w", 5, 3) // 15 versions, 5 documents
+	c := compactor.New(compactor.Config{}, e.store)
+
+	// Acknowledge the first round only.
+	batch, err := exp.Fetch(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lastAcked jetstream.Msg
+	for m := range batch.Messages() {
+		lastAcked = m
+	}
+	if err := lastAcked.DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fs, err := streams.FoldWorld(ctx, e.js, c, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs.Dropped != 5 || fs.Withheld != 5 {
+		t.Fatalf("pass: %d dropped, %d withheld; want 5 and 5 (the export acknowledged the first 5 versions)", fs.Dropped, fs.Withheld)
+	}
+	if err := e.folded("w"); err == nil {
+		t.Fatal("the stream keeps only each document's last version although the export has not acknowledged the second round")
+	}
+
+	// The export catches up: the next pass sweeps the rest.
+	batch, err = exp.Fetch(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		lastAcked = m
+	}
+	if err := lastAcked.DoubleAck(ctx); err != nil {
+		t.Fatal(err)
+	}
+	fs, err = streams.FoldWorld(ctx, e.js, c, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fs.Swept != 5 || fs.Withheld != 0 {
+		t.Fatalf("next pass: %d swept, %d withheld; want 5 and 0", fs.Swept, fs.Withheld)
+	}
+	if err := e.folded("w"); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -47,3 +47,18 @@ func subsetOf(filter, pattern string) bool {
 	}
 	return len(f) == len(p)
 }
+
+// overlaps reports whether some subject matches both patterns.
+func overlaps(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; ; i++ {
+		switch {
+		case i == len(at) || i == len(bt):
+			return len(at) == len(bt)
+		case at[i] == ">" || bt[i] == ">":
+			return true
+		case at[i] != "*" && bt[i] != "*" && at[i] != bt[i]:
+			return false
+		}
+	}
+}

@@ -33,3 +33,27 @@ func TestStreamOf(t *testing.T) {
 		}
 	}
 }
+
+func TestOverlaps(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{
+		{"commits.>", "commits.w.>", true},
+		{"commits.w.>", "commits.v.>", false},
+		{"commits.*.x", "commits.w.>", true},
+		{"commits.w.x", "commits.w.>", true},
+		{"commits.w", "commits.w.>", false},
+		{"bes.>", "commits.w.>", false},
+		{">", "commits.w.>", true},
+		{"a.*", "a.b", true},
+		{"a.*", "a.b.c", false},
+	} {
+		if got := overlaps(c.a, c.b); got != c.want {
+			t.Errorf("overlaps(%q, %q) = %v", c.a, c.b, got)
+		}
+		if got := overlaps(c.b, c.a); got != c.want {
+			t.Errorf("overlaps(%q, %q) = %v", c.b, c.a, got)
+		}
+	}
+}

@@ -155,7 +155,7 @@ func newKafkaExport(o kafkaOptions, js jetstream.JetStream, t *telemetry, log *s
 	k := &kafkaExport{exp: exp, log: log}
 	for stream, fs := range filters {
 		k.runners = append(k.runners, streams.NewExportRunner(js, exp, streams.ExportConfig{Stream: stream, Filters: fs,
-			Durable: "export-kafka-" + strings.ToLower(stream), MaxInFlight: o.maxInFlight, Logger: log}, m))
+			Durable: "export-kafka-" + strings.ToLower(stream), System: "kafka", MaxInFlight: o.maxInFlight, Logger: log}, m))
 	}
 	return k, nil
 }

@@ -16,7 +16,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/streams"
 )
 
@@ -285,4 +287,107 @@ func TestExportAgainstRealBroker(t *testing.T) {
 	last := b.publish(t, 0, 2000, 20)
 	waitFor(t, "everything exported", 60*time.Second, func() bool { return b.ackFloor(t, "export-bes") == last })
 	checkExport(t, b, readAll(t, strings.Split(env, ","), topic, int(last), 60*time.Second), last)
+}
+
+// TestCommitsExportWhileCompacting: Kafka goes away, the exporting
+// process stops with versions in flight, and the compactor folds and
+// deletes COMMITS versions meanwhile. The compactor holds its deletions at
+// the export's ack floor, so every version still reaches Kafka when it and
+// a new exporter are back; then the next pass drops what was withheld.
+func TestCommitsExportWhileCompacting(t *testing.T) {
+	b := startBackbone(t)
+	ctx := context.Background()
+	port := freePort(t)
+	kopts := []kfake.Opt{kfake.NumBrokers(1), kfake.Ports(port), kfake.DataDir(t.TempDir())}
+	k, err := kfake.NewCluster(kopts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { k.Close() }()
+	brokers := k.ListenAddrs()
+	start := func() *exportProcess {
+		exp, err := New(Config{Brokers: brokers, Routes: []Route{{"commits.>", "millrace.commits"}}, CreateTopics: true, Partitions: 3}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := exp.EnsureTopics(ctx); err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		p := &exportProcess{exp: exp, cancel: cancel, done: make(chan struct{})}
+		go func() {
+			defer close(p.done)
+			streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: streams.StreamCommits, Filters: []string{"commits.>"},
+				Durable: "export-commits", RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond}, nil).Run(rctx)
+		}()
+		return p
+	}
+	floor := func() uint64 {
+		c, err := b.js.Consumer(ctx, streams.StreamCommits, "export-commits")
+		if err != nil {
+			return 0
+		}
+		return c.CachedInfo().AckFloor.Stream
+	}
+	bk, err := bucket.Open(ctx, "mem://")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bk.Close()
+	comp := compactor.New(compactor.Config{}, bk)
+	versions := map[uint64]string{}
+	put := func(round int) {
+		for d := range 20 {
+			body := fmt.Sprintf("doc %d round %d", d, round)
+			ack, err := b.js.Publish(ctx, streams.CommitsSubject("w", fmt.Sprint("doc-", d)), []byte(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			versions[ack.Sequence] = body
+		}
+	}
+
+	p := start()
+	put(0)
+	waitFor(t, "the first round exported", 30*time.Second, func() bool { return floor() >= 20 })
+	k.Close() // Kafka away: the export falls behind
+	put(1)
+	time.Sleep(200 * time.Millisecond) // delivered to the exporter, stuck there
+	p.stop()
+	for round := 2; round <= 3; round++ {
+		put(round)
+		fs, err := streams.FoldWorld(ctx, b.js, comp, "w")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fs.Withheld == 0 {
+			t.Fatalf("pass %d deleted every folded version although the export stopped at %d", round, floor())
+		}
+	}
+	if k, err = kfake.NewCluster(kopts...); err != nil {
+		t.Fatal(err)
+	}
+	p = start()
+	defer p.stop()
+	waitFor(t, "everything exported", 60*time.Second, func() bool { return floor() >= 80 })
+	got := map[uint64]string{}
+	for _, r := range readAll(t, brokers, "millrace.commits", len(versions), 30*time.Second) {
+		seq, _ := strconv.ParseUint(header(r, HeaderSeq), 10, 64)
+		got[seq] = string(r.Value)
+	}
+	for seq, body := range versions {
+		if got[seq] != body {
+			t.Fatalf("version %d: %q in Kafka, want %q (%d of %d versions exported)", seq, got[seq], body, len(got), len(versions))
+		}
+	}
+	if _, err := streams.FoldWorld(ctx, b.js, comp, "w"); err != nil { // now it may drop the rest
+		t.Fatal(err)
+	}
+	st, err := b.js.Stream(ctx, streams.StreamCommits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, _ := st.Info(ctx); info.State.Msgs != 20 {
+		t.Fatalf("%d messages left in COMMITS after the export caught up and a pass ran, want 20 (each document's last)", info.State.Msgs)
+	}
 }

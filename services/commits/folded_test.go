@@ -243,3 +243,29 @@ func TestListEvictsWorlds(t *testing.T) {
 		t.Fatalf("list w0 again: %v, %v", r, err)
 	}
 }
+
+// A List waits for the world's index to apply every write acknowledged
+// before it, even when the index is slow to apply what it receives.
+func TestListWaitsForItsWorld(t *testing.T) {
+	e := startEdge(t, Config{})
+	ctx := as(keyW1)
+	if _, err := e.client.Put(ctx, &commitspb.PutRequest{World: "w1", Id: "a", Body: []byte("x")}); err != nil {
+		t.Fatal(err)
+	}
+	if got := listAll(t, e, "", 10); len(got) != 1 {
+		t.Fatalf("list: %v", got)
+	}
+	applyHook = func() { time.Sleep(30 * time.Millisecond) }
+	defer func() { applyHook = nil }()
+	for i := range 5 {
+		id := fmt.Sprint("b", i)
+		r, err := e.client.Put(ctx, &commitspb.PutRequest{World: "w1", Id: id, Body: []byte("x")})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := listAll(t, e, id, 10)
+		if len(got) != 1 || got[0] != fmt.Sprintf("%s@%d", id, r.Version) {
+			t.Fatalf("list right after the put of %s@%d: %v", id, r.Version, got)
+		}
+	}
+}

@@ -28,7 +28,7 @@ const (
 	scPaced1000     = "paced-1000"
 )
 
-var allScenarios = append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}, fleetScenarios...), commitsScenarios...)
+var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}, fleetScenarios...), commitsScenarios...), scKafkaExport)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string
@@ -59,6 +59,7 @@ type config struct {
 
 	fleet   fleetConfig
 	commits commitsConfig
+	kafka   kafkaConfig
 }
 
 func main() {
@@ -92,6 +93,7 @@ func main() {
 	flag.BoolVar(&c.keep, "keep", false, "keep the scenarios' state and logs")
 	c.fleet.register(flag.CommandLine)
 	c.commits.register(flag.CommandLine)
+	c.kafka.register(flag.CommandLine)
 	flag.Parse()
 
 	c.scenarios = map[string]bool{}

@@ -31,6 +31,8 @@ type scenarioReport struct {
 	Fleet *fleetsim.Report `json:"fleet,omitempty"`
 	// Commits are the commit-log load runs of a commits scenario.
 	Commits []commitsRun `json:"commits,omitempty"`
+	// Kafka is the Kafka export scenario's figures.
+	Kafka *kafkaReport `json:"kafka,omitempty"`
 	Checks  []check      `json:"checks"`
 	Error   string       `json:"error,omitempty"`
 }

@@ -197,6 +197,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.fleetScenario(ctx, name, rep)
 	case scCommits3Writers, scCommits1Writer, scCommitsFold, scCommitsColdStart:
 		err = b.commitsScenario(ctx, name, rep)
+	case scKafkaExport:
+		err = b.kafkaScenario(ctx, rep)
 	}
 	if err != nil {
 		rep.Error = err.Error()
