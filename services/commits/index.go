@@ -45,10 +45,10 @@ type worldIndex struct {
 	mu       sync.Mutex
 	changed  *sync.Cond // applied moved
 	docs     map[string]entry
-	sorted   []string // every id of docs, sorted, but those in unsorted
-	unsorted []string // ids added since the last sort
-	applied  uint64   // the last stream sequence applied
-	tail     int      // messages applied after the checkpoint
+	sorted   []string           // every id of docs, sorted, but those in unsorted
+	unsorted []string           // ids added since the last sort
+	applied  uint64             // the last stream sequence applied
+	tail     int                // messages applied after the checkpoint
 	cons     jetstream.Consumer // the ordered consumer following the world
 	cc       jetstream.ConsumeContext
 	used     time.Time

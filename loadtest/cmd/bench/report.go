@@ -32,9 +32,9 @@ type scenarioReport struct {
 	// Commits are the commit-log load runs of a commits scenario.
 	Commits []commitsRun `json:"commits,omitempty"`
 	// Kafka is the Kafka export scenario's figures.
-	Kafka *kafkaReport `json:"kafka,omitempty"`
-	Checks  []check      `json:"checks"`
-	Error   string       `json:"error,omitempty"`
+	Kafka  *kafkaReport `json:"kafka,omitempty"`
+	Checks []check      `json:"checks"`
+	Error  string       `json:"error,omitempty"`
 }
 
 // runReport is one load run within a scenario.
