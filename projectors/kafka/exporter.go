@@ -40,8 +40,11 @@ type Config struct {
 	// before it is sent; with a backlog batches fill before it passes.
 	// Default 10ms: at most that much lag for fewer, larger requests.
 	Linger time.Duration
-	// BatchMaxBytes caps one partition's batch. Default 1 MiB (brokers
-	// accept 1 MiB by default: message.max.bytes).
+	// BatchMaxBytes caps one partition's batch, and so the largest record
+	// (a larger one fails for good). Default 1 MiB: brokers accept about
+	// 1 MiB by default (message.max.bytes). Topics the exporter creates get
+	// max.message.bytes = BatchMaxBytes; BES events may be up to 4 MiB, so
+	// a site that sends those raises both.
 	BatchMaxBytes int32
 	// MaxBufferedRecords bounds the records waiting for Kafka's ack; Send
 	// blocks beyond it, which is what pauses export while the brokers are
@@ -235,7 +238,11 @@ func (e *Exporter) EnsureTopics(ctx context.Context) error {
 	if !e.cfg.CreateTopics {
 		return fmt.Errorf("kafka: topics %s do not exist (create them, or turn topic creation on)", strings.Join(missing, ", "))
 	}
-	resp, err := adm.CreateTopics(ctx, e.cfg.Partitions, e.cfg.ReplicationFactor, nil, missing...)
+	// A topic takes batches as large as the producer makes them: a BES
+	// event may be up to 4 MiB, and raising BatchMaxBytes is then all it
+	// takes for the topics the exporter creates.
+	configs := map[string]*string{"max.message.bytes": kadm.StringPtr(strconv.Itoa(int(e.cfg.BatchMaxBytes)))}
+	resp, err := adm.CreateTopics(ctx, e.cfg.Partitions, e.cfg.ReplicationFactor, configs, missing...)
 	if err != nil {
 		return fmt.Errorf("kafka: create topics: %w", err)
 	}
