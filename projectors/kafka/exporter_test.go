@@ -2,7 +2,15 @@ package kafka
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"math/big"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -182,5 +190,76 @@ func TestEnsureTopics(t *testing.T) {
 			e.Close()
 			t.Errorf("New(%+v) accepted", bad)
 		}
+	}
+}
+
+// SASL: the exporter authenticates with each mechanism it offers, and a
+// wrong password is refused (the record fails rather than going anywhere).
+func TestSASL(t *testing.T) {
+	for _, mech := range []string{"PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"} {
+		t.Run(mech, func(t *testing.T) {
+			c := cluster(t, kfake.EnableSASL(), kfake.Superuser(mech, "millrace", "s3cret"), kfake.SeedTopics(1, "t"))
+			send := func(pass string) error {
+				e, err := New(Config{Brokers: c.ListenAddrs(), Routes: []Route{{"a.>", "t"}},
+					SASLMechanism: strings.ToLower(mech), SASLUser: "millrace", SASLPassword: pass}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				errc := make(chan error, 1)
+				if err := e.Send(ctx, &projection.Record{Stream: "S", Subject: "a.b", Seq: 1, Data: []byte("x")}, func(err error) { errc <- err }); err != nil {
+					t.Fatal(err)
+				}
+				return <-errc
+			}
+			if err := send("s3cret"); err != nil {
+				t.Fatalf("with the right password: %v", err)
+			}
+			if err := send("wrong"); err == nil {
+				t.Fatal("a wrong password was accepted")
+			}
+		})
+	}
+}
+
+// TLS: the exporter verifies the brokers' certificate against its CA.
+func TestTLS(t *testing.T) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kafka"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	c := cluster(t, kfake.TLS(&tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}), kfake.SeedTopics(1, "t"))
+	send := func(roots *x509.CertPool) error {
+		e, err := New(Config{Brokers: c.ListenAddrs(), Routes: []Route{{"a.>", "t"}}, TLS: &tls.Config{RootCAs: roots}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		errc := make(chan error, 1)
+		if err := e.Send(ctx, &projection.Record{Stream: "S", Subject: "a.b", Seq: 1, Data: []byte("x")}, func(err error) { errc <- err }); err != nil {
+			t.Fatal(err)
+		}
+		return <-errc
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	if err := send(pool); err != nil {
+		t.Fatalf("with the brokers' CA: %v", err)
+	}
+	if err := send(x509.NewCertPool()); err == nil {
+		t.Fatal("a broker certificate from an unknown CA was accepted")
 	}
 }
