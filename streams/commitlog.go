@@ -10,7 +10,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -39,8 +38,8 @@ func (s FoldStats) Position() uint64 { return max(s.From, s.To) }
 const foldFetch = 1000
 
 // dropConcurrency is how many message deletions are in flight at once: each
-// is one JetStream API round trip (a lookup by sequence on the server).
-const dropConcurrency = 64
+// is one JetStream API request (a lookup by sequence on the server).
+const dropConcurrency = 256
 
 // FoldWorld runs one pass of f over world on the COMMITS stream: it reads
 // the world's versions after f's position, up to the world's last message
@@ -307,53 +306,57 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 	}
 }
 
-// deleteSeqs deletes the messages at seqs, dropConcurrency at a time.
-// A message already gone is fine.
+// deleteSeqs deletes the messages at seqs, dropConcurrency requests in
+// flight. A message already gone is fine.
 //
-// The requests are made by hand rather than with jetstream.Stream's
+// The requests are the API's own ({"seq":N,"no_erase":true} on
+// $JS.API.STREAM.MSG.DELETE.<stream>), published in a pipeline with one
+// reply subject rather than made one by one with jetstream.Stream's
 // DeleteMsg: a pass deletes about one message per changed document, and
-// the client's reflection-based JSON for each request and answer was a
-// fifth of a pass's CPU. The request is the API's: {"seq":N,"no_erase":true}
-// on $JS.API.STREAM.MSG.DELETE.<stream>.
+// per-request contexts, timers, reply subscriptions and reflection-based
+// JSON were most of the client's CPU in a pass of updates, CPU the server,
+// which serializes a stream's deletions, then lacked on a small machine.
 func deleteSeqs(ctx context.Context, js jetstream.JetStream, seqs []uint64) error {
 	if len(seqs) == 0 {
 		return nil
 	}
 	subject := apiPrefix(js) + "STREAM.MSG.DELETE." + StreamCommits
 	nc := js.Conn()
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	sem := make(chan struct{}, dropConcurrency)
-	var wg sync.WaitGroup
-	for _, seq := range seqs {
-		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Add(1)
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			req := strconv.AppendUint([]byte(`{"seq":`), seq, 10)
-			req = append(req, `,"no_erase":true}`...)
-			reqCtx, cancelReq := ctx, context.CancelFunc(func() {})
-			if _, ok := ctx.Deadline(); !ok {
-				reqCtx, cancelReq = context.WithTimeout(ctx, 10*time.Second)
-			}
-			defer cancelReq()
-			msg, err := nc.RequestWithContext(reqCtx, subject, req)
-			if err == nil {
-				err = deleteAnswer(msg.Data)
-			}
-			if err != nil {
-				cancel(fmt.Errorf("delete version %d: %w", seq, err))
-			}
-		}()
+	inbox := nc.NewInbox()
+	answers := make(chan *nats.Msg, dropConcurrency)
+	sub, err := nc.ChanSubscribe(inbox, answers)
+	if err != nil {
+		return fmt.Errorf("delete versions: %w", err)
 	}
-	wg.Wait()
-	return context.Cause(ctx)
+	defer sub.Unsubscribe()
+	const quiet = 10 * time.Second // no answer for this long: give up
+	timer := time.NewTimer(quiet)
+	defer timer.Stop()
+	req := make([]byte, 0, 64)
+	sent, got := 0, 0
+	for got < len(seqs) {
+		for sent < len(seqs) && sent-got < dropConcurrency {
+			req = strconv.AppendUint(append(req[:0], `{"seq":`...), seqs[sent], 10)
+			req = append(req, `,"no_erase":true}`...)
+			if err := nc.PublishRequest(subject, inbox, req); err != nil {
+				return fmt.Errorf("delete version %d: %w", seqs[sent], err)
+			}
+			sent++
+		}
+		select {
+		case m := <-answers:
+			got++
+			if err := deleteAnswer(m.Data); err != nil {
+				return fmt.Errorf("delete versions: %w", err)
+			}
+			timer.Reset(quiet)
+		case <-timer.C:
+			return fmt.Errorf("delete versions: %d of %d deletions unanswered for %s", sent-got, len(seqs), quiet)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
 }
 
 // deleteAnswer reads the answer to a deletion: nil when the message is
