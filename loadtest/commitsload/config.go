@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/millrace/millrace/loadtest/envflag"
 	"github.com/millrace/millrace/projectors/compactor"
 )
 
@@ -247,35 +248,35 @@ func (c Config) Validate() error {
 // environment, the environment over the default): MILLRACE_COMMITSLOAD_*,
 // plus MILLRACE_NATS_URL and MILLRACE_BUCKET_URL.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	e := envFlags{fs}
-	e.str(&c.Addr, "addr", "ADDR", DefaultAddr, "commits edge gRPC address the writers use")
-	e.str(&c.ReadAddr, "read-addr", "READ_ADDR", "", "commits edge the oracle reads back from, e.g. a freshly started one (default: -addr)")
-	e.str(&c.APIKey, "api-key", "API_KEY", "", "API key allowed every world of the run (sent as authorization: Bearer)")
-	e.str(&c.World, "world", "WORLD", DefaultWorld, "the world, or with -worlds > 1 the prefix of WORLD-0, WORLD-1, ...")
-	e.int(&c.Worlds, "worlds", "WORLDS", 1, "number of worlds, written alike")
-	e.int(&c.Docs, "docs", "DOCS", DefaultDocs, "documents per world")
-	e.str(&c.IDPrefix, "id-prefix", "ID_PREFIX", DefaultIDPrefix, "document ids are this prefix and a zero-padded number")
-	e.int(&c.BodyBytes, "body-bytes", "BODY_BYTES", DefaultBodyBytes, "size of every body (at least 8)")
-	e.int(&c.Writers, "writers", "WRITERS", DefaultWriters, "writers: clients with a gRPC connection each (see -shared-conn) and up to -in-flight puts outstanding")
-	e.int(&c.InFlight, "in-flight", "IN_FLIGHT", DefaultInFlight, "puts each writer keeps outstanding")
-	e.bool(&c.SharedConn, "shared-conn", "SHARED_CONN", "all writers share one gRPC connection")
-	e.float(&c.Rate, "rate", "RATE", 0, "total puts per second over all writers (0: flat out)")
-	e.bool(&c.Fill, "fill", "FILL", "first write every document once, in order, then the updates")
-	e.int64(&c.Writes, "writes", "WRITES", 0, "random updates after the fill (0: bounded by -duration)")
-	e.dur(&c.Duration, "duration", "DURATION", 0, fmt.Sprintf("how long the updates run (0 and -writes 0: %s, or none after -fill)", DefaultDuration))
-	e.dur(&c.Warmup, "warmup", "WARMUP", 0, "first part of the writes left out of the rate and latency figures")
-	e.float(&c.CASFraction, "cas-fraction", "CAS_FRACTION", 0, "fraction of updates sent with compare-and-set on the latest version seen (conflicts are counted)")
-	e.dur(&c.RPCTimeout, "rpc-timeout", "RPC_TIMEOUT", DefaultRPCTimeout, "deadline of each call")
-	e.bool(&c.Fold, "fold", "FOLD", "after the writes, fold each world into the bucket in this process (needs -nats-url and -bucket-url)")
-	envString(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS of the edge (for -fold)")
-	envString(fs, &c.BucketURL, "bucket-url", "MILLRACE_BUCKET_URL", "", "bucket the edge reads folded versions from, e.g. file:///abs/dir (for -fold)")
-	e.bool(&c.NoVerify, "no-verify", "NO_VERIFY", "skip the oracle (read-back of every acknowledged version)")
-	e.bool(&c.VerifyOnly, "verify-only", "VERIFY_ONLY", "write nothing: check the acknowledged versions in -ledger")
-	e.str(&c.Ledger, "ledger", "LEDGER", "", "file of acknowledged versions: written after the writes, read by -verify-only")
-	e.bool(&c.LedgerAppend, "ledger-append", "LEDGER_APPEND", "append to -ledger instead of replacing it (several runs, one check)")
-	e.int(&c.VerifyConcurrency, "verify-concurrency", "VERIFY_CONCURRENCY", DefaultVerifyConcurrency, "documents the oracle checks at once")
-	e.float(&c.VerifyFraction, "verify-fraction", "VERIFY_FRACTION", 1, "fraction of the documents whose every version the oracle reads back with Get and History (List checks all)")
-	e.dur(&c.VerifyTimeout, "verify-timeout", "VERIFY_TIMEOUT", 0, "stop reading documents back after this long, reporting those left unchecked as a finding (0: no limit)")
+	e := envflag.Set{FS: fs, Prefix: "MILLRACE_COMMITSLOAD_", Who: "commitsload"}
+	e.String(&c.Addr, "addr", "ADDR", DefaultAddr, "commits edge gRPC address the writers use")
+	e.String(&c.ReadAddr, "read-addr", "READ_ADDR", "", "commits edge the oracle reads back from, e.g. a freshly started one (default: -addr)")
+	e.String(&c.APIKey, "api-key", "API_KEY", "", "API key allowed every world of the run (sent as authorization: Bearer)")
+	e.String(&c.World, "world", "WORLD", DefaultWorld, "the world, or with -worlds > 1 the prefix of WORLD-0, WORLD-1, ...")
+	e.Int(&c.Worlds, "worlds", "WORLDS", 1, "number of worlds, written alike")
+	e.Int(&c.Docs, "docs", "DOCS", DefaultDocs, "documents per world")
+	e.String(&c.IDPrefix, "id-prefix", "ID_PREFIX", DefaultIDPrefix, "document ids are this prefix and a zero-padded number")
+	e.Int(&c.BodyBytes, "body-bytes", "BODY_BYTES", DefaultBodyBytes, "size of every body (at least 8)")
+	e.Int(&c.Writers, "writers", "WRITERS", DefaultWriters, "writers: clients with a gRPC connection each (see -shared-conn) and up to -in-flight puts outstanding")
+	e.Int(&c.InFlight, "in-flight", "IN_FLIGHT", DefaultInFlight, "puts each writer keeps outstanding")
+	e.Bool(&c.SharedConn, "shared-conn", "SHARED_CONN", "all writers share one gRPC connection")
+	e.Float(&c.Rate, "rate", "RATE", 0, "total puts per second over all writers (0: flat out)")
+	e.Bool(&c.Fill, "fill", "FILL", "first write every document once, in order, then the updates")
+	e.Int64(&c.Writes, "writes", "WRITES", 0, "random updates after the fill (0: bounded by -duration)")
+	e.Duration(&c.Duration, "duration", "DURATION", 0, fmt.Sprintf("how long the updates run (0 and -writes 0: %s, or none after -fill)", DefaultDuration))
+	e.Duration(&c.Warmup, "warmup", "WARMUP", 0, "first part of the writes left out of the rate and latency figures")
+	e.Float(&c.CASFraction, "cas-fraction", "CAS_FRACTION", 0, "fraction of updates sent with compare-and-set on the latest version seen (conflicts are counted)")
+	e.Duration(&c.RPCTimeout, "rpc-timeout", "RPC_TIMEOUT", DefaultRPCTimeout, "deadline of each call")
+	e.Bool(&c.Fold, "fold", "FOLD", "after the writes, fold each world into the bucket in this process (needs -nats-url and -bucket-url)")
+	envflag.Env(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS of the edge (for -fold)")
+	envflag.Env(fs, &c.BucketURL, "bucket-url", "MILLRACE_BUCKET_URL", "", "bucket the edge reads folded versions from, e.g. file:///abs/dir (for -fold)")
+	e.Bool(&c.NoVerify, "no-verify", "NO_VERIFY", "skip the oracle (read-back of every acknowledged version)")
+	e.Bool(&c.VerifyOnly, "verify-only", "VERIFY_ONLY", "write nothing: check the acknowledged versions in -ledger")
+	e.String(&c.Ledger, "ledger", "LEDGER", "", "file of acknowledged versions: written after the writes, read by -verify-only")
+	e.Bool(&c.LedgerAppend, "ledger-append", "LEDGER_APPEND", "append to -ledger instead of replacing it (several runs, one check)")
+	e.Int(&c.VerifyConcurrency, "verify-concurrency", "VERIFY_CONCURRENCY", DefaultVerifyConcurrency, "documents the oracle checks at once")
+	e.Float(&c.VerifyFraction, "verify-fraction", "VERIFY_FRACTION", 1, "fraction of the documents whose every version the oracle reads back with Get and History (List checks all)")
+	e.Duration(&c.VerifyTimeout, "verify-timeout", "VERIFY_TIMEOUT", 0, "stop reading documents back after this long, reporting those left unchecked as a finding (0: no limit)")
 	fs.Func("pids", "processes whose CPU to measure per phase, name=pid, comma-separated (e.g. edge=123,nats=456) [$MILLRACE_COMMITSLOAD_PIDS]", func(s string) error {
 		p, err := ParsePIDs(s)
 		c.PIDs = p
@@ -288,8 +289,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 			fmt.Fprintf(os.Stderr, "commitsload: ignoring $MILLRACE_COMMITSLOAD_PIDS: %v\n", err)
 		}
 	}
-	e.dur(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
-	e.str(&c.Out, "out", "OUT", "", `write the JSON report here ("-": stdout)`)
+	e.Duration(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
+	e.String(&c.Out, "out", "OUT", "", `write the JSON report here ("-": stdout)`)
 	if v, ok := os.LookupEnv("MILLRACE_COMMITSLOAD_SEED"); ok {
 		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
 			c.Seed = n
@@ -329,80 +330,4 @@ func (v seedValue) Set(s string) error {
 	n, err := strconv.ParseUint(s, 10, 64)
 	v.c.Seed = n
 	return err
-}
-
-const envPrefix = "MILLRACE_COMMITSLOAD_"
-
-type envFlags struct{ fs *flag.FlagSet }
-
-func (e envFlags) str(p *string, name, env, def, help string) {
-	envString(e.fs, p, name, envPrefix+env, def, help)
-}
-
-func (e envFlags) bool(p *bool, name, env, help string) {
-	env = envPrefix + env
-	def := false
-	if v, ok := os.LookupEnv(env); ok {
-		if b, err := strconv.ParseBool(v); err == nil {
-			def = b
-		} else {
-			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not true or false\n", env, v)
-		}
-	}
-	e.fs.BoolVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
-}
-
-func (e envFlags) int(p *int, name, env string, def int, help string) {
-	env = envPrefix + env
-	if v, ok := os.LookupEnv(env); ok {
-		if n, err := strconv.Atoi(v); err == nil {
-			def = n
-		} else {
-			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not a number\n", env, v)
-		}
-	}
-	e.fs.IntVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
-}
-
-func (e envFlags) int64(p *int64, name, env string, def int64, help string) {
-	env = envPrefix + env
-	if v, ok := os.LookupEnv(env); ok {
-		if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-			def = n
-		} else {
-			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not a number\n", env, v)
-		}
-	}
-	e.fs.Int64Var(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
-}
-
-func (e envFlags) float(p *float64, name, env string, def float64, help string) {
-	env = envPrefix + env
-	if v, ok := os.LookupEnv(env); ok {
-		if n, err := strconv.ParseFloat(v, 64); err == nil {
-			def = n
-		} else {
-			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not a number\n", env, v)
-		}
-	}
-	e.fs.Float64Var(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
-}
-
-func (e envFlags) dur(p *time.Duration, name, env string, def time.Duration, help string) {
-	env = envPrefix + env
-	if v, ok := os.LookupEnv(env); ok {
-		if d, err := time.ParseDuration(v); err == nil {
-			def = d
-		} else {
-			fmt.Fprintf(os.Stderr, "commitsload: ignoring $%s=%q: not a duration\n", env, v)
-		}
-	}
-	e.fs.DurationVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
-}
-
-func envString(fs *flag.FlagSet, p *string, name, env, def, help string) {
-	if v, ok := os.LookupEnv(env); ok {
-		def = v
-	}
-	fs.StringVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
 }

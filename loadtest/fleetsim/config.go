@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/millrace/millrace/loadtest/envflag"
 )
 
 // Model is a GPU model of the simulated inventory.
@@ -272,14 +274,14 @@ func ParseModels(s string) ([]Model, error) {
 // environment, the environment over the default): MILLRACE_FLEETSIM_*,
 // plus MILLRACE_NATS_URL and DATABASE_URL.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	e := envFlags{fs}
-	e.list(&c.Gateways, "gateways", "GATEWAYS", DefaultGateway, "fleet gateway addresses, comma-separated")
-	e.str(&c.ServerName, "server-name", "SERVER_NAME", "", "name to check in the gateways' certificates (default: the address' host)")
-	e.int(&c.Nodes, "nodes", "NODES", DefaultNodes, "simulated nodes in this process (one connection each: see the open-files limit)")
-	e.int(&c.FirstNode, "first-node", "FIRST_NODE", 0, "number of the first node, to split one fleet across processes")
-	e.str(&c.NodePrefix, "node-prefix", "NODE_PREFIX", DefaultNodePrefix, "node id prefix")
-	e.str(&c.Pool, "pool", "POOL", DefaultPool, "the nodes' pool")
-	e.int(&c.GPUsPerNode, "gpus-per-node", "GPUS_PER_NODE", DefaultGPUsPerNode, "GPUs per node")
+	e := envflag.Set{FS: fs, Prefix: "MILLRACE_FLEETSIM_", Who: "fleetsim"}
+	e.List(&c.Gateways, "gateways", "GATEWAYS", DefaultGateway, "fleet gateway addresses, comma-separated")
+	e.String(&c.ServerName, "server-name", "SERVER_NAME", "", "name to check in the gateways' certificates (default: the address' host)")
+	e.Int(&c.Nodes, "nodes", "NODES", DefaultNodes, "simulated nodes in this process (one connection each: see the open-files limit)")
+	e.Int(&c.FirstNode, "first-node", "FIRST_NODE", 0, "number of the first node, to split one fleet across processes")
+	e.String(&c.NodePrefix, "node-prefix", "NODE_PREFIX", DefaultNodePrefix, "node id prefix")
+	e.String(&c.Pool, "pool", "POOL", DefaultPool, "the nodes' pool")
+	e.Int(&c.GPUsPerNode, "gpus-per-node", "GPUS_PER_NODE", DefaultGPUsPerNode, "GPUs per node")
 	fs.Func("models", fmt.Sprintf("GPU models NAME:MEMORY_MIB, comma-separated; node i has the (i mod n)th (default %q) [$MILLRACE_FLEETSIM_MODELS]", DefaultModels), func(s string) error {
 		m, err := ParseModels(s)
 		c.Models = m
@@ -292,28 +294,28 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 			fmt.Fprintf(os.Stderr, "fleetsim: ignoring $MILLRACE_FLEETSIM_MODELS: %v\n", err)
 		}
 	}
-	e.str(&c.CACert, "ca-cert", "CA_CERT", "", "PEM CA certificate to issue node certificates from (with ca-key; faster than join for many nodes)")
-	e.str(&c.CAKey, "ca-key", "CA_KEY", "", "PEM private key of ca-cert")
-	e.str(&c.GatewayCA, "gateway-ca", "GATEWAY_CA", "", "PEM bundle to trust the gateways with (default: ca-cert)")
-	e.str(&c.JoinToken, "join-token", "JOIN_TOKEN", "", "join token used for every node (Gateway.Join)")
-	e.str(&c.JoinTokensFile, "join-tokens", "JOIN_TOKENS", "", "file of join tokens, one per line, one per node")
-	e.int(&c.JoinConcurrency, "join-concurrency", "JOIN_CONCURRENCY", DefaultJoinConcurrency, "concurrent Join calls")
-	e.dur(&c.Duration, "duration", "DURATION", DefaultDuration, "how long the load runs, from the first dial")
-	e.dur(&c.Ramp, "ramp", "RAMP", 0, fmt.Sprintf("spread the nodes' first dials over this (0: a second per %d nodes; negative: all at once)", DefaultRampRate))
-	e.dur(&c.Settle, "settle", "SETTLE", DefaultSettle, "after the load, wait up to this for placed allocations to be bound, crashes to end and the storm to pass")
-	e.dur(&c.SilenceTimeout, "silence-timeout", "SILENCE_TIMEOUT", 0, "agents leave a gateway they heard nothing from for this long (0: four heartbeat intervals; negative: never)")
-	e.float(&c.StatusRate, "status-rate", "STATUS_RATE", 0, "status changes per second over the fleet")
-	e.dur(&c.GaugeInterval, "gauge-interval", "GAUGE_INTERVAL", DefaultGaugeInterval, "each node's gauge-only status reports (negative: none)")
-	e.float(&c.CrashRate, "crash-rate", "CRASH_RATE", 0, "node crashes per minute over the fleet (a node goes silent, connection left open)")
-	e.dur(&c.CrashFor, "crash-for", "CRASH_FOR", DefaultCrashFor, "how long a crashed node stays silent (negative: for good)")
-	e.dur(&c.StormAt, "storm-at", "STORM_AT", 0, "drop every session at once this long after the start (0: no storm)")
-	e.str(&c.ReservationsAddr, "reservations", "RESERVATIONS", "", "Reservations gRPC address")
-	e.str(&c.ReservationsCA, "reservations-ca", "RESERVATIONS_CA", "", "PEM CA to reach the Reservations API over TLS (default: plaintext)")
-	e.str(&c.APIKey, "api-key", "API_KEY", "", "API key for the Reservations API")
-	e.float(&c.ReservationRate, "reservation-rate", "RESERVATION_RATE", 0, "reservations created per second")
-	e.dur(&c.ReservationHold, "reservation-hold", "RESERVATION_HOLD", DefaultReservationHold, "cancel each reservation this long after creating it (negative: never)")
-	envString(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS to read placement decisions from (fleet.place.<pool>)")
-	envString(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL of the fleet projections: liveness lag, unreachable marks, double bookings")
+	e.String(&c.CACert, "ca-cert", "CA_CERT", "", "PEM CA certificate to issue node certificates from (with ca-key; faster than join for many nodes)")
+	e.String(&c.CAKey, "ca-key", "CA_KEY", "", "PEM private key of ca-cert")
+	e.String(&c.GatewayCA, "gateway-ca", "GATEWAY_CA", "", "PEM bundle to trust the gateways with (default: ca-cert)")
+	e.String(&c.JoinToken, "join-token", "JOIN_TOKEN", "", "join token used for every node (Gateway.Join)")
+	e.String(&c.JoinTokensFile, "join-tokens", "JOIN_TOKENS", "", "file of join tokens, one per line, one per node")
+	e.Int(&c.JoinConcurrency, "join-concurrency", "JOIN_CONCURRENCY", DefaultJoinConcurrency, "concurrent Join calls")
+	e.Duration(&c.Duration, "duration", "DURATION", DefaultDuration, "how long the load runs, from the first dial")
+	e.Duration(&c.Ramp, "ramp", "RAMP", 0, fmt.Sprintf("spread the nodes' first dials over this (0: a second per %d nodes; negative: all at once)", DefaultRampRate))
+	e.Duration(&c.Settle, "settle", "SETTLE", DefaultSettle, "after the load, wait up to this for placed allocations to be bound, crashes to end and the storm to pass")
+	e.Duration(&c.SilenceTimeout, "silence-timeout", "SILENCE_TIMEOUT", 0, "agents leave a gateway they heard nothing from for this long (0: four heartbeat intervals; negative: never)")
+	e.Float(&c.StatusRate, "status-rate", "STATUS_RATE", 0, "status changes per second over the fleet")
+	e.Duration(&c.GaugeInterval, "gauge-interval", "GAUGE_INTERVAL", DefaultGaugeInterval, "each node's gauge-only status reports (negative: none)")
+	e.Float(&c.CrashRate, "crash-rate", "CRASH_RATE", 0, "node crashes per minute over the fleet (a node goes silent, connection left open)")
+	e.Duration(&c.CrashFor, "crash-for", "CRASH_FOR", DefaultCrashFor, "how long a crashed node stays silent (negative: for good)")
+	e.Duration(&c.StormAt, "storm-at", "STORM_AT", 0, "drop every session at once this long after the start (0: no storm)")
+	e.String(&c.ReservationsAddr, "reservations", "RESERVATIONS", "", "Reservations gRPC address")
+	e.String(&c.ReservationsCA, "reservations-ca", "RESERVATIONS_CA", "", "PEM CA to reach the Reservations API over TLS (default: plaintext)")
+	e.String(&c.APIKey, "api-key", "API_KEY", "", "API key for the Reservations API")
+	e.Float(&c.ReservationRate, "reservation-rate", "RESERVATION_RATE", 0, "reservations created per second")
+	e.Duration(&c.ReservationHold, "reservation-hold", "RESERVATION_HOLD", DefaultReservationHold, "cancel each reservation this long after creating it (negative: never)")
+	envflag.Env(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS to read placement decisions from (fleet.place.<pool>)")
+	envflag.Env(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL of the fleet projections: liveness lag, unreachable marks, double bookings")
 	fs.Func("gateway-pids", "gateway process ids whose memory to measure, comma-separated [$MILLRACE_FLEETSIM_GATEWAY_PIDS]", func(s string) error {
 		p, err := parsePIDs(s)
 		c.GatewayPIDs = p
@@ -322,12 +324,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	if v, ok := os.LookupEnv("MILLRACE_FLEETSIM_GATEWAY_PIDS"); ok {
 		c.GatewayPIDs, _ = parsePIDs(v)
 	}
-	e.dur(&c.UnreachableAfter, "unreachable-after", "UNREACHABLE_AFTER", DefaultUnreachableAfter, "liveness grace: a node down for less must never be marked unreachable")
-	e.float(&c.LivenessSamples, "liveness-samples", "LIVENESS_SAMPLES", DefaultLivenessSamples, "heartbeats per second followed into fleet_nodes.last_seen")
-	e.dur(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
-	e.str(&c.LocalAddrs, "local-addrs", "LOCAL_ADDRS", "auto", `source addresses: "auto", a count n (127.0.0.1..n) or IPs, comma-separated`)
-	e.str(&c.Out, "out", "OUT", "", `write the JSON report here ("-": stdout)`)
-	e.int(&c.GCPercent, "gogc", "GOGC", DefaultGCPercent, "the simulator's garbage collector target while it runs (negative: leave GOGC as it is)")
+	e.Duration(&c.UnreachableAfter, "unreachable-after", "UNREACHABLE_AFTER", DefaultUnreachableAfter, "liveness grace: a node down for less must never be marked unreachable")
+	e.Float(&c.LivenessSamples, "liveness-samples", "LIVENESS_SAMPLES", DefaultLivenessSamples, "heartbeats per second followed into fleet_nodes.last_seen")
+	e.Duration(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
+	e.String(&c.LocalAddrs, "local-addrs", "LOCAL_ADDRS", "auto", `source addresses: "auto", a count n (127.0.0.1..n) or IPs, comma-separated`)
+	e.String(&c.Out, "out", "OUT", "", `write the JSON report here ("-": stdout)`)
+	e.Int(&c.GCPercent, "gogc", "GOGC", DefaultGCPercent, "the simulator's garbage collector target while it runs (negative: leave GOGC as it is)")
 	if v, ok := os.LookupEnv("MILLRACE_FLEETSIM_SEED"); ok {
 		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
 			c.Seed = n
@@ -365,75 +367,4 @@ func parsePIDs(s string) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
-}
-
-type envFlags struct{ fs *flag.FlagSet }
-
-func (e envFlags) str(p *string, name, env, def, help string) {
-	envString(e.fs, p, name, "MILLRACE_FLEETSIM_"+env, def, help)
-}
-
-func (e envFlags) list(p *[]string, name, env, def, help string) {
-	env = "MILLRACE_FLEETSIM_" + env
-	if v, ok := os.LookupEnv(env); ok {
-		def = v
-	}
-	*p = splitList(def)
-	e.fs.Func(name, fmt.Sprintf("%s (default %q) [$%s]", help, def, env), func(s string) error {
-		*p = splitList(s)
-		return nil
-	})
-}
-
-func (e envFlags) int(p *int, name, env string, def int, help string) {
-	env = "MILLRACE_FLEETSIM_" + env
-	if v, ok := os.LookupEnv(env); ok {
-		if n, err := strconv.Atoi(v); err == nil {
-			def = n
-		} else {
-			fmt.Fprintf(os.Stderr, "fleetsim: ignoring $%s=%q: not a number\n", env, v)
-		}
-	}
-	e.fs.IntVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
-}
-
-func (e envFlags) float(p *float64, name, env string, def float64, help string) {
-	env = "MILLRACE_FLEETSIM_" + env
-	if v, ok := os.LookupEnv(env); ok {
-		if n, err := strconv.ParseFloat(v, 64); err == nil {
-			def = n
-		} else {
-			fmt.Fprintf(os.Stderr, "fleetsim: ignoring $%s=%q: not a number\n", env, v)
-		}
-	}
-	e.fs.Float64Var(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
-}
-
-func (e envFlags) dur(p *time.Duration, name, env string, def time.Duration, help string) {
-	env = "MILLRACE_FLEETSIM_" + env
-	if v, ok := os.LookupEnv(env); ok {
-		if d, err := time.ParseDuration(v); err == nil {
-			def = d
-		} else {
-			fmt.Fprintf(os.Stderr, "fleetsim: ignoring $%s=%q: not a duration\n", env, v)
-		}
-	}
-	e.fs.DurationVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
-}
-
-func envString(fs *flag.FlagSet, p *string, name, env, def, help string) {
-	if v, ok := os.LookupEnv(env); ok {
-		def = v
-	}
-	fs.StringVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/millrace/millrace/loadtest/envflag"
 )
 
 // nodesPerLocalAddr is how many nodes "auto" puts on one source address.
@@ -41,7 +43,7 @@ func (c Config) localIPs() ([]net.IP, error) {
 		return loopbackIPs(n), nil
 	}
 	var ips []net.IP
-	for _, p := range splitList(s) {
+	for _, p := range envflag.SplitList(s) {
 		ip := net.ParseIP(p)
 		if ip == nil {
 			return nil, fmt.Errorf("local-addrs: %q is not an IP address", p)
