@@ -156,10 +156,23 @@ type Outbox struct {
 	streams map[string]string // subject → stream
 }
 
-// chain is the msg id of the last message the relay knows stored, per
-// stream; it is forgotten after any failure and read from the stream
-// again.
-type chain map[string]string
+// chain is what the relay knows of the streams it publishes to; it is
+// forgotten after any failure and read from the streams again.
+type chain struct {
+	// last is the msg id of the last message known stored, per stream.
+	last map[string]string
+	// through is, per stream, the id of the outbox row whose msg id was
+	// the stream's last message when the chain was read: that row and
+	// every row of the stream before it are stored already.
+	through map[string]int64
+}
+
+func newChain() chain { return chain{last: map[string]string{}, through: map[string]int64{}} }
+
+func (c chain) reset() {
+	clear(c.last)
+	clear(c.through)
+}
 
 // NewOutbox makes a relay of the outbox table in pool's database.
 func NewOutbox(pool *pgxpool.Pool, pub OutboxPublisher, cfg OutboxConfig) *Outbox {
@@ -187,10 +200,10 @@ func (o *Outbox) Run(ctx context.Context) error {
 	}()
 	backoff := o.cfg.RetryMin
 	standby := false
-	var last chain
+	last := newChain()
 	for ctx.Err() == nil {
 		if o.conn == nil {
-			last = chain{}
+			last.reset()
 			conn, err := o.lead(ctx)
 			if err != nil {
 				if ctx.Err() != nil {
@@ -221,7 +234,7 @@ func (o *Outbox) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				break
 			}
-			clear(last)
+			last.reset()
 			o.m.errors.Inc()
 			o.log.Warn("outbox relay failed; retrying", "err", err, "backoff", backoff)
 			if o.broken(o.conn) {
@@ -343,7 +356,7 @@ func (o *Outbox) relay(ctx context.Context, conn *pgx.Conn, upTo int64, last cha
 	if len(batch) == 0 {
 		return 0, nil
 	}
-	stored, err := o.publish(ctx, batch, last)
+	stored, err := o.publish(ctx, conn, batch, last)
 	if ctx.Err() != nil {
 		// Published perhaps, not deleted: the next relay publishes these
 		// again and JetStream drops the duplicates.
@@ -368,9 +381,9 @@ func (o *Outbox) relay(ctx context.Context, conn *pgx.Conn, upTo int64, last cha
 // publish sends the batch pipelined, each message chained to the one
 // before it in its stream, and waits for every acknowledgement. It returns
 // how many rows from the start were stored (or were duplicates of stored
-// messages) and the first error.
-func (o *Outbox) publish(ctx context.Context, batch []outboxRow, last chain) (int, error) {
-	futures := make([]*Future, 0, len(batch))
+// messages, or known stored and skipped) and the first error.
+func (o *Outbox) publish(ctx context.Context, conn *pgx.Conn, batch []outboxRow, last chain) (int, error) {
+	futures := make([]*Future, 0, len(batch)) // nil: known stored, not sent
 	var sendErr error
 	for i := range batch {
 		r := &batch[i]
@@ -380,7 +393,7 @@ func (o *Outbox) publish(ctx context.Context, batch []outboxRow, last chain) (in
 			break
 		}
 		stream, ok := o.streamOf(r.subject)
-		if _, known := last[stream]; !ok || !known {
+		if _, known := last.last[stream]; !ok || !known {
 			var lastID string
 			if stream, lastID, err = o.pub.LastMsgID(ctx, r.subject); err != nil {
 				sendErr = fmt.Errorf("outbox row %d: %w", r.id, err)
@@ -389,11 +402,24 @@ func (o *Outbox) publish(ctx context.Context, batch []outboxRow, last chain) (in
 			o.mu.Lock()
 			o.streams[r.subject] = stream
 			o.mu.Unlock()
-			if _, known := last[stream]; !known {
-				last[stream] = lastID
+			if _, known := last.last[stream]; !known {
+				through, err := storedThrough(ctx, conn, lastID)
+				if err != nil {
+					sendErr = fmt.Errorf("outbox row %d: %w", r.id, err)
+					break
+				}
+				last.last[stream], last.through[stream] = lastID, through
 			}
 		}
-		if prev := last[stream]; prev != "" {
+		if r.id <= last.through[stream] {
+			// Stored already: a relay that stopped between publish and
+			// delete for longer than the stream's duplicate window would
+			// otherwise store these again, since JetStream no longer knows
+			// their msg ids and the chain names the stream's last message.
+			futures = append(futures, nil)
+			continue
+		}
+		if prev := last.last[stream]; prev != "" {
 			msg.Header.Set(jetstream.ExpectedLastMsgIDHeader, prev)
 		}
 		f, err := o.pub.PublishAsync(msg)
@@ -401,12 +427,16 @@ func (o *Outbox) publish(ctx context.Context, batch []outboxRow, last chain) (in
 			sendErr = fmt.Errorf("outbox row %d: %w", r.id, err)
 			break
 		}
-		last[stream] = r.msgID
+		last.last[stream] = r.msgID
 		futures = append(futures, f)
 	}
 	stored := -1
 	var firstErr error
 	for i, f := range futures {
+		if f == nil {
+			o.m.published.WithLabelValues("skipped").Inc()
+			continue
+		}
 		dup, err := f.Wait(ctx)
 		switch {
 		case err != nil && ctx.Err() != nil:
@@ -433,9 +463,28 @@ func (o *Outbox) publish(ctx context.Context, batch []outboxRow, last chain) (in
 		return stored, firstErr
 	}
 	if sendErr != nil {
-		clear(last)
+		last.reset()
 	}
 	return len(futures), sendErr
+}
+
+// storedThrough returns the id of the outbox row whose msg id is lastID, the
+// last message of a stream the relay publishes to, or 0. The relay is the
+// only writer of its streams and publishes in id order, so that row and
+// every row of its stream before it are stored. The lookup scans the table
+// (no index on msg_id), which holds only rows not yet deleted; it runs
+// once per stream each time the relay reads its chain (taking the lead,
+// after a failure).
+func storedThrough(ctx context.Context, conn *pgx.Conn, lastID string) (int64, error) {
+	if lastID == "" {
+		return 0, nil
+	}
+	var id int64
+	err := conn.QueryRow(ctx, "select coalesce(max(id), 0) from outbox where msg_id = $1", lastID).Scan(&id)
+	if err != nil {
+		return 0, fmt.Errorf("find the stream's last message in the outbox: %w", err)
+	}
+	return id, nil
 }
 
 func (o *Outbox) streamOf(subject string) (string, bool) {
@@ -508,14 +557,14 @@ func (o *Outbox) Flush(ctx context.Context) error {
 		case err != nil:
 			return fmt.Errorf("outbox flush: %w", err)
 		}
-		last := chain{}
+		last := newChain()
 		for {
 			n, err := o.relay(ctx, conn, upTo, last)
 			if err == nil && n == 0 {
 				break
 			}
 			if err != nil {
-				clear(last)
+				last.reset()
 				if ctx.Err() != nil {
 					o.closeConn(conn)
 					return ctx.Err()
@@ -548,7 +597,7 @@ func newOutboxMetrics(reg prometheus.Registerer) *outboxMetrics {
 	m := &outboxMetrics{
 		published: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_outbox_published_total",
-			Help: "Outbox rows published, by outcome (stored, duplicate, error).",
+			Help: "Outbox rows published, by outcome (stored, duplicate, error; skipped: found already stored after a restart, not sent).",
 		}, []string{"outcome"}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "millrace_outbox_errors_total",

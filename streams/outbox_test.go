@@ -486,3 +486,50 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 	}
 	t.Logf("%d decisions, %d placements", decisions, placed)
 }
+
+// A relay that stopped between publish and delete for longer than the
+// stream's duplicate window: JetStream no longer knows the msg ids of what
+// it stored, so the next relay must find them stored (the stream's last
+// message is one of its rows) and skip them, not store them again.
+func TestOutboxResumesAfterTheDuplicateWindow(t *testing.T) {
+	e := setup(t)
+	ctx := context.Background()
+	window := 200 * time.Millisecond
+	if err := streams.Apply(ctx, e.js, streams.StreamSpecs(streams.Config{DuplicateWindow: window})); err != nil {
+		t.Fatal(err)
+	}
+	want := addOutbox(t, e.pool, 0, 250, false)
+	crashCtx, cancel := context.WithCancel(ctx)
+	crash := &crashingPublisher{pub: e.pub, after: 180, cancel: cancel}
+	cfg := outboxConfig()
+	cfg.Batch = 250
+	if err := streams.NewOutbox(e.pool, crash, cfg).Run(crashCtx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the crashed relay's messages stored", func() bool { return streamCount(t, e.js) >= 180 })
+	stored := streamCount(t, e.js)
+	// Wait until JetStream has forgotten the first row's msg id: a probe
+	// with that id and an expected last msg id that cannot match is a
+	// duplicate (nothing stored) while the id is remembered, and refused
+	// (nothing stored either) once it is not.
+	waitFor(t, "the duplicate window to pass", func() bool {
+		probe := nats.NewMsg(streams.FleetPlaceSubject("pool-0"))
+		probe.Header.Set(envelope.MsgID, want[0])
+		probe.Header.Set(jetstream.ExpectedLastMsgIDHeader, "no-such-message")
+		_, err := e.js.PublishMsg(ctx, probe)
+		return err != nil
+	})
+	if n := streamCount(t, e.js); n != stored {
+		t.Fatalf("the probe stored a message: %d, want %d", n, stored)
+	}
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	startOutbox(t, streams.NewOutbox(e.pool, e.pub, cfg))
+	waitFor(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 })
+	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
+		t.Fatalf("stream holds %d messages, want %d once each, in order", len(got), len(want))
+	}
+	if n := metric(t, reg, "millrace_outbox_published_total"); n != 250 {
+		t.Errorf("%v rows relayed, want 250", n)
+	}
+}

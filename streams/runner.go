@@ -122,6 +122,7 @@ var ErrLocked = errors.New("the projector is running in another process")
 // waits on standby.
 func (r *Runner) Run(ctx context.Context) error {
 	defer r.release()
+	backoff := r.cfg.RetryMin
 	for ctx.Err() == nil {
 		if r.conn == nil {
 			if err := r.lead(ctx, true); err != nil {
@@ -137,9 +138,15 @@ func (r *Runner) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				break
 			}
-			r.log.Warn("consumer step failed", "err", err)
-			sleep(ctx, r.cfg.RetryMin)
+			// A step that keeps failing (the DEAD stream gone, a projector
+			// that names a foreign message) backs off rather than
+			// re-pointing its consumer ten times a second.
+			r.log.Warn("consumer step failed", "err", err, "backoff", backoff)
+			sleep(ctx, backoff)
+			backoff = min(2*backoff, r.cfg.RetryMax)
+			continue
 		}
+		backoff = r.cfg.RetryMin
 	}
 	return nil
 }
@@ -186,13 +193,42 @@ func (r *Runner) lead(ctx context.Context, wait bool) error {
 		r.drop()
 		return err
 	}
-	if err := r.point(ctx, pos); err != nil {
+	if err := r.point(ctx, pos, true); err != nil {
 		r.drop()
 		return err
 	}
 	r.position = pos
 	r.log.Info("applying", "position", pos)
 	return nil
+}
+
+// rewind re-points the consumer at the committed position after a batch
+// failed part-way (a dead letter that could not be published, a projector
+// naming a message that is not in its batch, a failed isolation), so that
+// the next delivery is the first message not applied. Without it the next
+// fetch returns later messages, their commit moves the position past the
+// failed batch and their AckAll acknowledges it: lost without a trace.
+// When the consumer cannot be re-pointed the runner gives up the lead
+// instead, and whoever leads next points it (lead). Messages of the batch
+// already parked are parked again on redelivery, a no-op inside the DEAD
+// stream's duplicate window (their Nats-Msg-Id names consumer and
+// sequence).
+func (r *Runner) rewind(ctx context.Context) {
+	r.m.batch(r.name, "rewound")
+	if r.conn == nil {
+		return // the lock is gone: the next lead points the consumer
+	}
+	pos, err := r.readPosition(ctx)
+	if err == nil {
+		err = r.point(ctx, pos, false)
+	}
+	if err != nil {
+		r.log.Warn("cannot re-point the consumer after a failed batch; giving up the lead", "err", err)
+		r.drop()
+		return
+	}
+	r.position = pos
+	r.backlogged = true // what was handed back is waiting
 }
 
 func (r *Runner) readPosition(ctx context.Context) (uint64, error) {
@@ -209,13 +245,15 @@ func (r *Runner) readPosition(ctx context.Context) (uint64, error) {
 
 // point recreates the durable consumer so that it delivers from pos+1.
 // Deliveries left unacknowledged by a previous holder are discarded with it.
-func (r *Runner) point(ctx context.Context, pos uint64) error {
+// With reuse, a consumer that has nothing outstanding and whose ack floor
+// is pos is kept as it is (the common restart).
+func (r *Runner) point(ctx context.Context, pos uint64, reuse bool) error {
 	spec := ConsumerSpec(r.name, r.cfg.Filter, r.cfg.Batch, r.cfg.AckWait)
 	spec.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
 	spec.OptStartSeq = pos + 1
 	if info, err := r.js.Consumer(ctx, r.cfg.Stream, r.name); err == nil {
 		ci := info.CachedInfo()
-		if ci.NumAckPending == 0 && ci.AckFloor.Stream == pos && ci.Config.FilterSubject == spec.FilterSubject {
+		if reuse && ci.NumAckPending == 0 && ci.AckFloor.Stream == pos && ci.Config.FilterSubject == spec.FilterSubject {
 			r.cons = info // already right after the position
 			return nil
 		}
@@ -289,6 +327,9 @@ func (r *Runner) step(ctx context.Context) error {
 	r.backlogged = len(msgs) == r.cfg.Batch
 	if len(msgs) > 0 {
 		if err := r.handle(ctx, msgs); err != nil {
+			if ctx.Err() == nil {
+				r.rewind(ctx)
+			}
 			return err
 		}
 	}
@@ -397,6 +438,13 @@ func (r *Runner) isolate(ctx context.Context, live, all, dead []*message) error 
 			if pe, ok := projection.AsPoison(err); ok {
 				err = pe.Reason
 			} else if Transient(err) {
+				// As in handle: a connection that is gone took the lock
+				// with it, and retrying on it would spin for ever while the
+				// runner still counted itself the leader.
+				if r.checkConn(err); r.conn == nil {
+					return fmt.Errorf("isolate message %d: %w", m.seq, err)
+				}
+				r.m.retry(r.name)
 				if !sleep(ctx, r.cfg.RetryMax) {
 					r.handBack(live)
 					return ctx.Err()
@@ -648,7 +696,7 @@ func (r *Runner) Replay(ctx context.Context) error {
 		return fmt.Errorf("reset %s: %w", r.name, err)
 	}
 	r.position = 0
-	if err := r.point(ctx, 0); err != nil {
+	if err := r.point(ctx, 0, false); err != nil {
 		return err
 	}
 	for r.position < target {
