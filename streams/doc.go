@@ -4,4 +4,49 @@
 // asynchronous deduplicating publisher the edges use, and the one consumer
 // loop every projector runs under (fetch a batch, apply it in a PostgreSQL
 // transaction that also records the consumer position, commit, then ack).
+//
+// # What each consumer never does
+//
+// Every consumer of a stream keeps one invariant: it never acknowledges,
+// and never records as its position, a message whose effect is not durable
+// where that consumer's position lives. Each states it in its own terms,
+// and a test pins each failure path that could break it.
+//
+// Runner (projections; position in PostgreSQL, consumer_positions): the
+// position moves only in the transaction that applied every message at or
+// below it, or parked it in the DEAD stream; AckAll is sent only after
+// that commit. Any failure inside a batch (a dead letter that cannot be
+// stored, a projector naming a sequence not in its batch, an isolation
+// that fails) re-points the durable consumer at the committed position,
+// or gives up the lead when it cannot, so the next delivery is the first
+// unapplied message. A lost connection during isolation gives up the lead.
+// Pinned by TestRunnerNeverMovesPastAFailedDeadLetter (DEAD deleted, DEAD
+// full), TestRunnerForeignPoisonLosesNothing,
+// TestRunnerIsolationSurvivesPostgresRestart,
+// TestRunnerCommittedButUnackedIsNotAppliedTwice and TestRunnerGuards.
+//
+// Outbox (rows in PostgreSQL, published to JetStream): a row is deleted
+// only after JetStream stored it, and stored at most once. A message
+// published again inside the duplicate window is dropped by its msg id;
+// after the window, the relay finds the row that is the stream's last
+// message and skips it and every row of that stream before it. Pinned by
+// TestOutboxCrashBetweenPublishAndDelete,
+// TestOutboxResumesAfterTheDuplicateWindow, TestOutboxFailsMidwayThenRecovers
+// and TestOutboxBackboneRestarts.
+//
+// ExportRunner (Kafka; position is the consumer's ack floor): a message is
+// acknowledged only when it and every message before it were acknowledged
+// by the other system; a failed record ends the session and the next one
+// starts from the ack floor. Pinned by TestExportSurvivesBrokerRestartAndCrash
+// and TestCommitsExportWhileCompacting (projectors/kafka).
+//
+// FoldRunner (the commit log's compactor; position in the bucket): a
+// version is acknowledged only once a pass has folded its world up to it
+// into a checkpoint, and a version is deleted from COMMITS only when a
+// checkpoint holds a later version of its document and every export
+// consumer reading its world has acknowledged it. A failed pass leaves its
+// world's versions unacknowledged. Pinned by
+// TestFoldRunnerPassErrorDoesNotBlockOthers, TestFoldRunnerRestart,
+// TestFoldWithholdsWhatAnExportHasNotAcked and TestStrandedVersionsSwept
+// (projectors/compactor).
 package streams
