@@ -318,10 +318,14 @@ func TestOutboxCrashBetweenPublishAndDelete(t *testing.T) {
 	}
 }
 
+// advisoryLocks counts the advisory locks granted in the test's own
+// database: pg_locks shows the whole cluster's, and other test packages
+// running at the same time hold theirs.
 func advisoryLocks(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
-	if err := pool.QueryRow(context.Background(), "select count(*) from pg_locks where locktype = 'advisory' and granted").Scan(&n); err != nil {
+	if err := pool.QueryRow(context.Background(), `select count(*) from pg_locks where locktype = 'advisory' and granted
+		and database = (select oid from pg_database where datname = current_database())`).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n
