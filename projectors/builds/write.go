@@ -587,9 +587,9 @@ func (c *invCols) args() []any {
 
 type targetCols struct {
 	project, inv, label, kind, reason, tags []string
-	success                        []pgtype.Bool
-	rank                           []int16
-	hasTags                        []bool
+	success                                 []pgtype.Bool
+	rank                                    []int16
+	hasTags                                 []bool
 }
 
 func (c *targetCols) add(k invKey, t *target) {
@@ -609,7 +609,7 @@ func (c *targetCols) args() []any {
 }
 
 type testCols struct {
-	project, inv, label, status                                          []string
+	project, inv, label, status                                 []string
 	hasSummary                                                  []bool
 	attempts, runCount, shardCount, totalRuns, results, nCached []int32
 	duration                                                    []int64
