@@ -52,9 +52,21 @@ func golden(t *testing.T, name string, got []byte) {
 // show document.)
 func dump(t *testing.T, pool *pgxpool.Pool, keys ...invKey) []byte {
 	t.Helper()
-	ctx := context.Background()
 	var buf bytes.Buffer
 	for _, k := range keys {
+		buf.Write(dumpBuild(t, pool, k))
+	}
+	buf.Write(dumpRollups(t, pool))
+	return buf.Bytes()
+}
+
+// dumpBuild renders one build: its show document, the invocation's other
+// columns and its output.
+func dumpBuild(t *testing.T, pool *pgxpool.Pool, k invKey) []byte {
+	t.Helper()
+	ctx := context.Background()
+	var buf bytes.Buffer
+	{
 		id := k.id
 		b, err := Show(ctx, pool, k.project, id)
 		if err != nil {
@@ -87,6 +99,14 @@ func dump(t *testing.T, pool *pgxpool.Pool, keys ...invKey) []byte {
 		}
 		fmt.Fprintf(&buf, "== output %s: stdout %d bytes, stderr %d bytes\n%q\n", id, len(stdout), len(stderr), tail(stderr, 200))
 	}
+	return buf.Bytes()
+}
+
+// dumpRollups renders every hourly rollup row.
+func dumpRollups(t *testing.T, pool *pgxpool.Pool) []byte {
+	t.Helper()
+	ctx := context.Background()
+	var buf bytes.Buffer
 	rows, err := pool.Query(ctx, `select project, to_char(hour at time zone 'UTC', 'YYYY-MM-DD HH24:MI'), builds, succeeded,
 		failed, abandoned, duration_hist, duration_sum_ms, tests_passed, tests_failed, tests_flaky
 		from hourly_rollups order by 1, 2`)
