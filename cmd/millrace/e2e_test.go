@@ -609,3 +609,49 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// TestBazelTwoProjectsSameInvocationID: two clients with API keys of two
+// projects build different workspaces at the same time with the same
+// --invocation_id (any client may choose it). Each project gets its own
+// complete build, as its Bazel reported it, counted once in its rollups;
+// `builds show` without --project says which projects have the id.
+func TestBazelTwoProjectsSameInvocationID(t *testing.T) {
+	needBazel(t)
+	db := testenv.Database(t)
+	dev := newDev(t, db)
+	const keyA, keyB = "alpha-0123456789abcdef", "beta-0123456789abcdef"
+	dev.env = append(dev.env, "MILLRACE_BES_API_KEYS=alpha="+keyA+",beta="+keyB)
+	dev.start()
+
+	// Different workspaces, so that a merged build could not pass for either.
+	a := newBazelRun(t, 24, dev.besAddr)
+	b := newBazelRun(t, 13, dev.besAddr)
+	b.invocationID, b.opt.InvocationID = a.invocationID, a.invocationID
+	a.project, a.opt.ProjectID = "alpha", keyA
+	b.project, b.opt.ProjectID = "beta", keyB
+	waitA, waitB := a.start(t), b.start(t)
+	codeA, outA := waitA()
+	codeB, outB := waitB()
+	a.checkExit(t, codeA, outA, " (project alpha)", dev.output())
+	b.checkExit(t, codeB, outB, " (project beta)", dev.output())
+	a.checkProjection(t, db)
+	b.checkProjection(t, db)
+
+	// Without --project: JSON refuses to pick one tenant's build and names
+	// both; text prints both.
+	show := func(args ...string) (string, error) {
+		cmd := exec.Command(binary(t), append([]string{"builds", "show", a.invocationID}, args...)...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+db)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := show("--json")
+	if err == nil || !strings.Contains(out, "alpha, beta") || !strings.Contains(out, "--project") {
+		t.Errorf("builds show --json without --project for an id of two projects: %v\n%s", err, out)
+	}
+	out, err = show()
+	if err != nil || strings.Count(out, "invocation ") != 2 || !strings.Contains(out, "alpha") || !strings.Contains(out, "beta") {
+		t.Errorf("builds show without --project: %v\n%s", err, out)
+	}
+	dev.stop()
+}
