@@ -19,7 +19,8 @@ import (
 )
 
 // registerConsole serves a small read-only console: the latest builds, and
-// each build as JSON (the same document `builds show --json` prints).
+// each build as JSON at /builds/{project}/{id} (the same document
+// `builds show --project P --json` prints).
 func registerConsole(mux *http.ServeMux, pool func() *pgxpool.Pool) {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		p := pool()
