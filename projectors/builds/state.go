@@ -46,19 +46,19 @@ type rowKey struct {
 // keys is a set of (project, invocation, label) triples kept as unnest()
 // arguments.
 type keys struct {
-	set                 map[rowKey]bool
+	seen                map[rowKey]bool
 	project, inv, label []string
 }
 
 func (k *keys) add(key invKey, label string) {
 	rk := rowKey{key, label}
-	if k.set[rk] {
+	if k.seen[rk] {
 		return
 	}
-	if k.set == nil {
-		k.set = make(map[rowKey]bool)
+	if k.seen == nil {
+		k.seen = make(map[rowKey]bool)
 	}
-	k.set[rk] = true
+	k.seen[rk] = true
 	k.project = append(k.project, key.project)
 	k.inv = append(k.inv, key.id)
 	k.label = append(k.label, label)
