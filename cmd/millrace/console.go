@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"net/url"
 	"os"
 	"text/tabwriter"
 	"time"
@@ -18,7 +19,8 @@ import (
 )
 
 // registerConsole serves a small read-only console: the latest builds, and
-// each build as JSON (the same document `builds show --json` prints).
+// each build as JSON at /builds/{project}/{id} (the same document
+// `builds show --project P --json` prints).
 func registerConsole(mux *http.ServeMux, pool func() *pgxpool.Pool) {
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
 		p := pool()
@@ -34,13 +36,15 @@ func registerConsole(mux *http.ServeMux, pool func() *pgxpool.Pool) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		consolePage.Execute(w, rows)
 	})
-	mux.HandleFunc("GET /builds/{id}", func(w http.ResponseWriter, r *http.Request) {
+	// A build is (project, invocation id): two projects may send the same
+	// id, so a build's page names both.
+	mux.HandleFunc("GET /builds/{project}/{id}", func(w http.ResponseWriter, r *http.Request) {
 		p := pool()
 		if p == nil {
 			http.Error(w, "the database is not connected yet", http.StatusServiceUnavailable)
 			return
 		}
-		b, err := builds.Show(r.Context(), p, r.PathValue("id"))
+		b, err := builds.Show(r.Context(), p, r.PathValue("project"), r.PathValue("id"))
 		if errors.Is(err, builds.ErrNotFound) {
 			http.Error(w, "no such build", http.StatusNotFound)
 			return
@@ -49,11 +53,49 @@ func registerConsole(mux *http.ServeMux, pool func() *pgxpool.Pool) {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(b)
+		writeJSON(w, http.StatusOK, b)
 	})
+	// The invocation id alone (links from before projects were part of a
+	// build's address): one project has it, go there; several, list them
+	// (300 Multiple Choices) rather than pick one tenant's build.
+	mux.HandleFunc("GET /builds/{id}", func(w http.ResponseWriter, r *http.Request) {
+		p := pool()
+		if p == nil {
+			http.Error(w, "the database is not connected yet", http.StatusServiceUnavailable)
+			return
+		}
+		id := r.PathValue("id")
+		projects, err := builds.Projects(r.Context(), p, id)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+		switch len(projects) {
+		case 0:
+			http.Error(w, "no such build", http.StatusNotFound)
+		case 1:
+			http.Redirect(w, r, buildPath(projects[0], id), http.StatusFound)
+		default:
+			links := make([]string, len(projects))
+			for i, project := range projects {
+				links[i] = buildPath(project, id)
+			}
+			writeJSON(w, http.StatusMultipleChoices, map[string]any{"id": id, "projects": projects, "builds": links})
+		}
+	})
+}
+
+// buildPath is the console address of one build.
+func buildPath(project, id string) string {
+	return "/builds/" + url.PathEscape(project) + "/" + url.PathEscape(id)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
 }
 
 type buildRow struct {
@@ -75,14 +117,14 @@ func recentBuilds(ctx context.Context, p *pgxpool.Pool, n int) ([]buildRow, erro
 	})
 }
 
-var consolePage = template.Must(template.New("console").Parse(`<!doctype html>
+var consolePage = template.Must(template.New("console").Funcs(template.FuncMap{"buildPath": buildPath}).Parse(`<!doctype html>
 <html><head><meta charset="utf-8"><title>millrace</title>
 <style>body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:left}
 .failed{color:#b00}.succeeded{color:#070}.abandoned{color:#888}</style></head>
 <body><h1>millrace: latest builds</h1>
 <p><a href="/metrics">metrics</a> · <a href="/readyz">readiness</a></p>
 <table><tr><th>invocation</th><th>project</th><th>command</th><th>status</th><th>exit</th><th>started</th><th>duration</th></tr>
-{{range .}}<tr><td><a href="/builds/{{.ID}}">{{.ID}}</a></td><td>{{.Project}}</td><td>{{.Command}}</td><td class="{{.Status}}">{{.Status}}</td><td>{{.ExitName}}</td>
+{{range .}}<tr><td><a href="{{buildPath .Project .ID}}">{{.ID}}</a></td><td>{{.Project}}</td><td>{{.Command}}</td><td class="{{.Status}}">{{.Status}}</td><td>{{.ExitName}}</td>
 <td>{{if .Started}}{{.Started.Format "2006-01-02 15:04:05"}}{{end}}</td><td>{{if .DurationMs}}{{.DurationMs}} ms{{end}}</td></tr>
 {{else}}<tr><td colspan="7">No builds yet. Try: bazel build //... --bes_backend=grpc://127.0.0.1:1985</td></tr>{{end}}
 </table></body></html>`))

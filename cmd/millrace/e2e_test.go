@@ -209,6 +209,10 @@ type bazelRun struct {
 	exp          *bazelws.Expected
 	opt          bazelws.RunOptions
 	invocationID string
+	// project is the project the edge files the build under: the project
+	// id Bazel sends when the edge takes any client, the key's project when
+	// it has keys (and opt.ProjectID is the key).
+	project string
 }
 
 func newBazelRun(t *testing.T, targets int, besAddr string) *bazelRun {
@@ -219,7 +223,7 @@ func newBazelRun(t *testing.T, targets int, besAddr string) *bazelRun {
 		t.Fatal(err)
 	}
 	inv := fmt.Sprintf("%08x-0000-4000-8000-%012x", time.Now().UnixNano()&0xffffffff, time.Now().UnixNano()&0xffffffffffff)
-	r := &bazelRun{exp: exp, invocationID: inv, opt: bazelws.RunOptions{
+	r := &bazelRun{exp: exp, invocationID: inv, project: "e2e", opt: bazelws.RunOptions{
 		Dir:          dir,
 		BESBackend:   besAddr,
 		ProjectID:    "e2e",
@@ -280,17 +284,21 @@ func (r *bazelRun) checkProjection(t *testing.T, db string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	compare(t, showJSON(t, db, r.invocationID), summary)
-	checkCountedOnce(t, db, r.invocationID, summary)
+	got := showJSON(t, db, r.project, r.invocationID)
+	if got["project"] != r.project {
+		t.Errorf("projected project %v, want %s", got["project"], r.project)
+	}
+	compare(t, got, summary)
+	checkCountedOnce(t, db, r.project, r.invocationID, summary)
 }
 
-// showJSON runs `millrace builds show <id> --json` once the build is no
-// longer running, and decodes what it prints.
-func showJSON(t *testing.T, databaseURL, id string) map[string]any {
+// showJSON runs `millrace builds show <id> --project <project> --json` once
+// the build is no longer running, and decodes what it prints.
+func showJSON(t *testing.T, databaseURL, project, id string) map[string]any {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		cmd := exec.Command(binary(t), "builds", "show", id, "--json")
+		cmd := exec.Command(binary(t), "builds", "show", id, "--project", project, "--json")
 		cmd.Env = append(os.Environ(), "DATABASE_URL="+databaseURL)
 		var stdout, stderr bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -422,11 +430,11 @@ func digest(t *testing.T, db string) map[string]string {
 	return d
 }
 
-// lastSeen is how many tool events of invocation id are projected (0 before
+// lastSeen is how many tool events of the build are projected (0 before
 // its first).
-func lastSeen(pool *pgxpool.Pool, id string) int64 {
+func lastSeen(pool *pgxpool.Pool, project, id string) int64 {
 	var n int64
-	pool.QueryRow(context.Background(), "select event_count from invocations where id = $1", id).Scan(&n)
+	pool.QueryRow(context.Background(), "select event_count from invocations where id = $1 and project = $2", id, project).Scan(&n)
 	return n
 }
 
@@ -449,7 +457,7 @@ func TestBazelSurvivesEdgeKill(t *testing.T) {
 	defer pool.Close()
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
-		if lastSeen(pool, run.invocationID) >= 20 {
+		if lastSeen(pool, run.project, run.invocationID) >= 20 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -458,7 +466,7 @@ func TestBazelSurvivesEdgeKill(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	dev.kill()
-	t.Logf("killed the edge after %d events were projected", lastSeen(pool, run.invocationID))
+	t.Logf("killed the edge after %d events were projected", lastSeen(pool, run.project, run.invocationID))
 	if d := dev.start(); d > 3*time.Second {
 		t.Errorf("restarted millrace dev took %v to serve BES", d)
 	}
@@ -470,7 +478,7 @@ func TestBazelSurvivesEdgeKill(t *testing.T) {
 
 // checkCountedOnce: the invocation's events are applied once each and the
 // build is counted once in the rollups.
-func checkCountedOnce(t *testing.T, db, id string, s *bazelws.JSONSummary) {
+func checkCountedOnce(t *testing.T, db, project, id string, s *bazelws.JSONSummary) {
 	t.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, db)
@@ -478,12 +486,12 @@ func checkCountedOnce(t *testing.T, db, id string, s *bazelws.JSONSummary) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	b, err := builds.Show(ctx, pool, id)
+	b, err := builds.Show(ctx, pool, project, id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var events, rollupBuilds int64
-	if err := pool.QueryRow(ctx, "select event_count from invocations where id = $1", id).Scan(&events); err != nil {
+	if err := pool.QueryRow(ctx, "select event_count from invocations where id = $1 and project = $2", id, project).Scan(&events); err != nil {
 		t.Fatal(err)
 	}
 	// The stream carries each BEP event once plus ComponentStreamFinished.
@@ -570,7 +578,8 @@ func TestProjectorKilledMidBatch(t *testing.T) {
 	for last := int64(0); kills < 4 && time.Now().Before(deadline); {
 		var n int64
 		var status string
-		pool.QueryRow(context.Background(), "select event_count, status from invocations where id = $1", run.invocationID).Scan(&n, &status)
+		pool.QueryRow(context.Background(), "select event_count, status from invocations where id = $1 and project = $2",
+			run.invocationID, run.project).Scan(&n, &status)
 		if status != "" && status != "running" {
 			break // projected to the end
 		}
@@ -599,4 +608,50 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// TestBazelTwoProjectsSameInvocationID: two clients with API keys of two
+// projects build different workspaces at the same time with the same
+// --invocation_id (any client may choose it). Each project gets its own
+// complete build, as its Bazel reported it, counted once in its rollups;
+// `builds show` without --project says which projects have the id.
+func TestBazelTwoProjectsSameInvocationID(t *testing.T) {
+	needBazel(t)
+	db := testenv.Database(t)
+	dev := newDev(t, db)
+	const keyA, keyB = "alpha-0123456789abcdef", "beta-0123456789abcdef"
+	dev.env = append(dev.env, "MILLRACE_BES_API_KEYS=alpha="+keyA+",beta="+keyB)
+	dev.start()
+
+	// Different workspaces, so that a merged build could not pass for either.
+	a := newBazelRun(t, 24, dev.besAddr)
+	b := newBazelRun(t, 13, dev.besAddr)
+	b.invocationID, b.opt.InvocationID = a.invocationID, a.invocationID
+	a.project, a.opt.ProjectID = "alpha", keyA
+	b.project, b.opt.ProjectID = "beta", keyB
+	waitA, waitB := a.start(t), b.start(t)
+	codeA, outA := waitA()
+	codeB, outB := waitB()
+	a.checkExit(t, codeA, outA, " (project alpha)", dev.output())
+	b.checkExit(t, codeB, outB, " (project beta)", dev.output())
+	a.checkProjection(t, db)
+	b.checkProjection(t, db)
+
+	// Without --project: JSON refuses to pick one tenant's build and names
+	// both; text prints both.
+	show := func(args ...string) (string, error) {
+		cmd := exec.Command(binary(t), append([]string{"builds", "show", a.invocationID}, args...)...)
+		cmd.Env = append(os.Environ(), "DATABASE_URL="+db)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := show("--json")
+	if err == nil || !strings.Contains(out, "alpha, beta") || !strings.Contains(out, "--project") {
+		t.Errorf("builds show --json without --project for an id of two projects: %v\n%s", err, out)
+	}
+	out, err = show()
+	if err != nil || strings.Count(out, "invocation ") != 2 || !strings.Contains(out, "alpha") || !strings.Contains(out, "beta") {
+		t.Errorf("builds show without --project: %v\n%s", err, out)
+	}
+	dev.stop()
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -235,17 +236,26 @@ func buildsShowCommand() command {
 	return command{
 		name:    "builds show",
 		summary: "print the projection of one build",
-		usage:   "<invocation_id>",
-		long:    "Reads the database directly; no server needs to run.",
+		usage:   "<invocation_id> [--project P]",
+		long: `Reads the database directly; no server needs to run.
+
+A build is a project and an invocation id: clients of two projects may choose
+the same id (Bazel's --invocation_id). With --project, prints that project's
+build. Without it, prints every build with that id (one after the other);
+with --json, it prints the build if exactly one project has the id, and
+otherwise fails naming the projects that have it, so that a tool never reads
+one tenant's build for another's.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo     logOptions
-				do     dbOptions
-				asJSON bool
+				lo      logOptions
+				do      dbOptions
+				asJSON  bool
+				project string
 			)
 			lo.register(fs)
 			do.register(fs)
 			fs.BoolVar(&asJSON, "json", false, "print JSON (the stable format tools compare)")
+			envString(fs, &project, "project", "MILLRACE_BUILDS_PROJECT", "", "the project of the build; empty: any project that has the invocation id")
 			return func(ctx context.Context, args []string) error {
 				if len(args) != 1 {
 					return usageError{"builds show takes one invocation id"}
@@ -259,23 +269,68 @@ func buildsShowCommand() command {
 					return err
 				}
 				defer pool.Close()
-				b, err := builds.Show(ctx, pool, args[0])
-				if errors.Is(err, builds.ErrNotFound) {
-					return fmt.Errorf("no build %q in the database", args[0])
-				}
+				bs, err := showBuilds(ctx, pool, project, args[0], asJSON)
 				if err != nil {
 					return err
 				}
 				if asJSON {
 					enc := json.NewEncoder(os.Stdout)
 					enc.SetIndent("", "  ")
-					return enc.Encode(b)
+					return enc.Encode(bs[0])
 				}
-				printBuild(b)
+				for i, b := range bs {
+					if i > 0 {
+						fmt.Println()
+					}
+					printBuild(b)
+				}
 				return nil
 			}
 		},
 	}
+}
+
+// showBuilds reads the builds `builds show` prints: project's build with
+// that invocation id, or without a project every build with it. one asks
+// for exactly one (--json): several are then an error naming the projects.
+func showBuilds(ctx context.Context, q builds.Querier, project, id string, one bool) ([]*builds.Build, error) {
+	if project != "" {
+		b, err := builds.Show(ctx, q, project, id)
+		if errors.Is(err, builds.ErrNotFound) {
+			projects, perr := builds.Projects(ctx, q, id)
+			if perr != nil {
+				return nil, perr
+			}
+			if len(projects) > 0 {
+				return nil, fmt.Errorf("project %q has no build %q (projects that have one: %s)", project, id, strings.Join(projects, ", "))
+			}
+			return nil, fmt.Errorf("project %q has no build %q", project, id)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return []*builds.Build{b}, nil
+	}
+	projects, err := builds.Projects(ctx, q, id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case len(projects) == 0:
+		return nil, fmt.Errorf("no build %q in the database", id)
+	case len(projects) > 1 && one:
+		return nil, fmt.Errorf("invocation id %q is a build of %d projects (%s): name one with --project",
+			id, len(projects), strings.Join(projects, ", "))
+	}
+	var bs []*builds.Build
+	for _, p := range projects {
+		b, err := builds.Show(ctx, q, p, id)
+		if err != nil {
+			return nil, err
+		}
+		bs = append(bs, b)
+	}
+	return bs, nil
 }
 
 // version is set at link time (-ldflags "-X main.version=...").

@@ -197,7 +197,7 @@ func TestBazelFixture(t *testing.T) {
 		d := digest(t, pool)
 		if first == nil {
 			first = d
-			golden(t, "bazel_test.golden", dump(t, pool, inv))
+			golden(t, "bazel_test.golden", dump(t, pool, invKey{fixtureProject, inv}))
 		} else if !maps.Equal(first, d) {
 			t.Errorf("batches of %d: digest differs from batches of 1000", n)
 		}
@@ -207,7 +207,7 @@ func TestBazelFixture(t *testing.T) {
 		}
 	}
 
-	b, err := Show(ctx, pool, inv)
+	b, err := Show(ctx, pool, fixtureProject, inv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestBazelFixture(t *testing.T) {
 			t.Errorf("test %s: %q, want %q", label, gotTests[label], status)
 		}
 	}
-	stdout, stderr, err := Output(ctx, pool, inv)
+	stdout, stderr, err := Output(ctx, pool, fixtureProject, inv)
 	if err != nil || len(stdout)+len(stderr) == 0 {
 		t.Errorf("output: %d+%d bytes, %v", len(stdout), len(stderr), err)
 	}
@@ -286,7 +286,11 @@ func TestRecordedFixtures(t *testing.T) {
 				}
 			}
 
-			b, err := Show(ctx, pool, want.InvocationID)
+			projects, err := Projects(ctx, pool, want.InvocationID)
+			if err != nil || len(projects) != 1 {
+				t.Fatalf("projects holding %s: %v %v, want one", want.InvocationID, projects, err)
+			}
+			b, err := Show(ctx, pool, projects[0], want.InvocationID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -317,7 +321,8 @@ func TestRecordedFixtures(t *testing.T) {
 				t.Errorf("test statuses differ from Bazel's JSON:\n got %v\nwant %v", gotTests, want.Tests)
 			}
 			var events int64
-			pool.QueryRow(ctx, `select event_count from invocations where id = $1`, want.InvocationID).Scan(&events)
+			pool.QueryRow(ctx, `select event_count from invocations where id = $1 and project = $2`,
+				want.InvocationID, projects[0]).Scan(&events)
 			if events != int64(want.Events)+1 { // + ComponentStreamFinished
 				t.Errorf("event_count %d, want %d bazel events + 1", events, want.Events)
 			}

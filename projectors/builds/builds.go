@@ -60,13 +60,22 @@ func New(cfg Config) *Projector {
 // Name is the durable consumer name.
 func (p *Projector) Name() string { return ConsumerName }
 
+// DefaultProject is the project of a message whose Millrace-Project header
+// is empty. The BES edge always names one (its own default for clients
+// that send none is also "default", services/bes Config.DefaultProject), so
+// only messages written by other tools take it.
+const DefaultProject = "default"
+
 // event is one decoded stream message.
 type event struct {
 	body
 	inv     string    // invocation id
-	project string    // Millrace-Project
+	project string    // Millrace-Project, else DefaultProject
 	at      time.Time // JetStream storage time (or the event's own time)
 }
+
+// key is the build the event belongs to.
+func (e *event) key() invKey { return invKey{e.project, e.inv} }
 
 // Apply projects a batch. A message that cannot be decoded makes Apply
 // return its *projection.PoisonError before anything is written.
@@ -144,6 +153,9 @@ func decodeMessage(m projection.Message) (ev event, keep bool, err error) {
 		return ev, false, errNoInvocation
 	}
 	ev.project = clean(m.Header(envelope.Project))
+	if ev.project == "" {
+		ev.project = DefaultProject
+	}
 	if b := clean(m.Header(envelope.BuildID)); b != "" {
 		ev.buildID = b
 	}
@@ -168,7 +180,7 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
 	}
-	abandoned, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	abandoned, err := pgx.CollectRows(rows, scanKey)
 	if err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
 	}
@@ -176,14 +188,14 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("builds: sweep output: %w", err)
 	}
-	idle, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	idle, err := pgx.CollectRows(rows, scanKey)
 	if err != nil {
 		return fmt.Errorf("builds: sweep output: %w", err)
 	}
 	if len(idle) > 0 {
-		fin := make(map[string]*inv, len(idle))
-		for _, id := range idle {
-			fin[id] = &inv{id: id, stored: true}
+		fin := make(map[invKey]*inv, len(idle))
+		for _, k := range idle {
+			fin[k] = &inv{key: k, stored: true}
 		}
 		b := &pgx.Batch{}
 		if err := queueFinalize(ctx, tx, b, fin, idle); err != nil {
@@ -199,4 +211,11 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 		}
 	}
 	return nil
+}
+
+// scanKey reads a (project, invocation id) row.
+func scanKey(row pgx.CollectableRow) (invKey, error) {
+	var k invKey
+	err := row.Scan(&k.project, &k.id)
+	return k, err
 }

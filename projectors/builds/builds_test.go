@@ -47,14 +47,28 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 }
 
-// dump renders everything the projection holds for the given invocations
-// plus all rollups, for golden files.
-func dump(t *testing.T, pool *pgxpool.Pool, ids ...string) []byte {
+// dump renders everything the projection holds for the given builds plus
+// all rollups, for golden files. (The project of each build is in its
+// show document.)
+func dump(t *testing.T, pool *pgxpool.Pool, keys ...invKey) []byte {
+	t.Helper()
+	var buf bytes.Buffer
+	for _, k := range keys {
+		buf.Write(dumpBuild(t, pool, k))
+	}
+	buf.Write(dumpRollups(t, pool))
+	return buf.Bytes()
+}
+
+// dumpBuild renders one build: its show document, the invocation's other
+// columns and its output.
+func dumpBuild(t *testing.T, pool *pgxpool.Pool, k invKey) []byte {
 	t.Helper()
 	ctx := context.Background()
 	var buf bytes.Buffer
-	for _, id := range ids {
-		b, err := Show(ctx, pool, id)
+	{
+		id := k.id
+		b, err := Show(ctx, pool, k.project, id)
 		if err != nil {
 			t.Fatalf("show %s: %v", id, err)
 		}
@@ -69,7 +83,8 @@ func dump(t *testing.T, pool *pgxpool.Pool, ids ...string) []byte {
 			FirstEventAt, LastEventAt      time.Time
 		}
 		err = pool.QueryRow(ctx, `select patterns, user_name, host, workspace_dir, bazel_version, last_sequence,
-			event_count, stream_done, attempt_result, first_event_at, last_event_at from invocations where id = $1`, id).Scan(
+			event_count, stream_done, attempt_result, first_event_at, last_event_at from invocations
+			where id = $1 and project = $2`, id, k.project).Scan(
 			&extra.Patterns, &extra.User, &extra.Host, &extra.Workspace, &extra.Version, &extra.LastSequence,
 			&extra.EventCount, &extra.StreamDone, &extra.AttemptResult, &extra.FirstEventAt, &extra.LastEventAt)
 		if err != nil {
@@ -78,12 +93,20 @@ func dump(t *testing.T, pool *pgxpool.Pool, ids ...string) []byte {
 		extra.FirstEventAt, extra.LastEventAt = extra.FirstEventAt.UTC(), extra.LastEventAt.UTC()
 		js, _ = json.Marshal(extra)
 		fmt.Fprintf(&buf, "== invocation %s\n%s\n", id, js)
-		stdout, stderr, err := Output(ctx, pool, id)
+		stdout, stderr, err := Output(ctx, pool, k.project, id)
 		if err != nil {
 			t.Fatal(err)
 		}
 		fmt.Fprintf(&buf, "== output %s: stdout %d bytes, stderr %d bytes\n%q\n", id, len(stdout), len(stderr), tail(stderr, 200))
 	}
+	return buf.Bytes()
+}
+
+// dumpRollups renders every hourly rollup row.
+func dumpRollups(t *testing.T, pool *pgxpool.Pool) []byte {
+	t.Helper()
+	ctx := context.Background()
+	var buf bytes.Buffer
 	rows, err := pool.Query(ctx, `select project, to_char(hour at time zone 'UTC', 'YYYY-MM-DD HH24:MI'), builds, succeeded,
 		failed, abandoned, duration_hist, duration_sum_ms, tests_passed, tests_failed, tests_flaky
 		from hourly_rollups order by 1, 2`)
@@ -117,7 +140,7 @@ func tail(b []byte, n int) []byte {
 
 // scenario is a small stream with one of each situation the projection
 // must get right.
-func scenario() (*stream, []string) {
+func scenario() (*stream, []invKey) {
 	s := newStream(t0)
 
 	// A: a failing `bazel test` with every kind of target outcome.
@@ -194,7 +217,7 @@ func scenario() (*stream, []string) {
 	d.tool(newerMetricsEv())
 	d.finishStream()
 
-	return s, []string{"inv-a", "inv-b", "inv-c", "inv-d"}
+	return s, []invKey{{"acme", "inv-a"}, {"acme", "inv-b"}, {"beta", "inv-c"}, {"beta", "inv-d"}}
 }
 
 // lateB is inv-b's second half, after the sweep abandoned it.
@@ -295,7 +318,7 @@ func TestBatchBoundariesAndRedelivery(t *testing.T) {
 		got := digest(t, pool)
 		if want == nil {
 			want = got
-			golden(t, "concurrent.golden", dump(t, pool, "inv-0", "inv-1", "inv-2", "inv-3"))
+			golden(t, "concurrent.golden", dump(t, pool, invKey{"acme", "inv-0"}, invKey{"beta", "inv-1"}, invKey{"acme", "inv-2"}, invKey{"beta", "inv-3"}))
 		} else if !maps.Equal(want, got) {
 			t.Errorf("batches of %d: digest differs from batches of 1000\n got %v\nwant %v", n, got, want)
 		}
@@ -349,7 +372,7 @@ func TestRollupsCountedOnce(t *testing.T) {
 	if n, ok, failed, ab := rollup(); n != 1 || ab != 1 || ok != 0 || failed != 0 {
 		t.Fatalf("after sweep: builds %d succeeded %d failed %d abandoned %d, want 1 0 0 1", n, ok, failed, ab)
 	}
-	bld, err := Show(ctx, pool, "inv-x")
+	bld, err := Show(ctx, pool, "acme", "inv-x")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,7 +380,7 @@ func TestRollupsCountedOnce(t *testing.T) {
 		t.Fatalf("abandoned build: %+v", bld)
 	}
 	// Its output was folded into the canonical row.
-	stdout, stderr, err := Output(ctx, pool, "inv-x")
+	stdout, stderr, err := Output(ctx, pool, "acme", "inv-x")
 	if err != nil || len(stderr) == 0 {
 		t.Fatalf("output of abandoned build: %d %d %v", len(stdout), len(stderr), err)
 	}
@@ -379,11 +402,11 @@ func TestRollupsCountedOnce(t *testing.T) {
 	if n, ok, failed, ab := rollup(); n != 1 || ab != 0 || ok != 0 || failed != 1 {
 		t.Fatalf("after redelivery: builds %d succeeded %d failed %d abandoned %d, want 1 0 1 0", n, ok, failed, ab)
 	}
-	_, stderr2, err := Output(ctx, pool, "inv-x")
+	_, stderr2, err := Output(ctx, pool, "acme", "inv-x")
 	if err != nil || !bytes.Equal(stderr2, append(stderr, "INFO: late\n"...)) {
 		t.Fatalf("output after late events: %q (err %v)", tail(stderr2, 40), err)
 	}
-	bld, _ = Show(ctx, pool, "inv-x")
+	bld, _ = Show(ctx, pool, "acme", "inv-x")
 	if bld.Status != "failed" || *bld.ExitCode != 3 || *bld.ExitCodeName != "TESTS_FAILED" {
 		t.Fatalf("late-finished build: %+v", bld)
 	}
@@ -421,7 +444,7 @@ func TestPoison(t *testing.T) {
 			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.Apply(ctx, tx, rest) }); err != nil {
 				t.Fatalf("batch without the poison message: %v", err)
 			}
-			if _, err := Show(ctx, pool, "inv-p"); err != nil {
+			if _, err := Show(ctx, pool, "acme", "inv-p"); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -442,10 +465,10 @@ func TestPoison(t *testing.T) {
 	})
 	bad("lifecycle holding a tool event", func(m *msg) { m.hdr[envelope.Kind] = envelope.KindLifecycle })
 
-	if _, err := Show(ctx, pool, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := Show(ctx, pool, "acme", "nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Show of an unknown id: %v, want ErrNotFound", err)
 	}
-	if _, _, err := Output(ctx, pool, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, _, err := Output(ctx, pool, "acme", "nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Output of an unknown id: %v, want ErrNotFound", err)
 	}
 }
@@ -461,7 +484,7 @@ func TestSweepFoldsIdleOutput(t *testing.T) {
 	b.tool(finishedEv(0, "SUCCESS", s.now))
 	b.tool(progressEv(77, "", "INFO: Build completed successfully\n"))
 	applyAll(t, pool, p, s.msgs, 7)
-	_, before, err := Output(ctx, pool, "inv-k")
+	_, before, err := Output(ctx, pool, "acme", "inv-k")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,11 +495,11 @@ func TestSweepFoldsIdleOutput(t *testing.T) {
 	}
 	sweep(t, pool, p, s.now.Add(DefaultAbandonAfter+time.Second))
 	pool.QueryRow(ctx, `select count(*) from build_output_chunks`).Scan(&chunks)
-	_, after, err := Output(ctx, pool, "inv-k")
+	_, after, err := Output(ctx, pool, "acme", "inv-k")
 	if err != nil || chunks != 0 || !bytes.Equal(before, after) {
 		t.Fatalf("after sweep: %d chunks, output equal %v, err %v", chunks, bytes.Equal(before, after), err)
 	}
-	if bld, _ := Show(ctx, pool, "inv-k"); bld.Status != "succeeded" {
+	if bld, _ := Show(ctx, pool, "acme", "inv-k"); bld.Status != "succeeded" {
 		t.Fatalf("status %s, want succeeded", bld.Status)
 	}
 }
@@ -484,7 +507,7 @@ func TestSweepFoldsIdleOutput(t *testing.T) {
 func TestResetEmptiesEveryTable(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, "insert into invocations (id, first_event_at, last_event_at) values ('x', now(), now())"); err != nil {
+	if _, err := pool.Exec(ctx, "insert into invocations (id, project, first_event_at, last_event_at) values ('x', 'p', now(), now())"); err != nil {
 		t.Fatal(err)
 	}
 	tx, err := pool.Begin(ctx)

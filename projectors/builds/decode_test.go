@@ -35,14 +35,14 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			return
 		}
-		ev := event{body: b, inv: "inv", at: t0}
+		ev := event{body: b, inv: "inv", project: "p", at: t0}
 		if ev.kind.tool() && ev.sequence <= 0 {
 			ev.sequence = 1
 		}
 		st := newState()
 		st.add(&ev)
 		st.apply(&ev)
-		v := st.invs["inv"]
+		v := st.invs[invKey{"p", "inv"}]
 		var c invCols
 		c.add(v)
 		texts := []string{b.invocationID, b.buildID, b.attemptResult, ev.bazel.label}
@@ -103,7 +103,7 @@ func TestDecodeNewerBazel(t *testing.T) {
 		st.add(&evs[i])
 		st.apply(&evs[i])
 	}
-	v := st.invs["inv-n"]
+	v := st.invs[invKey{"p", "inv-n"}]
 	if !v.startedAt.Equal(start) || !v.finishedAt.Equal(start.Add(time.Minute)) {
 		t.Errorf("times %v %v", v.startedAt, v.finishedAt)
 	}

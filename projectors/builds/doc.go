@@ -5,10 +5,18 @@
 // project. It is a projection.Projector and projection.Sweeper; it has no
 // goroutines and does not know NATS.
 //
+// # Identity
+//
+// A build is (project, invocation id): Bazel lets any client choose its
+// invocation id, so two projects may send the same one. Every table, key,
+// statement and in-memory map of the projector uses the pair, so that two
+// such builds never merge and the events of one are never taken for
+// resends of the other's.
+//
 // # Exactly-once effect
 //
 // The runner skips messages at or below its recorded position, and in
-// addition each invocation records the highest BES tool sequence it has
+// addition each build records the highest BES tool sequence it has
 // applied (invocations.last_sequence): a tool event at or below it is a
 // resend (for example after Bazel reconnected beyond JetStream's duplicate
 // window) and is skipped. Lifecycle events are idempotent. Rollups are kept

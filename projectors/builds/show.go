@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// ErrNotFound is returned by Show and Output for an invocation id that the
-// projection does not know.
+// ErrNotFound is returned by Show and Output for a build (project and
+// invocation id) that the projection does not know.
 var ErrNotFound = errors.New("builds: invocation not found")
 
 // Querier is what the read side needs of a database handle; *pgxpool.Pool,
@@ -22,6 +22,8 @@ type Querier interface {
 
 // Build is the projection of one invocation, as `millrace builds show <id>
 // --json` prints it. The JSON names are a contract (docs and DESIGN.md).
+// A build is identified by Project and ID together: two projects may send
+// the same invocation id.
 type Build struct {
 	ID     string `json:"id"`
 	Status string `json:"status"` // running, succeeded, failed or abandoned
@@ -77,19 +79,35 @@ type Metrics struct {
 	TargetsConfigured     int64 `json:"targets_configured"`
 }
 
-// Show returns the projection of one invocation, or ErrNotFound.
-func Show(ctx context.Context, q Querier, invocationID string) (*Build, error) {
+// Projects returns, sorted, the projects that hold a build with the given
+// invocation id: none, one, or several when clients of different projects
+// chose the same id (Bazel's --invocation_id).
+func Projects(ctx context.Context, q Querier, invocationID string) ([]string, error) {
+	rows, err := q.Query(ctx, `select project from invocations where id = $1 order by project collate "C"`, invocationID)
+	if err != nil {
+		return nil, fmt.Errorf("builds: projects of %s: %w", invocationID, err)
+	}
+	projects, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("builds: projects of %s: %w", invocationID, err)
+	}
+	return projects, nil
+}
+
+// Show returns the projection of the build of project with the given
+// invocation id, or ErrNotFound.
+func Show(ctx context.Context, q Querier, project, invocationID string) (*Build, error) {
 	b := &Build{Targets: []Target{}, Tests: []Test{}}
 	err := q.QueryRow(ctx, `
 		select id, status, exit_code, exit_code_name, project, command, started_at, finished_at, duration_ms
-		from invocations where id = $1`, invocationID).Scan(
+		from invocations where id = $1 and project = $2`, invocationID, project).Scan(
 		&b.ID, &b.Status, &b.ExitCode, &b.ExitCodeName, &b.Project, &b.Command,
 		&b.StartedAt, &b.FinishedAt, &b.DurationMs)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("builds: show %s: %w", invocationID, err)
+		return nil, fmt.Errorf("builds: show %s of project %s: %w", invocationID, project, err)
 	}
 	for _, t := range []*time.Time{b.StartedAt, b.FinishedAt} {
 		if t != nil {
@@ -99,7 +117,7 @@ func Show(ctx context.Context, q Querier, invocationID string) (*Build, error) {
 
 	rows, err := q.Query(ctx, `
 		select label, coalesce(kind, ''), coalesce(success, false), failure_reason
-		from targets where invocation_id = $1 order by label collate "C"`, invocationID)
+		from targets where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project)
 	if err != nil {
 		return nil, fmt.Errorf("builds: show %s targets: %w", invocationID, err)
 	}
@@ -113,7 +131,7 @@ func Show(ctx context.Context, q Querier, invocationID string) (*Build, error) {
 
 	rows, err = q.Query(ctx, `
 		select label, status, attempts, duration_ms, cached
-		from tests where invocation_id = $1 order by label collate "C"`, invocationID)
+		from tests where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project)
 	if err != nil {
 		return nil, fmt.Errorf("builds: show %s tests: %w", invocationID, err)
 	}
@@ -132,7 +150,7 @@ func Show(ctx context.Context, q Querier, invocationID string) (*Build, error) {
 		       coalesce(wall_time_ms, 0), coalesce(analysis_phase_ms, 0), coalesce(execution_phase_ms, 0),
 		       coalesce(used_heap_size_post_build, 0), coalesce(peak_post_gc_heap_size, 0),
 		       coalesce(packages_loaded, 0), coalesce(targets_loaded, 0), coalesce(targets_configured, 0)
-		from build_metrics where invocation_id = $1`, invocationID).Scan(
+		from build_metrics where invocation_id = $1 and project = $2`, invocationID, project).Scan(
 		&m.ActionsCreated, &m.ActionsExecuted, &m.ActionCacheHits, &m.ActionCacheMisses,
 		&m.RemoteCacheHits, &m.CPUTimeMs, &m.WallTimeMs, &m.AnalysisPhaseMs, &m.ExecutionPhaseMs,
 		&m.UsedHeapSizePostBuild, &m.PeakPostGCHeapSize, &m.PackagesLoaded, &m.TargetsLoaded,
@@ -146,29 +164,31 @@ func Show(ctx context.Context, q Querier, invocationID string) (*Build, error) {
 	return b, nil
 }
 
-// Output returns an invocation's console output as Bazel printed it (the
-// progress events' stdout and stderr, concatenated), whether or not the
-// invocation has finished. It returns ErrNotFound for an unknown invocation.
-func Output(ctx context.Context, q Querier, invocationID string) (stdout, stderr []byte, err error) {
+// Output returns the console output of the build of project with the given
+// invocation id as Bazel printed it (the progress events' stdout and
+// stderr, concatenated), whether or not the invocation has finished. It
+// returns ErrNotFound for an unknown build.
+func Output(ctx context.Context, q Querier, project, invocationID string) (stdout, stderr []byte, err error) {
 	var exists bool
-	if err := q.QueryRow(ctx, `select exists (select 1 from invocations where id = $1)`, invocationID).Scan(&exists); err != nil {
-		return nil, nil, fmt.Errorf("builds: output %s: %w", invocationID, err)
+	if err := q.QueryRow(ctx, `select exists (select 1 from invocations where id = $1 and project = $2)`,
+		invocationID, project).Scan(&exists); err != nil {
+		return nil, nil, fmt.Errorf("builds: output %s of project %s: %w", invocationID, project, err)
 	}
 	if !exists {
 		return nil, nil, ErrNotFound
 	}
-	rows, err := q.Query(ctx, sqlStoredOutput, []string{invocationID})
+	rows, err := q.Query(ctx, sqlStoredOutput, []string{project}, []string{invocationID})
 	if err != nil {
-		return nil, nil, fmt.Errorf("builds: output %s: %w", invocationID, err)
+		return nil, nil, fmt.Errorf("builds: output %s of project %s: %w", invocationID, project, err)
 	}
 	var (
-		id   string
-		seq  int64
-		o, e []byte
+		p, id string
+		seq   int64
+		o, e  []byte
 	)
 	stdout, stderr = []byte{}, []byte{}
 	var dec decompressor
-	_, err = pgx.ForEachRow(rows, []any{&id, &seq, &o, &e}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&p, &id, &seq, &o, &e}, func() error {
 		var err error
 		if stdout, err = dec.appendTo(stdout, o); err != nil {
 			return err
@@ -177,7 +197,7 @@ func Output(ctx context.Context, q Querier, invocationID string) (stdout, stderr
 		return err
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("builds: output %s: %w", invocationID, err)
+		return nil, nil, fmt.Errorf("builds: output %s of project %s: %w", invocationID, project, err)
 	}
 	return stdout, stderr, nil
 }
@@ -188,11 +208,11 @@ func Output(ctx context.Context, q Querier, invocationID string) (stdout, stderr
 var DigestTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "hourly_rollups"}
 
 var digestOrder = map[string]string{
-	"invocations":    `id collate "C"`,
-	"targets":        `invocation_id collate "C", label collate "C"`,
-	"tests":          `invocation_id collate "C", label collate "C"`,
-	"build_metrics":  `invocation_id collate "C"`,
-	"build_output":   `invocation_id collate "C"`,
+	"invocations":    `id collate "C", project collate "C"`,
+	"targets":        `invocation_id collate "C", project collate "C", label collate "C"`,
+	"tests":          `invocation_id collate "C", project collate "C", label collate "C"`,
+	"build_metrics":  `invocation_id collate "C", project collate "C"`,
+	"build_output":   `invocation_id collate "C", project collate "C"`,
 	"hourly_rollups": `project collate "C", hour`,
 }
 

@@ -3,6 +3,7 @@ package builds
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,38 +17,56 @@ import (
 
 // state is one batch merged in memory.
 type state struct {
-	invs map[string]*inv
-	ids  []string // in order of first appearance
+	invs map[invKey]*inv
+	ids  []invKey // in order of first appearance
 
 	// Target and test rows the batch may write, and which of them exist.
 	targetKeys, testKeys     keys
 	targetExists, testExists map[rowKey]bool
 }
 
-type rowKey struct{ inv, label string }
+// invKey is a build's identity: Bazel lets any client choose its
+// invocation id, so two projects may send the same one, and only the pair
+// names one build. Every map, row and statement of the projection uses it.
+type invKey struct{ project, id string }
 
-// keys is a set of (invocation, label) pairs kept as unnest() arguments.
-type keys struct {
-	seen       map[rowKey]bool
-	inv, label []string
+// compare orders keys as the primary keys do: invocation id, then project.
+func (k invKey) compare(o invKey) int {
+	if c := strings.Compare(k.id, o.id); c != 0 {
+		return c
+	}
+	return strings.Compare(k.project, o.project)
 }
 
-func (k *keys) add(inv, label string) {
-	key := rowKey{inv, label}
-	if k.seen[key] {
+type rowKey struct {
+	invKey
+	label string
+}
+
+// keys is a set of (project, invocation, label) triples kept as unnest()
+// arguments.
+type keys struct {
+	seen                map[rowKey]bool
+	project, inv, label []string
+}
+
+func (k *keys) add(key invKey, label string) {
+	rk := rowKey{key, label}
+	if k.seen[rk] {
 		return
 	}
 	if k.seen == nil {
 		k.seen = make(map[rowKey]bool)
 	}
-	k.seen[key] = true
-	k.inv = append(k.inv, inv)
+	k.seen[rk] = true
+	k.project = append(k.project, key.project)
+	k.inv = append(k.inv, key.id)
 	k.label = append(k.label, label)
 }
 
 // inv is what one batch says about one invocation.
 type inv struct {
-	id string
+	key invKey
 
 	// As stored before this batch.
 	stored       bool
@@ -56,7 +75,6 @@ type inv struct {
 	storedDone   bool
 
 	write      bool // the batch changes the invocation
-	project    string
 	buildID    string
 	firstAt    time.Time
 	lastAt     time.Time
@@ -118,23 +136,24 @@ type test struct {
 }
 
 func newState() *state {
-	return &state{invs: make(map[string]*inv)}
+	return &state{invs: make(map[invKey]*inv)}
 }
 
 // add registers an event's invocation and the row it may write.
 func (s *state) add(e *event) {
-	if _, ok := s.invs[e.inv]; !ok {
-		s.invs[e.inv] = &inv{id: e.inv}
-		s.ids = append(s.ids, e.inv)
+	k := e.key()
+	if _, ok := s.invs[k]; !ok {
+		s.invs[k] = &inv{key: k}
+		s.ids = append(s.ids, k)
 	}
 	if e.kind != kindBazel || e.bazel.label == "" {
 		return
 	}
 	switch e.bazel.payload {
 	case payTestResult, payTestSummary:
-		s.testKeys.add(e.inv, e.bazel.label)
+		s.testKeys.add(k, e.bazel.label)
 	default:
-		s.targetKeys.add(e.inv, e.bazel.label)
+		s.targetKeys.add(k, e.bazel.label)
 	}
 }
 
@@ -143,15 +162,16 @@ func (s *state) add(e *event) {
 func (s *state) load(ctx context.Context, tx pgx.Tx) error {
 	b := &pgx.Batch{}
 	var (
-		id     string
-		seq    int64
-		status string
-		done   bool
-		label  string
+		project, id string
+		seq         int64
+		status      string
+		done        bool
+		label       string
 	)
-	b.Queue(sqlLoad, s.ids).Query(func(rows pgx.Rows) error {
-		_, err := pgx.ForEachRow(rows, []any{&id, &seq, &status, &done}, func() error {
-			if v := s.invs[id]; v != nil {
+	projects, ids := splitKeys(s.ids)
+	b.Queue(sqlLoad, projects, ids).Query(func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&project, &id, &seq, &status, &done}, func() error {
+			if v := s.invs[invKey{project, id}]; v != nil {
 				v.stored, v.storedSeq, v.storedStatus, v.storedDone = true, seq, status, done
 			}
 			return nil
@@ -163,9 +183,9 @@ func (s *state) load(ctx context.Context, tx pgx.Tx) error {
 			return
 		}
 		*into = make(map[rowKey]bool)
-		b.Queue(sql, k.inv, k.label).Query(func(rows pgx.Rows) error {
-			_, err := pgx.ForEachRow(rows, []any{&id, &label}, func() error {
-				(*into)[rowKey{id, label}] = true
+		b.Queue(sql, k.project, k.inv, k.label).Query(func(rows pgx.Rows) error {
+			_, err := pgx.ForEachRow(rows, []any{&project, &id, &label}, func() error {
+				(*into)[rowKey{invKey{project, id}, label}] = true
 				return nil
 			})
 			return err
@@ -179,9 +199,18 @@ func (s *state) load(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
+// splitKeys returns the projects and ids of keys as unnest() arguments.
+func splitKeys(ks []invKey) (projects, ids []string) {
+	projects, ids = make([]string, len(ks)), make([]string, len(ks))
+	for i, k := range ks {
+		projects[i], ids[i] = k.project, k.id
+	}
+	return projects, ids
+}
+
 // apply merges one event.
 func (s *state) apply(e *event) {
-	v := s.invs[e.inv]
+	v := s.invs[e.key()]
 	if e.kind.tool() {
 		if e.sequence <= v.storedSeq || e.sequence <= v.maxSeq {
 			return // a resend of an event already applied
@@ -190,9 +219,6 @@ func (s *state) apply(e *event) {
 		v.count++
 	}
 	v.write = true
-	if v.project == "" {
-		v.project = e.project
-	}
 	if v.buildID == "" {
 		v.buildID = e.buildID
 	}

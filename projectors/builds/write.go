@@ -34,19 +34,23 @@ func joinList(xs []string) string {
 // would make an INSERT fail on the primary key and its batch be retried;
 // the runner does not do that.)
 
+// Every statement names a build by (project, invocation id): two projects
+// may send the same invocation id, and they are two builds.
+
 const sqlLoad = `
-select id, last_sequence, status, stream_done
-from invocations where id = any($1::text[])`
+select i.project, i.id, i.last_sequence, i.status, i.stream_done
+from unnest($1::text[], $2::text[]) as u(project, id)
+join invocations i on i.id = u.id and i.project = u.project`
 
 const sqlExistingTargets = `
-select t.invocation_id, t.label
-from unnest($1::text[], $2::text[]) as u(inv, label)
-join targets t on t.invocation_id = u.inv and t.label = u.label`
+select t.project, t.invocation_id, t.label
+from unnest($1::text[], $2::text[], $3::text[]) as u(project, inv, label)
+join targets t on t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
 
 const sqlExistingTests = `
-select t.invocation_id, t.label
-from unnest($1::text[], $2::text[]) as u(inv, label)
-join tests t on t.invocation_id = u.inv and t.label = u.label`
+select t.project, t.invocation_id, t.label
+from unnest($1::text[], $2::text[], $3::text[]) as u(project, inv, label)
+join tests t on t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
 
 // invocationRows is the batch's invocations as rows (status derived from
 // this batch alone: BuildFinished's exit code, else the attempt's result).
@@ -83,7 +87,6 @@ insert into invocations (id, build_id, project, command, patterns, user_name, ho
 const sqlUpdateInvocations = `
 update invocations i set
     build_id       = case when i.build_id = '' then u.build_id else i.build_id end,
-    project        = case when i.project = '' then u.project else i.project end,
     command        = coalesce(u.command, i.command),
     patterns       = i.patterns || u.patterns,
     user_name      = coalesce(u.user_name, i.user_name),
@@ -112,16 +115,16 @@ update invocations i set
     last_sequence  = greatest(i.last_sequence, u.last_seq),
     event_count    = i.event_count + u.n
 from (` + invocationRows + `) u
-where i.id = u.id`
+where i.id = u.id and i.project = u.project`
 
 const targetRows = `
-select u.inv, u.label, nullif(u.kind, '') as kind, u.success, nullif(u.reason, '') as reason, u.rank,
+select u.project, u.inv, u.label, nullif(u.kind, '') as kind, u.success, nullif(u.reason, '') as reason, u.rank,
        case when u.has_tags then string_to_array(u.tags, E'\x1f') end as tags
-from unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::text[], $6::int2[], $7::bool[], $8::text[])
-     as u(inv, label, kind, success, reason, rank, has_tags, tags)`
+from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::text[], $7::int2[], $8::bool[], $9::text[])
+     as u(project, inv, label, kind, success, reason, rank, has_tags, tags)`
 
 const sqlInsertTargets = `
-insert into targets (invocation_id, label, kind, success, failure_reason, failure_rank, tags)
+insert into targets (project, invocation_id, label, kind, success, failure_reason, failure_rank, tags)
 ` + targetRows
 
 // sqlUpdateTargets: the first kind and tags win; a target succeeded only if
@@ -137,16 +140,16 @@ update targets t set
     failure_rank   = greatest(t.failure_rank, u.rank),
     tags           = coalesce(t.tags, u.tags)
 from (` + targetRows + `) u
-where t.invocation_id = u.inv and t.label = u.label`
+where t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
 
 const testRows = `
-select * from unnest($1::text[], $2::text[], $3::text[], $4::bool[], $5::int4[], $6::int4[], $7::int4[],
-                     $8::int4[], $9::int4[], $10::int8[], $11::int4[])
-     as u(inv, label, status, has_summary, attempts, run_count, shard_count, total_run_count,
+select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::int4[], $7::int4[],
+                     $8::int4[], $9::int4[], $10::int4[], $11::int8[], $12::int4[])
+     as u(project, inv, label, status, has_summary, attempts, run_count, shard_count, total_run_count,
           results, duration_ms, num_cached)`
 
 const sqlInsertTests = `
-insert into tests (invocation_id, label, status, has_summary, attempts, run_count, shard_count,
+insert into tests (project, invocation_id, label, status, has_summary, attempts, run_count, shard_count,
                    total_run_count, results, duration_ms, num_cached)
 ` + testRows
 
@@ -168,17 +171,17 @@ update tests t set
                            when t.has_summary then t.num_cached
                            else t.num_cached + u.num_cached end
 from (` + testRows + `) u
-where t.invocation_id = u.inv and t.label = u.label`
+where t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
 
 const sqlMetrics = `
-insert into build_metrics as m (invocation_id, actions_created, actions_executed, action_cache_hits,
+insert into build_metrics as m (project, invocation_id, actions_created, actions_executed, action_cache_hits,
     action_cache_misses, remote_cache_hits, cpu_time_ms, wall_time_ms, analysis_phase_ms,
     execution_phase_ms, used_heap_size_post_build, peak_post_gc_heap_size, packages_loaded,
     targets_loaded, targets_configured)
-select * from unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
+select * from unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
                      $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[],
-                     $14::int8[], $15::int8[])
-on conflict (invocation_id) do update set
+                     $14::int8[], $15::int8[], $16::int8[])
+on conflict (invocation_id, project) do update set
     actions_created = excluded.actions_created, actions_executed = excluded.actions_executed,
     action_cache_hits = excluded.action_cache_hits, action_cache_misses = excluded.action_cache_misses,
     remote_cache_hits = excluded.remote_cache_hits, cpu_time_ms = excluded.cpu_time_ms,
@@ -191,37 +194,46 @@ on conflict (invocation_id) do update set
 // Chunks are new by construction: first_seq is above the invocation's
 // stored last_sequence.
 const sqlChunks = `
-insert into build_output_chunks (invocation_id, first_seq, stdout, stderr)
-select * from unnest($1::text[], $2::int8[], $3::bytea[], $4::bytea[])`
+insert into build_output_chunks (project, invocation_id, first_seq, stdout, stderr)
+select * from unnest($1::text[], $2::text[], $3::int8[], $4::bytea[], $5::bytea[])`
 
+// sqlStoredOutput reads the output of the builds ($1 projects, $2 ids):
+// the canonical row first, then the chunks in order.
 const sqlStoredOutput = `
-select invocation_id, -1::bigint as first_seq, stdout, stderr from build_output where invocation_id = any($1::text[])
+select o.project, o.invocation_id, -1::bigint as first_seq, o.stdout, o.stderr
+from unnest($1::text[], $2::text[]) as u(project, id)
+join build_output o on o.invocation_id = u.id and o.project = u.project
 union all
-select invocation_id, first_seq, stdout, stderr from build_output_chunks where invocation_id = any($1::text[])
-order by 1, 2`
+select c.project, c.invocation_id, c.first_seq, c.stdout, c.stderr
+from unnest($1::text[], $2::text[]) as u(project, id)
+join build_output_chunks c on c.invocation_id = u.id and c.project = u.project
+order by 1, 2, 3`
 
 const sqlOutput = `
-insert into build_output as o (invocation_id, stdout, stderr, stdout_bytes, stderr_bytes)
-select * from unnest($1::text[], $2::bytea[], $3::bytea[], $4::int8[], $5::int8[])
-on conflict (invocation_id) do update set
+insert into build_output as o (project, invocation_id, stdout, stderr, stdout_bytes, stderr_bytes)
+select * from unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::int8[], $6::int8[])
+on conflict (invocation_id, project) do update set
     stdout = excluded.stdout, stderr = excluded.stderr,
     stdout_bytes = excluded.stdout_bytes, stderr_bytes = excluded.stderr_bytes`
 
-const sqlDropChunks = `delete from build_output_chunks where invocation_id = any($1::text[])`
+const sqlDropChunks = `
+delete from build_output_chunks c
+using unnest($1::text[], $2::text[]) as u(project, id)
+where c.invocation_id = u.id and c.project = u.project`
 
 const sqlAbandon = `
 update invocations set status = 'abandoned', finished_at = last_event_at
 where status = 'running' and last_event_bucket < $1 and last_event_at < $1
-returning id`
+returning project, id`
 
 // sqlIdleOutput finds output chunks of invocations that will get no
 // finalizing event: abandoned ones, and finished ones whose tool stream
 // never reported its end.
 const sqlIdleOutput = `
-select distinct c.invocation_id
-from build_output_chunks c join invocations i on i.id = c.invocation_id
+select distinct c.project, c.invocation_id
+from build_output_chunks c join invocations i on i.id = c.invocation_id and i.project = c.project
 where i.status <> 'running' and i.last_event_at < $1
-order by 1`
+order by 2, 1`
 
 // durationBuckets is the number of duration_hist counters (see
 // build_duration_bucket in migrations/002_builds.sql).
@@ -238,13 +250,14 @@ with cur as (
            i.counted_tests_passed, i.counted_tests_failed, i.counted_tests_flaky,
            i.project, date_trunc('hour', coalesce(i.started_at, i.first_event_at), 'UTC') as hour,
            i.status, greatest(coalesce(i.duration_ms, 0), 0) as duration_ms, n.passed, n.failed, n.flaky
-    from invocations i
+    from unnest($1::text[], $2::text[]) as u(project, id)
+    join invocations i on i.id = u.id and i.project = u.project
     cross join lateral (
         select count(*) filter (where t.status = 'PASSED')::int as passed,
                count(*) filter (where t.status not in ('PASSED', 'FLAKY', 'NO_STATUS'))::int as failed,
                count(*) filter (where t.status = 'FLAKY')::int as flaky
-        from tests t where t.invocation_id = i.id) n
-    where i.id = any($1::text[]) and (i.status <> 'running' or i.counted_status is not null)
+        from tests t where t.invocation_id = i.id and t.project = i.project) n
+    where i.status <> 'running' or i.counted_status is not null
 ), changed as (
     select * from cur
     where status = 'running'
@@ -260,7 +273,7 @@ with cur as (
         counted_tests_passed = case when c.status <> 'running' then c.passed end,
         counted_tests_failed = case when c.status <> 'running' then c.failed end,
         counted_tests_flaky  = case when c.status <> 'running' then c.flaky end
-    from changed c where i.id = c.id
+    from changed c where i.id = c.id and i.project = c.project
 ), delta as (
     select counted_project as project, counted_hour as hour, -1 as sign, counted_status as status,
            counted_duration_ms as duration_ms, counted_tests_passed as passed,
@@ -316,7 +329,7 @@ where r.project = u.project and r.hour = u.hour and r.builds = 0`
 // write sends the batch's statements in one pipeline (plus one read ahead of
 // it when an invocation's output is finalized).
 func (s *state) write(ctx context.Context, tx pgx.Tx) error {
-	slices.Sort(s.ids)
+	slices.SortFunc(s.ids, invKey.compare)
 	b := &pgx.Batch{}
 	var (
 		newInv, oldInv invCols
@@ -324,9 +337,9 @@ func (s *state) write(ctx context.Context, tx pgx.Tx) error {
 		newTst, oldTst testCols
 		met            metricCols
 		chunks         chunkCols
-		finalize       = map[string]*inv{}
-		finIDs         []string
-		reconcIDs      []string
+		finalize       = map[invKey]*inv{}
+		finIDs         []invKey
+		reconcIDs      []invKey
 	)
 	for _, id := range s.ids {
 		v := s.invs[id]
@@ -402,7 +415,8 @@ func (s *state) write(ctx context.Context, tx pgx.Tx) error {
 	// Rollups read invocations and tests, so they come after them.
 	var empty rollupKeys
 	if len(reconcIDs) > 0 {
-		b.Queue(sqlReconcile, reconcIDs).Query(empty.collect)
+		projects, ids := splitKeys(reconcIDs)
+		b.Queue(sqlReconcile, projects, ids).Query(empty.collect)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("builds: write batch: %w", err)
@@ -416,8 +430,9 @@ func (s *state) write(ctx context.Context, tx pgx.Tx) error {
 }
 
 // reconcile runs the rollup reconciliation alone (for Sweep).
-func reconcile(ctx context.Context, tx pgx.Tx, ids []string) error {
-	rows, err := tx.Query(ctx, sqlReconcile, ids)
+func reconcile(ctx context.Context, tx pgx.Tx, keys []invKey) error {
+	projects, ids := splitKeys(keys)
+	rows, err := tx.Query(ctx, sqlReconcile, projects, ids)
 	if err != nil {
 		return err
 	}
@@ -456,10 +471,10 @@ func (k *rollupKeys) collect(rows pgx.Rows) error {
 // queueFinalize reads the stored output of the given invocations, appends
 // the batch's, and queues the canonical rows and the removal of the chunks.
 // ids is sorted.
-func queueFinalize(ctx context.Context, tx pgx.Tx, b *pgx.Batch, fin map[string]*inv, ids []string) error {
+func queueFinalize(ctx context.Context, tx pgx.Tx, b *pgx.Batch, fin map[invKey]*inv, ids []invKey) error {
 	type stored struct{ stdout, stderr []byte }
-	prior := make(map[string]*stored)
-	var storedIDs []string
+	prior := make(map[invKey]*stored)
+	var storedIDs []invKey
 	for _, id := range ids {
 		if fin[id].stored {
 			storedIDs = append(storedIDs, id)
@@ -467,27 +482,28 @@ func queueFinalize(ctx context.Context, tx pgx.Tx, b *pgx.Batch, fin map[string]
 	}
 	if len(storedIDs) > 0 {
 		var dec decompressor
-		rows, err := tx.Query(ctx, sqlStoredOutput, storedIDs)
+		projects, invs := splitKeys(storedIDs)
+		rows, err := tx.Query(ctx, sqlStoredOutput, projects, invs)
 		if err != nil {
 			return fmt.Errorf("builds: read output: %w", err)
 		}
 		var (
-			id             string
+			k              invKey
 			seq            int64
 			stdout, stderr []byte
 		)
-		_, err = pgx.ForEachRow(rows, []any{&id, &seq, &stdout, &stderr}, func() error {
-			p := prior[id]
+		_, err = pgx.ForEachRow(rows, []any{&k.project, &k.id, &seq, &stdout, &stderr}, func() error {
+			p := prior[k]
 			if p == nil {
 				p = &stored{}
-				prior[id] = p
+				prior[k] = p
 			}
 			var err error
 			if p.stdout, err = dec.appendTo(p.stdout, stdout); err != nil {
-				return fmt.Errorf("invocation %s: stdout at %d: %w", id, seq, err)
+				return fmt.Errorf("invocation %s of project %s: stdout at %d: %w", k.id, k.project, seq, err)
 			}
 			if p.stderr, err = dec.appendTo(p.stderr, stderr); err != nil {
-				return fmt.Errorf("invocation %s: stderr at %d: %w", id, seq, err)
+				return fmt.Errorf("invocation %s of project %s: stderr at %d: %w", k.id, k.project, seq, err)
 			}
 			return nil
 		})
@@ -496,10 +512,10 @@ func queueFinalize(ctx context.Context, tx pgx.Tx, b *pgx.Batch, fin map[string]
 		}
 	}
 	var (
-		outIDs                 []string
+		outIDs                 []invKey
 		stdouts, stderrs       [][]byte
 		stdoutLens, stderrLens []int64
-		drop                   []string
+		drop                   []invKey
 	)
 	for _, id := range ids {
 		v := fin[id]
@@ -519,10 +535,12 @@ func queueFinalize(ctx context.Context, tx pgx.Tx, b *pgx.Batch, fin map[string]
 		stderrLens = append(stderrLens, int64(len(stderr)))
 	}
 	if len(outIDs) > 0 {
-		b.Queue(sqlOutput, outIDs, stdouts, stderrs, stdoutLens, stderrLens)
+		projects, invs := splitKeys(outIDs)
+		b.Queue(sqlOutput, projects, invs, stdouts, stderrs, stdoutLens, stderrLens)
 	}
 	if len(drop) > 0 {
-		b.Queue(sqlDropChunks, drop)
+		projects, invs := splitKeys(drop)
+		b.Queue(sqlDropChunks, projects, invs)
 	}
 	return nil
 }
@@ -540,9 +558,9 @@ type invCols struct {
 }
 
 func (c *invCols) add(v *inv) {
-	c.id = append(c.id, v.id)
+	c.id = append(c.id, v.key.id)
 	c.buildID = append(c.buildID, v.buildID)
-	c.project = append(c.project, v.project)
+	c.project = append(c.project, v.key.project)
 	c.command = append(c.command, v.command)
 	c.patterns = append(c.patterns, joinList(v.patterns))
 	c.user = append(c.user, v.user)
@@ -568,14 +586,15 @@ func (c *invCols) args() []any {
 }
 
 type targetCols struct {
-	inv, label, kind, reason, tags []string
-	success                        []pgtype.Bool
-	rank                           []int16
-	hasTags                        []bool
+	project, inv, label, kind, reason, tags []string
+	success                                 []pgtype.Bool
+	rank                                    []int16
+	hasTags                                 []bool
 }
 
-func (c *targetCols) add(id string, t *target) {
-	c.inv = append(c.inv, id)
+func (c *targetCols) add(k invKey, t *target) {
+	c.project = append(c.project, k.project)
+	c.inv = append(c.inv, k.id)
 	c.label = append(c.label, t.label)
 	c.kind = append(c.kind, t.kind)
 	c.success = append(c.success, pgtype.Bool{Bool: t.success > 0, Valid: t.success != 0})
@@ -586,18 +605,19 @@ func (c *targetCols) add(id string, t *target) {
 }
 
 func (c *targetCols) args() []any {
-	return []any{c.inv, c.label, c.kind, c.success, c.reason, c.rank, c.hasTags, c.tags}
+	return []any{c.project, c.inv, c.label, c.kind, c.success, c.reason, c.rank, c.hasTags, c.tags}
 }
 
 type testCols struct {
-	inv, label, status                                          []string
+	project, inv, label, status                                 []string
 	hasSummary                                                  []bool
 	attempts, runCount, shardCount, totalRuns, results, nCached []int32
 	duration                                                    []int64
 }
 
-func (c *testCols) add(id string, t *test) {
-	c.inv = append(c.inv, id)
+func (c *testCols) add(k invKey, t *test) {
+	c.project = append(c.project, k.project)
+	c.inv = append(c.inv, k.id)
 	c.label = append(c.label, t.label)
 	c.status = append(c.status, t.status)
 	c.hasSummary = append(c.hasSummary, t.hasSummary)
@@ -611,19 +631,20 @@ func (c *testCols) add(id string, t *test) {
 }
 
 func (c *testCols) args() []any {
-	return []any{c.inv, c.label, c.status, c.hasSummary, c.attempts, c.runCount, c.shardCount,
+	return []any{c.project, c.inv, c.label, c.status, c.hasSummary, c.attempts, c.runCount, c.shardCount,
 		c.totalRuns, c.results, c.duration, c.nCached}
 }
 
 type metricCols struct {
-	inv  []string
-	cols [14][]int64
+	project, inv []string
+	cols         [14][]int64
 }
 
-func (c *metricCols) add(id string, v *inv) {
+func (c *metricCols) add(k invKey, v *inv) {
 	m := v.metrics
 	a, mem, tg, pk, tm := m.GetActionSummary(), m.GetMemoryMetrics(), m.GetTargetMetrics(), m.GetPackageMetrics(), m.GetTimingMetrics()
-	c.inv = append(c.inv, id)
+	c.project = append(c.project, k.project)
+	c.inv = append(c.inv, k.id)
 	for i, x := range [14]int64{
 		a.GetActionsCreated(), a.GetActionsExecuted(),
 		int64(a.GetActionCacheStatistics().GetHits()), int64(a.GetActionCacheStatistics().GetMisses()),
@@ -637,7 +658,7 @@ func (c *metricCols) add(id string, v *inv) {
 }
 
 func (c *metricCols) args() []any {
-	args := []any{c.inv}
+	args := []any{c.project, c.inv}
 	for i := range c.cols {
 		args = append(args, c.cols[i])
 	}
@@ -645,15 +666,16 @@ func (c *metricCols) args() []any {
 }
 
 type chunkCols struct {
-	inv            []string
+	project, inv   []string
 	seq            []int64
 	stdout, stderr [][]byte
 }
 
-func (c *chunkCols) args() []any { return []any{c.inv, c.seq, c.stdout, c.stderr} }
+func (c *chunkCols) args() []any { return []any{c.project, c.inv, c.seq, c.stdout, c.stderr} }
 
-func (c *chunkCols) add(id string, v *inv) {
-	c.inv = append(c.inv, id)
+func (c *chunkCols) add(k invKey, v *inv) {
+	c.project = append(c.project, k.project)
+	c.inv = append(c.inv, k.id)
 	c.seq = append(c.seq, v.outSeq)
 	c.stdout = append(c.stdout, compressChunk(v.stdout))
 	c.stderr = append(c.stderr, compressChunk(v.stderr))

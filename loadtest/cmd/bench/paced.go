@@ -269,6 +269,8 @@ func (l *lagTracker) poll(ctx context.Context, conn *pgx.Conn, every time.Durati
 		}
 		// The query's snapshot is taken when it starts: a row it sees was
 		// committed before then (and after the previous poll, at worst).
+		// A build is (project, invocation id), but the replay gives every
+		// stream a fresh UUID, so here the id alone names one build.
 		seen := time.Now()
 		rows, err := conn.Query(ctx, `select i.id from invocations i
 			join unnest($1::text[], $2::bigint[]) as p(id, seq) on i.id = p.id

@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/internal/testenv"
+)
+
+// TestConsoleBuildPages: a build's page is addressed by project and
+// invocation id; two projects' builds with the same id are two pages, and
+// the id alone lists them rather than picking one.
+func TestConsoleBuildPages(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `insert into invocations (id, project, status, command, first_event_at, last_event_at) values
+		('same-id', 'alpha', 'succeeded', 'build', now(), now()),
+		('same-id', 'beta', 'failed', 'test', now(), now()),
+		('only-id', 'a/b c', 'running', 'build', now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	registerConsole(mux, func() *pgxpool.Pool { return pool })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	get := func(path string) (int, http.Header, string) {
+		t.Helper()
+		resp, err := client.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(body)
+	}
+
+	for project, status := range map[string]string{"alpha": "succeeded", "beta": "failed"} {
+		code, _, body := get("/builds/" + project + "/same-id")
+		var b struct{ ID, Project, Status string }
+		if err := json.Unmarshal([]byte(body), &b); code != http.StatusOK || err != nil {
+			t.Fatalf("/builds/%s/same-id: %d %v\n%s", project, code, err, body)
+		}
+		if b.ID != "same-id" || b.Project != project || b.Status != status {
+			t.Errorf("/builds/%s/same-id shows %+v", project, b)
+		}
+	}
+	if code, _, _ := get("/builds/gamma/same-id"); code != http.StatusNotFound {
+		t.Errorf("another project's address of the id: %d, want 404", code)
+	}
+
+	code, _, body := get("/builds/same-id")
+	var many struct {
+		Projects, Builds []string
+	}
+	if err := json.Unmarshal([]byte(body), &many); code != http.StatusMultipleChoices || err != nil {
+		t.Fatalf("/builds/same-id: %d %v\n%s", code, err, body)
+	}
+	if !slices.Equal(many.Projects, []string{"alpha", "beta"}) || !slices.Equal(many.Builds, []string{"/builds/alpha/same-id", "/builds/beta/same-id"}) {
+		t.Errorf("/builds/same-id lists %+v", many)
+	}
+	if code, hdr, _ := get("/builds/only-id"); code != http.StatusFound || hdr.Get("Location") != "/builds/a%2Fb%20c/only-id" {
+		t.Errorf("/builds/only-id: %d to %q, want 302 to the one project's page", code, hdr.Get("Location"))
+	}
+	if code, _, _ := get("/builds/a%2Fb%20c/only-id"); code != http.StatusOK {
+		t.Errorf("a project with a slash and a space in its name: %d", code)
+	}
+	if code, _, _ := get("/builds/nothing"); code != http.StatusNotFound {
+		t.Errorf("an unknown id: %d, want 404", code)
+	}
+
+	_, _, page := get("/")
+	for _, link := range []string{`href="/builds/alpha/same-id"`, `href="/builds/beta/same-id"`, `href="/builds/a%2fb%20c/only-id"`} {
+		if !strings.Contains(strings.ToLower(page), strings.ToLower(link)) {
+			t.Errorf("the latest builds page has no link %s:\n%s", link, page)
+		}
+	}
+}
