@@ -21,7 +21,7 @@ import (
 // RunnerConfig tunes one consumer loop. Zero fields take the defaults.
 type RunnerConfig struct {
 	// Stream and Filter name what the projector reads; Filter must equal
-	// the stream's subjects (DESIGN.md).
+	// the stream's subjects (docs/design.md, "Measured facts").
 	Stream string
 	Filter string
 	// Batch is the most messages fetched and applied in one transaction.

@@ -78,7 +78,7 @@ func StreamSpecs(c Config) []jetstream.StreamConfig {
 			// so that a full store refuses writes rather than dropping
 			// acknowledged versions. Direct gets stay off: a replica may
 			// answer them behind the leader, and compare-and-set re-reads
-			// a document's last version (DESIGN.md, the commit log).
+			// a document's last version (docs/design.md, "Streams and subjects").
 			Name:        StreamCommits,
 			Description: "Commit log: one message per document version, subject commits.<world>.<doc>; the sequence is the version",
 			Subjects:    []string{CommitsSubjects},

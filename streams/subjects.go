@@ -6,7 +6,7 @@ import (
 
 // Stream names. One stream per subject family, so that every consumer's
 // filter equals its stream's subjects: a narrower filter over a mixed stream
-// measured 3-4x slower here (DESIGN.md).
+// measured 3-4x slower here (docs/design.md, "Measured facts").
 const (
 	StreamBES        = "BES"
 	StreamDead       = "DEAD"

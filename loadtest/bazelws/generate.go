@@ -4,7 +4,7 @@
 //   - Generate writes a Bazel workspace with a known mix of outcomes (genrules that succeed or fail; tests
 //     that pass, fail, are flaky, or fail to build) and says in Expected what Bazel must report for it;
 //   - Args and Command give the bazel command line that runs that workspace with no network against a BES
-//     backend (the offline stand-ins and flags are those of DESIGN.md, "Bazel as a real client");
+//     backend (the offline stand-ins and flags are those of docs/design.md, "Bazel as a client");
 //   - ParseJSONFile reads what Bazel itself wrote with --build_event_json_file, so that a test can compare
 //     millrace's projection with Bazel's own account of the same build.
 //

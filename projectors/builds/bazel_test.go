@@ -237,7 +237,7 @@ func TestBazelFixture(t *testing.T) {
 	}
 	for label, status := range want.Tests {
 		if status == "FAILED_TO_BUILD" {
-			continue // Bazel sends no test event for these (DESIGN.md)
+			continue // Bazel sends no test event for these (docs/design.md, "Bazel as a client")
 		}
 		if gotTests[label] != status {
 			t.Errorf("test %s: %q, want %q", label, gotTests[label], status)

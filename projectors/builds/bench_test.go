@@ -27,7 +27,8 @@ import (
 //
 // The recorded build is quick and prints little (7 KB); with bigOutput each
 // progress event is padded to about 900 bytes of Bazel-like progress lines,
-// as in DESIGN.md's 50-target build (~125 KB of output over 141 events).
+// as in the 50-target build of docs/design.md, "Bazel as a client" (~125 KB
+// of output over 141 events).
 func fleet(tb testing.TB, prefix string, builds, concurrent int, bigOutput bool) []*msg {
 	tmpl := fixtureMessages(tb)
 	obes := make([]*buildpb.OrderedBuildEvent, len(tmpl))

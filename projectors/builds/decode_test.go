@@ -162,7 +162,7 @@ func TestInvalidUTF8IsRepaired(t *testing.T) {
 }
 
 // TestDependencies: a projector has no goroutines of its own and does not
-// know NATS (STYLE.md).
+// know NATS (CONTRIBUTING.md, "The backbone").
 func TestDependencies(t *testing.T) {
 	pkg, err := build.ImportDir(".", 0)
 	if err != nil {

@@ -21,7 +21,8 @@ type Querier interface {
 }
 
 // Build is the projection of one invocation, as `millrace builds show <id>
-// --json` prints it. The JSON names are a contract (docs and DESIGN.md).
+// --json` prints it. The JSON names are a contract (README.md and
+// docs/design.md, "Contracts").
 // A build is identified by Project and ID together: two projects may send
 // the same invocation id.
 type Build struct {

@@ -555,7 +555,7 @@ func TestConfig(t *testing.T) {
 }
 
 // TestDependencies: a projector has no goroutines of its own and does not
-// know NATS (STYLE.md).
+// know NATS (CONTRIBUTING.md, "The backbone").
 func TestDependencies(t *testing.T) {
 	pkg, err := build.ImportDir(".", 0)
 	if err != nil {

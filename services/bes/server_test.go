@@ -31,8 +31,8 @@ import (
 	"github.com/millrace/millrace/streams"
 )
 
-// The tests drive the edge the way Bazel 4.2.3 does (DESIGN.md, "Bazel as a
-// real client"): one gRPC stream per invocation, every request sent before
+// The tests drive the edge the way Bazel 4.2.3 does (docs/design.md, "Bazel
+// as a client"): one gRPC stream per invocation, every request sent before
 // any ack is read, a half-close after ComponentStreamFinished, then one ack
 // per request, in order. Everything runs in process against an embedded
 // JetStream server.
