@@ -451,7 +451,7 @@ func quoted(ss []string) string {
 // directory. Each replaces a repository that `bazel test` would otherwise download; they only have to
 // define the names Bazel's own tools refer to.
 func standIns() map[string]string {
-	const header = "# Offline stand-in written by millrace loadtest/bazelws; see DESIGN.md.\n"
+	const header = "# Offline stand-in written by millrace loadtest/bazelws; see docs/design.md.\n"
 	fwd := func(rules ...string) string {
 		var b strings.Builder
 		b.WriteString(header)
