@@ -29,6 +29,13 @@
 // reservation events into fleet_reservations rows, so that a replay yields
 // the live run's rows (Digest compares them).
 //
+// # Node identity
+//
+// Nodes are (pool, node id) everywhere (nodeKey): the index's node map,
+// bookings, the lookups of allocations on unreachable nodes, the rows the
+// commit guards lock, and the reports that count (those of the allocation's
+// own pool and node; see README.md "Node identity").
+//
 // # Ids
 //
 // A placement's decision id is <reservation>/place/<n>, where n counts
