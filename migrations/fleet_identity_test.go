@@ -15,11 +15,12 @@ import (
 	"github.com/millrace/millrace/migrations"
 )
 
-// TestFleetIdentityMovesRows: migration 007 keys the fleet tables by
-// (pool, node). Rows written under 006 keep their meaning: each device
+// TestFleetIdentityMovesRows: migration 008 keys the fleet tables by
+// (pool, node). Rows written before it keep their meaning: each device
 // takes its node's pool, each booking its allocation's, each report its
 // reporting node's; and the migration goes down again.
 func TestFleetIdentityMovesRows(t *testing.T) {
+	const fleetIdentity = 8 // 008_fleet_node_identity.sql
 	ctx := context.Background()
 	s := testenv.Server(t)
 	b := make([]byte, 6)
@@ -50,7 +51,9 @@ func TestFleetIdentityMovesRows(t *testing.T) {
 	if err := m.LoadMigrations(migrations.FS()); err != nil {
 		t.Fatal(err)
 	}
-	if err := m.MigrateTo(ctx, 6); err != nil {
+	// The fleet tables last changed shape in 006; 007 is the builds'.
+	before := int32(fleetIdentity - 1)
+	if err := m.MigrateTo(ctx, before); err != nil {
 		t.Fatal(err)
 	}
 	exec := func(sql string) {
@@ -71,7 +74,7 @@ func TestFleetIdentityMovesRows(t *testing.T) {
 	exec(`insert into fleet_allocation_reports (allocation_id, node_id, state, reported_at) values
 		('r1/1/0', 'n1', 'bound', now()), ('gone/1/0', 'gone', 'failed', now())`)
 
-	if err := m.MigrateTo(ctx, 7); err != nil {
+	if err := m.MigrateTo(ctx, fleetIdentity); err != nil {
 		t.Fatal(err)
 	}
 	rows := func(sql string) []string {
@@ -106,8 +109,8 @@ func TestFleetIdentityMovesRows(t *testing.T) {
 	exec(`delete from fleet_devices where pool = 'sandbox' and node_id = 'n1'`)
 	exec(`delete from fleet_nodes where pool = 'sandbox' and node_id = 'n1'`)
 
-	if err := m.MigrateTo(ctx, 6); err != nil {
-		t.Fatalf("down to 006: %v", err)
+	if err := m.MigrateTo(ctx, before); err != nil {
+		t.Fatalf("down to %d: %v", before, err)
 	}
 	if got := rows(`select node_id || ':' || gpu_index from fleet_devices order by 1`); !slices.Equal(got, []string{"n1:0", "n1:1", "n2:0"}) {
 		t.Errorf("devices after going down: %v", got)
