@@ -395,8 +395,8 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 		_, err := e.pool.Exec(ctx, `insert into fleet_nodes (node_id, pool, connected, state, state_since, first_seen, last_seen)
 			values ($1, $2, true, 'healthy', now(), now(), now())`, fmt.Sprintf("n%d", i), fmt.Sprintf("p%d", i%2))
 		if err == nil {
-			_, err = e.pool.Exec(ctx, `insert into fleet_devices (node_id, gpu_index, model, memory_mib)
-				select $1, g, 'H100', 81920 from generate_series(0, 3) g`, fmt.Sprintf("n%d", i))
+			_, err = e.pool.Exec(ctx, `insert into fleet_devices (pool, node_id, gpu_index, model, memory_mib)
+				select $2, $1, g, 'H100', 81920 from generate_series(0, 3) g`, fmt.Sprintf("n%d", i), fmt.Sprintf("p%d", i%2))
 		}
 		if err != nil {
 			t.Fatal(err)

@@ -146,7 +146,7 @@ func runDev(ctx context.Context, o devOptions) error {
 		rg.stop(ctx)
 		return err
 	}
-	fleetProj, err := o.fleetProj.projector(log)
+	fleetProj, err := o.fleetProj.projector(log, t.reg)
 	if err != nil {
 		return err
 	}

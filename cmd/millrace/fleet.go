@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -41,6 +42,8 @@ type fleetOptions struct {
 	maxSessions, handshakeRate, hellos    int
 	heartbeat, flush, bindWindow, certTTL time.Duration
 	resumption                            bool
+	// Per-session bounds.
+	reportRate, reportBurst, maxHeld, queueShare int
 }
 
 func (o *fleetOptions) register(fs *flag.FlagSet) {
@@ -62,6 +65,10 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	envDuration(fs, &o.bindWindow, "fleet-bind-window", "MILLRACE_FLEET_BIND_WINDOW", fleet.DefaultBindWindow, "how long a gateway keeps binds for nodes not connected to it")
 	envBool(fs, &o.resumption, "fleet-tls-resumption", "MILLRACE_FLEET_TLS_RESUMPTION", true, "TLS session tickets (keys derived from the CA key, shared by every gateway of the fleet) so that re-homing nodes resume rather than redo a full handshake")
 	envDuration(fs, &o.certTTL, "fleet-node-cert-validity", "MILLRACE_FLEET_NODE_CERT_VALIDITY", fleet.DefaultNodeCertValidity, "validity of node certificates issued by Join")
+	envInt(fs, &o.reportRate, "fleet-report-rate", "MILLRACE_FLEET_REPORT_RATE", fleet.DefaultReportRate, "status and allocation reports per second one node session may send (token bucket); a node over it is refused report_rate")
+	envInt(fs, &o.reportBurst, "fleet-report-burst", "MILLRACE_FLEET_REPORT_BURST", fleet.DefaultReportBurst, "burst of --fleet-report-rate (a reconnect answering every pending bind at once must fit)")
+	envInt(fs, &o.maxHeld, "fleet-max-held-allocations", "MILLRACE_FLEET_MAX_HELD_ALLOCATIONS", fleet.DefaultMaxHeld, "allocations one node session may hold (Hello list and BOUND reports); bounds its Connected and resync events")
+	envInt(fs, &o.queueShare, "fleet-session-queue-share", "MILLRACE_FLEET_SESSION_QUEUE_SHARE", fleet.DefaultSessionQueueShare, "events of one node session that may wait in the gateway's shared publish queue at once")
 }
 
 // config loads the CA and TLS material. devSecrets, when not empty, is the
@@ -124,19 +131,23 @@ func (o *fleetOptions) config(devSecrets string, log *slog.Logger) (fleet.Config
 		id = host + "-" + port
 	}
 	return fleet.Config{
-		GatewayID:         id,
-		CA:                ca,
-		TLS:               tc,
-		JoinTokens:        tokens,
-		NodeCertValidity:  o.certTTL,
-		MaxSessions:       o.maxSessions,
-		HandshakeRate:     float64(o.handshakeRate),
-		HandshakeBurst:    o.handshakeRate,
-		MaxHellosInFlight: o.hellos,
-		HeartbeatInterval: o.heartbeat,
-		FlushInterval:     o.flush,
-		BindWindow:        o.bindWindow,
-		DisableResumption: !o.resumption,
+		GatewayID:          id,
+		CA:                 ca,
+		TLS:                tc,
+		JoinTokens:         tokens,
+		NodeCertValidity:   o.certTTL,
+		MaxSessions:        o.maxSessions,
+		HandshakeRate:      float64(o.handshakeRate),
+		HandshakeBurst:     o.handshakeRate,
+		MaxHellosInFlight:  o.hellos,
+		HeartbeatInterval:  o.heartbeat,
+		FlushInterval:      o.flush,
+		BindWindow:         o.bindWindow,
+		DisableResumption:  !o.resumption,
+		ReportRate:         float64(o.reportRate),
+		ReportBurst:        o.reportBurst,
+		MaxHeldAllocations: o.maxHeld,
+		SessionQueueShare:  o.queueShare,
 	}, nil
 }
 
@@ -403,8 +414,11 @@ func (o *fleetProjectorOptions) register(fs *flag.FlagSet) {
 	envDuration(fs, &o.clockSlack, "fleet-clock-slack", "MILLRACE_FLEET_CLOCK_SLACK", fleetproj.DefaultClockSlack, "how far past the newest liveness batch nodes may age (a silent control plane marks nothing)")
 }
 
-func (o *fleetProjectorOptions) projector(log *slog.Logger) (*fleetproj.Projector, error) {
-	cfg := fleetproj.Config{SuspectAfter: o.suspectAfter, UnreachableAfter: o.unreachable, ClockSlack: o.clockSlack, Logger: log}
+// projector makes the liveness projector; reg (nil: none) gets its
+// counter of foreign allocation reports.
+func (o *fleetProjectorOptions) projector(log *slog.Logger, reg prometheus.Registerer) (*fleetproj.Projector, error) {
+	cfg := fleetproj.Config{SuspectAfter: o.suspectAfter, UnreachableAfter: o.unreachable, ClockSlack: o.clockSlack, Logger: log,
+		ForeignReports: fleetproj.NewForeignReportsCounter(reg)}
 	if err := cfg.Validate(); err != nil {
 		return nil, usageError{err.Error()}
 	}

@@ -187,12 +187,15 @@ instances may run: one applies, the others stand by.`,
 				if err != nil {
 					return err
 				}
-				proj, err := po.projector(log)
-				if err != nil {
-					return err
+				if _, err := po.projector(log, nil); err != nil {
+					return err // a bad configuration fails before anything starts
 				}
 				return runProjectorProcess(ctx, "millrace-project-fleet", no, do, httpAddr, log,
 					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
+						proj, err := po.projector(log, t.reg)
+						if err != nil {
+							return err
+						}
 						return streams.NewRunner(bb.JS, pool, proj, po.runnerConfig(log), t.sm).Run(ctx)
 					})
 			}
@@ -273,7 +276,7 @@ left in its outbox before it starts.`,
 				if err != nil {
 					return err
 				}
-				proj, err := fo.projector(log)
+				proj, err := fo.projector(log, nil)
 				if err != nil {
 					return err
 				}

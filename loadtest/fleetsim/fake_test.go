@@ -229,7 +229,7 @@ func (f *fakeFleet) Session(stream fleetpb.Gateway_SessionServer) error {
 	if f.db != nil {
 		_, err := f.db.Exec(stream.Context(), `insert into fleet_nodes (node_id, pool, state, state_since, first_seen, last_seen)
 			values ($1, $2, 'healthy', now(), now(), now())
-			on conflict (node_id) do update set last_seen = now()`, node, f.pool)
+			on conflict (pool, node_id) do update set last_seen = now()`, node, f.pool)
 		if err != nil {
 			return status.Error(codes.Internal, err.Error())
 		}

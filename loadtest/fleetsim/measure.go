@@ -231,7 +231,7 @@ func (s *sim) pollLiveness(ctx context.Context, db *pgxpool.Pool) {
 		for id := range pending {
 			ids = append(ids, id)
 		}
-		rows, err := db.Query(ctx, `select node_id, last_seen from fleet_nodes where node_id = any($1)`, ids)
+		rows, err := db.Query(ctx, `select node_id, last_seen from fleet_nodes where pool = $2 and node_id = any($1)`, ids, s.cfg.Pool)
 		if err != nil {
 			if ctx.Err() == nil {
 				s.errorf("poll fleet_nodes.last_seen: %v", err)

@@ -103,14 +103,16 @@ func decodeNodeEvent(data []byte) (kind, *fleetpb.NodeEvent, error) {
 	if ev.NodeId == "" {
 		return 0, nil, errors.New("node event has no node_id")
 	}
+	// A node is (pool, node id): without its pool an event could name a
+	// node of any pool.
+	if ev.Pool == "" {
+		return 0, nil, errors.New("node event has no pool")
+	}
 	if err := ids("node event", ev.NodeId, ev.Pool, ev.GatewayId, ev.SessionId); err != nil {
 		return 0, nil, err
 	}
 	switch b := ev.Body.(type) {
 	case *fleetpb.NodeEvent_Connected:
-		if ev.Pool == "" {
-			return 0, nil, errors.New("connected event has no pool")
-		}
 		seen := make(map[uint32]bool, len(b.Connected.GetGpus()))
 		for _, g := range b.Connected.GetGpus() {
 			if seen[g.GetIndex()] {
@@ -155,6 +157,12 @@ func decodeLiveness(data []byte) (*fleetpb.LivenessBatch, error) {
 	b := &fleetpb.LivenessBatch{}
 	if err := proto.Unmarshal(data, b); err != nil {
 		return nil, fmt.Errorf("decode LivenessBatch: %w", err)
+	}
+	if b.Pool == "" {
+		return nil, errors.New("liveness batch has no pool")
+	}
+	if err := ids("liveness batch", b.Pool); err != nil {
+		return nil, err
 	}
 	return b, nil
 }

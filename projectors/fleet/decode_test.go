@@ -38,7 +38,7 @@ func FuzzDecode(f *testing.F) {
 		// Every node it names is known, in the event's own session, so that
 		// every path of the fold runs.
 		for _, id := range fo.order {
-			fo.nodes[id] = &node{id: id, session: ev.node.GetSessionId(), connected: true,
+			fo.nodes[id] = &node{nodeKey: id, session: ev.node.GetSessionId(), connected: true,
 				state: StateSuspect, stateSince: t0, lastSeen: t0}
 		}
 		fo.run([]event{ev})
@@ -48,8 +48,8 @@ func FuzzDecode(f *testing.F) {
 			if fo.simple(id) {
 				continue // its entry is in fo.fast
 			}
-			texts = append(texts, n.id, n.session, n.gateway)
-			for _, p := range []*string{n.pool, n.labels, n.agent, n.statusHash, n.conditions} {
+			texts = append(texts, n.pool, n.id, n.session, n.gateway)
+			for _, p := range []*string{n.labels, n.agent, n.statusHash, n.conditions} {
 				if p != nil {
 					texts = append(texts, *p)
 				}
@@ -77,7 +77,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		for _, id := range fo.repIDs {
 			r := fo.reports[id]
-			texts = append(texts, id, r.node, r.state, r.err)
+			texts = append(texts, id.alloc, id.node.pool, id.node.id, r.state, r.err)
 		}
 		for _, s := range texts {
 			if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {

@@ -8,6 +8,16 @@
 // thresholds and the clock guard; this comment, how the code keeps its
 // promises.
 //
+// # Identity
+//
+// A node is (pool, node id), as in its certificate and subject: the fold's
+// maps, the loads and every statement key nodes, devices and reports by
+// the pair, so that nodes of the same id in two pools never meet. Reports
+// are keyed by allocation and reporting node; readers count only the
+// placed node's. The count of foreign reports (Stats.ForeignReports) reads
+// fleet_allocations, another stream's table, but only to count: the rows
+// written do not depend on it, so replay order does not matter.
+//
 // # Times
 //
 // Every time comes from the stream: a message's stored time (JetStream's

@@ -35,7 +35,7 @@ func ExampleNodes() {
 	fmt.Println("unreachable in the last hour:", gone)
 }
 
-// What `millrace fleet show <node>` would print.
+// What `millrace fleet show <node> --pool a100` would print.
 func ExampleShow() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -43,7 +43,7 @@ func ExampleShow() {
 		panic(err)
 	}
 	defer pool.Close()
-	n, err := fleet.Show(ctx, pool, "gpu-node-0042")
+	n, err := fleet.Show(ctx, pool, "a100", "gpu-node-0042")
 	if err != nil {
 		panic(err) // fleet.ErrNotFound for a node never connected
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/streams/projection"
 )
@@ -61,6 +62,24 @@ type Config struct {
 	// Logger receives a debug line per batch that ignored events, and one
 	// per sweep that changed states. Nil means slog.Default().
 	Logger *slog.Logger
+	// ForeignReports, when set, counts allocation reports from a node
+	// other than the one the allocation is placed on (Stats.ForeignReports;
+	// NewForeignReportsCounter makes the Prometheus counter). Such a report
+	// is stored under its reporter and changes no allocation.
+	ForeignReports prometheus.Counter
+}
+
+// NewForeignReportsCounter registers (with reg, unless nil) the counter of
+// Config.ForeignReports, millrace_fleet_projector_foreign_reports_total.
+func NewForeignReportsCounter(reg prometheus.Registerer) prometheus.Counter {
+	c := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "millrace_fleet_projector_foreign_reports_total",
+		Help: "Allocation reports (bound, unbound, failed) from a node other than the one the allocation is placed on: stored under the reporter, they change no allocation.",
+	})
+	if reg != nil {
+		reg.MustRegister(c)
+	}
+	return c
 }
 
 // Validate reports a configuration that cannot work: thresholds must
@@ -143,6 +162,10 @@ type Stats struct {
 	// IgnoredEvents counts disconnects and status changes of an unknown
 	// node or of a session the node no longer holds (a gateway it left).
 	IgnoredEvents int
+	// ForeignReports counts allocation reports from a node (pool, node)
+	// other than the one fleet_allocations says the allocation is placed
+	// on. They are stored under their reporter, where no reader looks.
+	ForeignReports int
 }
 
 // Apply projects a batch (projection.Projector). A message that cannot be
@@ -150,6 +173,13 @@ type Stats struct {
 // is written.
 func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Message) error {
 	st, err := p.ApplyStats(ctx, tx, batch)
+	if err == nil && st.ForeignReports > 0 {
+		if p.cfg.ForeignReports != nil {
+			p.cfg.ForeignReports.Add(float64(st.ForeignReports))
+		}
+		p.log.Warn("allocation reports from nodes the allocations are not placed on; they change nothing",
+			"reports", st.ForeignReports)
+	}
 	if err == nil && st.IgnoredLiveness+st.IgnoredEvents > 0 {
 		p.log.Debug("ignored events of unknown nodes or old sessions", "messages", st.Messages,
 			"liveness_ignored", st.IgnoredLiveness, "events_ignored", st.IgnoredEvents)
@@ -189,6 +219,7 @@ func (p *Projector) ApplyStats(ctx context.Context, tx pgx.Tx, batch []projectio
 		st.Liveness += f.stats.Liveness
 		st.IgnoredLiveness += f.stats.IgnoredLiveness
 		st.IgnoredEvents += f.stats.IgnoredEvents
+		st.ForeignReports += f.stats.ForeignReports
 		rest = rest[n:]
 	}
 	st.Messages = len(evs)

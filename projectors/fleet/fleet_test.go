@@ -206,7 +206,7 @@ func TestSweepsBetweenBatches(t *testing.T) {
 			for i := 0; i < len(s.msgs); i += n {
 				batch := s.msgs[i:min(i+n, len(s.msgs))]
 				sweep(t, pool, p, batch[0].at)
-				if n2, err := Show(context.Background(), pool, "n2"); err == nil && n2.State == StateSuspect {
+				if n2, err := Show(context.Background(), pool, "gpu-a", "n2"); err == nil && n2.State == StateSuspect {
 					suspect = true
 				}
 				applyBatch(t, pool, p, batch)
@@ -372,7 +372,7 @@ func TestSweepThresholds(t *testing.T) {
 	check(last.Add(DefaultUnreachableAfter+time.Microsecond), StateUnreachable, last.Add(DefaultUnreachableAfter))
 	check(last.Add(time.Hour), StateUnreachable, last.Add(DefaultUnreachableAfter)) // clock guard: horizon 135s
 	un, err := Unreachable(context.Background(), pool, last.Add(DefaultUnreachableAfter-time.Microsecond))
-	if err != nil || !slices.Equal(un, []string{"n"}) {
+	if err != nil || !slices.Equal(un, []NodeRef{{"p", "n"}}) {
 		t.Fatalf("Unreachable = %v, %v; want [n]", un, err)
 	}
 	if un, _ := Unreachable(context.Background(), pool, last.Add(DefaultUnreachableAfter)); len(un) != 0 {
@@ -641,7 +641,7 @@ func TestPoison(t *testing.T) {
 			// The runner applies the rest without it.
 			rest := slices.Delete(slices.Clone(msgs), 1, 2)
 			applyAll(t, pool, p, rest, 1000)
-			if _, err := Show(ctx, pool, "n1"); err != nil {
+			if _, err := Show(ctx, pool, "gpu-a", "n1"); err != nil {
 				t.Fatal(err)
 			}
 		})
@@ -720,7 +720,7 @@ func TestReadHelpers(t *testing.T) {
 	if len(n2.Devices) != 4 || n2.Devices[2].Health != "ok" || n2.StatusHash != "h-2" || n2.Labels["zone"] != "a" {
 		t.Fatalf("Show(n2) = %+v", n2)
 	}
-	if _, err := Show(ctx, pool, "nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := Show(ctx, pool, "gpu-a", "nope"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("Show(nope) = %v, want ErrNotFound", err)
 	}
 	counts, err := Counts(ctx, pool)
@@ -732,7 +732,7 @@ func TestReadHelpers(t *testing.T) {
 		t.Fatalf("Counts = %+v, want %+v", counts, want)
 	}
 	un, err := Unreachable(ctx, pool, t0)
-	if err != nil || !slices.Equal(un, []string{"n3"}) {
+	if err != nil || !slices.Equal(un, []NodeRef{{"gpu-b", "n3"}}) {
 		t.Fatalf("Unreachable = %v, %v", un, err)
 	}
 	// Every read helper works on a transaction too.
@@ -790,4 +790,90 @@ func TestConfigValidate(t *testing.T) {
 			t.Errorf("Validate(%+v) = %v", c.cfg, err)
 		}
 	}
+}
+
+// TestPoolsKeepNodesApart: a node is (pool, node id). A node of pool
+// "sandbox" named like a node of pool "prod" has a row, devices, liveness
+// and reports of its own; nothing it sends changes prod's node, whether
+// its events are folded with others or go to the single-statement path
+// (one message per batch).
+func TestPoolsKeepNodesApart(t *testing.T) {
+	for _, n := range []int{1, 1000} {
+		t.Run(fmt.Sprintf("batch%d", n), func(t *testing.T) {
+			pool, _ := testenv.Pool(t)
+			ctx := context.Background()
+			p := New(Config{})
+			s := newStream()
+			s.at(0).connect("prod", "n1", "gw-1", "s-prod", map[string]string{"tier": "prod"},
+				gpu(0, "A100", 81920, okH), gpu(1, "A100", 81920, okH))
+			s.at(time.Second).liveness("prod", "gw-1", heard{"n1", "s-prod", 0})
+			s.at(2*time.Second).alloc("prod", "n1", "gw-1", "s-prod", "alloc-prod", fleetpb.AllocationState_ALLOCATION_STATE_BOUND, "")
+			applyAll(t, pool, p, s.msgs, n)
+			before, err := Show(ctx, pool, "prod", "n1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			reportsBefore := reportRows(t, pool, "prod")
+
+			mark := len(s.msgs)
+			s.at(5*time.Second).connect("sandbox", "n1", "gw-2", "s-sandbox", map[string]string{"tier": "sandbox"},
+				gpu(0, "T4", 16384, okH))
+			s.at(6*time.Second).status("sandbox", "n1", "gw-2", "s-sandbox", "h-bad",
+				[]*fleetpb.GpuState{{Index: 0, Health: failedH}, {Index: 1, Health: failedH}})
+			s.at(7*time.Second).alloc("sandbox", "n1", "gw-2", "s-sandbox", "alloc-prod", fleetpb.AllocationState_ALLOCATION_STATE_UNBOUND, "")
+			for d := 10 * time.Second; d <= 40*time.Second; d += 5 * time.Second {
+				s.at(d).liveness("sandbox", "gw-2", heard{"n1", "s-sandbox", 0})
+			}
+			s.at(41*time.Second).disconnect("sandbox", "n1", "gw-2", "s-sandbox", "closed")
+			applyAll(t, pool, p, s.msgs[mark:], n)
+
+			after, err := Show(ctx, pool, "prod", "n1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The stream's own sweeps age prod's node, which nobody heard
+			// since 1 s: that is its own silence, not sandbox's doing.
+			if after.State != StateSuspect || !after.StateSince.Equal(t0.Add(time.Second+DefaultSuspectAfter)) {
+				t.Errorf("prod/n1 is %s since %s, want suspect since %s (sandbox's heartbeats must not keep it alive)",
+					after.State, after.StateSince, t0.Add(time.Second+DefaultSuspectAfter))
+			}
+			before.State, before.StateSince, before.Rev = after.State, after.StateSince, after.Rev
+			if !equalNodes(before, after) {
+				t.Fatalf("sandbox/n1 changed prod/n1:\nbefore %+v\nafter  %+v", before, after)
+			}
+			if got := reportRows(t, pool, "prod"); !slices.Equal(got, reportsBefore) {
+				t.Fatalf("prod's reports changed: %v, was %v", got, reportsBefore)
+			}
+			sb, err := Show(ctx, pool, "sandbox", "n1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if sb.Connected || sb.State != StateHealthy || len(sb.Devices) != 1 || sb.Devices[0].Model != "T4" ||
+				sb.Devices[0].Health != "failed" || sb.Labels["tier"] != "sandbox" || !sb.LastSeen.Equal(t0.Add(40*time.Second)) {
+				t.Fatalf("sandbox/n1 = %+v", sb)
+			}
+			if got := reportRows(t, pool, "sandbox"); !slices.Equal(got, []string{"alloc-prod sandbox/n1 unbound"}) {
+				t.Fatalf("sandbox's reports = %v", got)
+			}
+			nodes, err := Nodes(ctx, pool, "")
+			if err != nil || len(nodes) != 2 || nodes[0].Pool != "prod" || nodes[1].Pool != "sandbox" {
+				t.Fatalf("Nodes = %+v, %v; want prod/n1 and sandbox/n1", nodes, err)
+			}
+		})
+	}
+}
+
+// reportRows lists the allocation reports of a pool's nodes.
+func reportRows(t testing.TB, q Querier, pool string) []string {
+	t.Helper()
+	rows, err := q.Query(context.Background(), `select allocation_id || ' ' || pool || '/' || node_id || ' ' || state
+		from fleet_allocation_reports where pool = $1 order by 1`, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }

@@ -34,9 +34,14 @@ const (
 	StateUnreachable = "unreachable"
 )
 
+// nodeKey is a node's identity: its pool and id, as in its certificate and
+// its subject. Two pools may each have a node of the same id; they are two
+// nodes.
+type nodeKey struct{ pool, id string }
+
 // node is one node as the fold sees it.
 type node struct {
-	id      string
+	nodeKey
 	created bool // a connected event of this batch creates the row
 
 	// Always known (loaded, then folded).
@@ -48,7 +53,7 @@ type node struct {
 	lastSeen         time.Time
 
 	// Known only when this batch sets them; nil = keep the stored value.
-	pool, labels, agent, statusHash, conditions *string
+	labels, agent, statusHash, conditions *string
 
 	full     bool // more than last_seen changed: the whole row is written, with a new rev
 	seenMove bool // last_seen moved
@@ -70,24 +75,37 @@ type device struct {
 	health string
 }
 
+// reportKey is a report's identity: the allocation and the node that
+// reported it. Reports are kept per reporting node; only the one from the
+// node the allocation was placed on counts (readers join on the
+// allocation's pool and node), so a sibling's report changes nothing.
+type reportKey struct {
+	alloc string
+	node  nodeKey
+}
+
 type report struct {
-	node, state, err string
-	at               time.Time
+	state, err string
+	at         time.Time
 }
 
 // fold is one batch merged in memory.
 type fold struct {
 	cfg Config
 
-	nodes    map[string]*node
-	order    []string       // node ids the batch names, in order of first mention
-	mentions map[string]int // how often; -1 once a node event names it
+	nodes    map[nodeKey]*node
+	order    []nodeKey       // nodes the batch names, in order of first mention
+	mentions map[nodeKey]int // how often; -1 once a node event names it
 
 	// One liveness entry per node named nowhere else (sqlLiveness).
 	fast fastCols
 
-	reports map[string]*report // allocation id -> latest report
-	repIDs  []string
+	reports map[reportKey]*report // latest report per allocation and reporter
+	repIDs  []reportKey
+	// placedOn is where the allocations the batch's reports name are
+	// placed, as far as fleet_allocations knows (load): a report from
+	// another node is counted in stats.ForeignReports.
+	placedOn map[string]nodeKey
 
 	// The liveness clock: stored time of the newest liveness batch, and
 	// when it last resumed after a silence (fleet_clock).
@@ -109,45 +127,58 @@ type fold struct {
 // time), and the horizon and resumed time of the aging that precedes it
 // (NULL: none).
 type fastCols struct {
-	id               []string
+	pool, id         []string
 	seen             []time.Time
 	fresh            []bool
 	horizon, resumed []*time.Time
 }
 
 func newFold(cfg Config) *fold {
-	return &fold{cfg: cfg, nodes: make(map[string]*node), mentions: make(map[string]int),
-		reports: make(map[string]*report)}
+	return &fold{cfg: cfg, nodes: make(map[nodeKey]*node), mentions: make(map[nodeKey]int),
+		reports: make(map[reportKey]*report), placedOn: make(map[string]nodeKey)}
 }
 
 // mention registers the node ids an event names, for load.
 func (f *fold) mention(e *event) {
 	if e.kind == kindLiveness {
+		pool := e.live.GetPool()
 		for _, a := range e.live.GetNodes() {
 			if id := a.GetNodeId(); storableID(id) {
-				if f.mentions[id] == 0 {
-					f.order = append(f.order, id)
+				k := nodeKey{pool, id}
+				if f.mentions[k] == 0 {
+					f.order = append(f.order, k)
 				}
-				if f.mentions[id] >= 0 {
-					f.mentions[id]++
+				if f.mentions[k] >= 0 {
+					f.mentions[k]++
 				}
 			}
 		}
 		return
 	}
-	id := e.node.GetNodeId()
-	if _, ok := f.mentions[id]; !ok {
-		f.order = append(f.order, id)
+	k := nodeKey{e.node.GetPool(), e.node.GetNodeId()}
+	if _, ok := f.mentions[k]; !ok {
+		f.order = append(f.order, k)
 	}
-	f.mentions[id] = -1
+	f.mentions[k] = -1
+	if e.kind == kindAllocation {
+		f.placedOn[e.node.GetAllocation().GetAllocationId()] = nodeKey{}
+	}
 }
 
 // simple reports whether a node goes to sqlLiveness rather than the fold.
-func (f *fold) simple(id string) bool { return f.mentions[id] == 1 }
+func (f *fold) simple(k nodeKey) bool { return f.mentions[k] == 1 }
 
 const sqlLoadNodes = `
-select node_id, session_id, gateway_id, connected, state, state_since, last_seen, inventory_hash
-from fleet_nodes where node_id = any($1::text[])`
+select n.pool, n.node_id, n.session_id, n.gateway_id, n.connected, n.state, n.state_since, n.last_seen, n.inventory_hash
+from unnest($1::text[], $2::text[]) as u(pool, node_id)
+join fleet_nodes n on n.pool = u.pool and n.node_id = u.node_id`
+
+// sqlPlacedOn finds where reported allocations are placed. It reads a
+// table of another stream (FLEET_PLACE) only to count foreign reports:
+// what is stored does not depend on it, so a replay in any order yields
+// the same rows.
+const sqlPlacedOn = `
+select a.id, a.pool, a.node_id from unnest($1::text[]) as u(id) join fleet_allocations a on a.id = u.id`
 
 const sqlLoadClock = `select liveness_time, resumed_at from fleet_clock`
 
@@ -171,20 +202,35 @@ func (f *fold) load(ctx context.Context, tx pgx.Tx) error {
 		}
 		return nil
 	})
-	var load []string
-	for _, id := range f.order {
-		if !f.simple(id) {
-			load = append(load, id)
+	var loadPool, loadID []string
+	for _, k := range f.order {
+		if !f.simple(k) {
+			loadPool, loadID = append(loadPool, k.pool), append(loadID, k.id)
 		}
 	}
-	if len(load) > 0 {
-		b.Queue(sqlLoadNodes, load).Query(func(rows pgx.Rows) error {
+	if len(loadID) > 0 {
+		b.Queue(sqlLoadNodes, loadPool, loadID).Query(func(rows pgx.Rows) error {
 			var n node
-			_, err := pgx.ForEachRow(rows, []any{&n.id, &n.session, &n.gateway, &n.connected, &n.state,
+			_, err := pgx.ForEachRow(rows, []any{&n.pool, &n.id, &n.session, &n.gateway, &n.connected, &n.state,
 				&n.stateSince, &n.lastSeen, &n.inventory}, func() error {
 				c := n
 				c.stateSince, c.lastSeen = c.stateSince.UTC(), c.lastSeen.UTC()
-				f.nodes[c.id] = &c
+				f.nodes[c.nodeKey] = &c
+				return nil
+			})
+			return err
+		})
+	}
+	if len(f.placedOn) > 0 {
+		allocs := make([]string, 0, len(f.placedOn))
+		for id := range f.placedOn {
+			allocs = append(allocs, id)
+		}
+		b.Queue(sqlPlacedOn, allocs).Query(func(rows pgx.Rows) error {
+			var id string
+			var k nodeKey
+			_, err := pgx.ForEachRow(rows, []any{&id, &k.pool, &k.id}, func() error {
+				f.placedOn[id] = k
 				return nil
 			})
 			return err
@@ -204,7 +250,7 @@ func (f *fold) apply(e *event) {
 	case kindConnected:
 		f.connected(e)
 	case kindDisconnected:
-		n := f.nodes[e.node.NodeId]
+		n := f.nodes[nodeKey{e.node.Pool, e.node.NodeId}]
 		if n == nil || e.node.SessionId != n.session {
 			f.stats.IgnoredEvents++
 			return
@@ -217,7 +263,7 @@ func (f *fold) apply(e *event) {
 		// The state stays: whether the node is gone is the sweep's to say,
 		// after the grace period, since it may be re-homing.
 	case kindStatus:
-		n := f.nodes[e.node.NodeId]
+		n := f.nodes[nodeKey{e.node.Pool, e.node.NodeId}]
 		if n == nil || e.node.SessionId != n.session {
 			f.stats.IgnoredEvents++
 			return
@@ -241,13 +287,19 @@ func (f *fold) apply(e *event) {
 		n.full = true
 	case kindAllocation:
 		a := e.node.GetAllocation()
-		r, ok := f.reports[a.AllocationId]
+		from := nodeKey{e.node.Pool, e.node.NodeId}
+		if on := f.placedOn[a.AllocationId]; on != (nodeKey{}) && on != from {
+			// Stored under its reporter, where no reader looks for it.
+			f.stats.ForeignReports++
+		}
+		rk := reportKey{alloc: a.AllocationId, node: from}
+		r, ok := f.reports[rk]
 		if !ok {
 			r = &report{}
-			f.reports[a.AllocationId] = r
-			f.repIDs = append(f.repIDs, a.AllocationId)
+			f.reports[rk] = r
+			f.repIDs = append(f.repIDs, rk)
 		}
-		*r = report{node: e.node.NodeId, state: allocationState(a.State), err: clean(a.Error), at: e.at}
+		*r = report{state: allocationState(a.State), err: clean(a.Error), at: e.at}
 	}
 }
 
@@ -258,10 +310,11 @@ func (f *fold) apply(e *event) {
 // session and inventory.)
 func (f *fold) connected(e *event) {
 	ev, c := e.node, e.node.GetConnected()
-	n := f.nodes[ev.NodeId]
+	k := nodeKey{ev.Pool, ev.NodeId}
+	n := f.nodes[k]
 	if n == nil {
-		n = &node{id: ev.NodeId, created: true, state: StateHealthy, stateSince: e.at, firstSeen: e.at, lastSeen: e.at}
-		f.nodes[ev.NodeId] = n
+		n = &node{nodeKey: k, created: true, state: StateHealthy, stateSince: e.at, firstSeen: e.at, lastSeen: e.at}
+		f.nodes[k] = n
 	}
 	if e.at.After(n.lastSeen) {
 		f.age(n, e.at)
@@ -271,7 +324,6 @@ func (f *fold) connected(e *event) {
 		}
 	}
 	n.session, n.gateway, n.connected = ev.SessionId, ev.GatewayId, true
-	n.pool = ptr(ev.Pool)
 	n.labels = ptr(labelsJSON(c.GetLabels()))
 	n.agent = ptr(clean(c.GetAgentVersion()))
 	devs := make([]device, 0, len(c.GetGpus()))
@@ -316,12 +368,14 @@ func (f *fold) liveness(e *event) {
 	if !f.resumed.IsZero() {
 		r = ptr(f.resumed)
 	}
+	pool := e.live.GetPool()
 	for _, a := range e.live.GetNodes() {
 		f.stats.Liveness++
-		id := a.GetNodeId()
+		k := nodeKey{pool, a.GetNodeId()}
 		seen := e.at.Add(-time.Duration(a.GetAgeMs()) * time.Millisecond)
-		if storableID(id) && f.simple(id) {
-			f.fast.id = append(f.fast.id, id)
+		if storableID(k.id) && f.simple(k) {
+			f.fast.pool = append(f.fast.pool, k.pool)
+			f.fast.id = append(f.fast.id, k.id)
 			f.fast.seen = append(f.fast.seen, seen)
 			f.fast.fresh = append(f.fast.fresh, !seen.Before(fresh))
 			f.fast.horizon = append(f.fast.horizon, h)
@@ -329,8 +383,8 @@ func (f *fold) liveness(e *event) {
 			continue // sqlLiveness counts it if it changes nothing
 		}
 		var n *node
-		if storableID(id) {
-			n = f.nodes[id]
+		if storableID(k.id) {
+			n = f.nodes[k]
 		}
 		if n == nil || !seen.After(n.lastSeen) {
 			// An unknown node: its connected event precedes it in the

@@ -191,9 +191,15 @@ func truncate(t testing.TB, pool *pgxpool.Pool) {
 	}
 }
 
+// show is Show of the one node named id (tests that name a node in two
+// pools use Show).
 func show(t testing.TB, q Querier, id string) *Node {
 	t.Helper()
-	n, err := Show(context.Background(), q, id)
+	var poolName string
+	if err := q.QueryRow(context.Background(), "select pool from fleet_nodes where node_id = $1", id).Scan(&poolName); err != nil {
+		t.Fatalf("show %s: %v", id, err)
+	}
+	n, err := Show(context.Background(), q, poolName, id)
 	if err != nil {
 		t.Fatalf("show %s: %v", id, err)
 	}

@@ -65,11 +65,11 @@ func scanNode(row pgx.Row) (Node, error) {
 	return n, err
 }
 
-// Nodes lists the nodes of a pool ("" for every pool), sorted by id,
-// without their devices.
+// Nodes lists the nodes of a pool ("" for every pool), sorted by pool and
+// id, without their devices.
 func Nodes(ctx context.Context, q Querier, pool string) ([]Node, error) {
 	rows, err := q.Query(ctx, `select `+nodeColumns+` from fleet_nodes
-		where $1 = '' or pool = $1 order by node_id collate "C"`, pool)
+		where $1 = '' or pool = $1 order by pool collate "C", node_id collate "C"`, pool)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: nodes of %q: %w", pool, err)
 	}
@@ -80,24 +80,25 @@ func Nodes(ctx context.Context, q Querier, pool string) ([]Node, error) {
 	return out, nil
 }
 
-// Show returns one node with its devices, or ErrNotFound. (It is not named
+// Show returns one node (pool and id: a node of the same id in another
+// pool is another node) with its devices, or ErrNotFound. (It is not named
 // Node, which is the type.)
-func Show(ctx context.Context, q Querier, nodeID string) (*Node, error) {
-	n, err := scanNode(q.QueryRow(ctx, `select `+nodeColumns+` from fleet_nodes where node_id = $1`, nodeID))
+func Show(ctx context.Context, q Querier, pool, nodeID string) (*Node, error) {
+	n, err := scanNode(q.QueryRow(ctx, `select `+nodeColumns+` from fleet_nodes where pool = $1 and node_id = $2`, pool, nodeID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
 	if err != nil {
-		return nil, fmt.Errorf("fleet: node %s: %w", nodeID, err)
+		return nil, fmt.Errorf("fleet: node %s/%s: %w", pool, nodeID, err)
 	}
 	rows, err := q.Query(ctx, `select gpu_index, model, memory_mib, uuid, health from fleet_devices
-		where node_id = $1 order by gpu_index`, nodeID)
+		where pool = $1 and node_id = $2 order by gpu_index`, pool, nodeID)
 	if err != nil {
-		return nil, fmt.Errorf("fleet: devices of %s: %w", nodeID, err)
+		return nil, fmt.Errorf("fleet: devices of %s/%s: %w", pool, nodeID, err)
 	}
 	n.Devices, err = pgx.CollectRows(rows, pgx.RowToStructByPos[Device])
 	if err != nil {
-		return nil, fmt.Errorf("fleet: devices of %s: %w", nodeID, err)
+		return nil, fmt.Errorf("fleet: devices of %s/%s: %w", pool, nodeID, err)
 	}
 	if n.Devices == nil {
 		n.Devices = []Device{}
@@ -137,16 +138,23 @@ func Counts(ctx context.Context, q Querier) (map[string]PoolCounts, error) {
 	return out, nil
 }
 
-// Unreachable lists, sorted, the nodes that are unreachable and entered
-// that state after since (by StateSince: the moment each crossed
-// UnreachableAfter, which is earlier than the sweep that noticed it).
-func Unreachable(ctx context.Context, q Querier, since time.Time) ([]string, error) {
-	rows, err := q.Query(ctx, `select node_id from fleet_nodes
-		where state = 'unreachable' and state_since > $1 order by node_id collate "C"`, since)
+// NodeRef names a node: its pool and id.
+type NodeRef struct {
+	Pool string `json:"pool"`
+	ID   string `json:"id"`
+}
+
+// Unreachable lists, sorted by pool and id, the nodes that are unreachable
+// and entered that state after since (by StateSince: the moment each
+// crossed UnreachableAfter, which is earlier than the sweep that noticed
+// it).
+func Unreachable(ctx context.Context, q Querier, since time.Time) ([]NodeRef, error) {
+	rows, err := q.Query(ctx, `select pool, node_id from fleet_nodes
+		where state = 'unreachable' and state_since > $1 order by pool collate "C", node_id collate "C"`, since)
 	if err != nil {
 		return nil, fmt.Errorf("fleet: unreachable: %w", err)
 	}
-	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	ids, err := pgx.CollectRows(rows, pgx.RowToStructByPos[NodeRef])
 	if err != nil {
 		return nil, fmt.Errorf("fleet: unreachable: %w", err)
 	}
@@ -162,9 +170,9 @@ var DigestTables = []string{"fleet_nodes", "fleet_devices", "fleet_allocation_re
 // sequence counted before (a replay counts on from the live run's).
 var digestSpec = map[string]struct{ row, order string }{
 	"fleet_nodes": {`(t.node_id, t.pool, t.labels, t.agent_version, t.session_id, t.gateway_id, t.connected,
-		t.state, t.state_since, t.first_seen, t.last_seen, t.status_hash, t.conditions)`, `t.node_id collate "C"`},
-	"fleet_devices":            {`t`, `t.node_id collate "C", t.gpu_index`},
-	"fleet_allocation_reports": {`t`, `t.allocation_id collate "C"`},
+		t.state, t.state_since, t.first_seen, t.last_seen, t.status_hash, t.conditions)`, `t.pool collate "C", t.node_id collate "C"`},
+	"fleet_devices":            {`t`, `t.pool collate "C", t.node_id collate "C", t.gpu_index`},
+	"fleet_allocation_reports": {`t`, `t.allocation_id collate "C", t.pool collate "C", t.node_id collate "C"`},
 	"fleet_clock":              {`t`, `t.id`},
 }
 

@@ -1,9 +1,11 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -37,7 +39,6 @@ select u.node_id, u.pool, u.labels::jsonb, u.agent_version, u.session_id, u.gate
 // a column the batch did not set. Every such change takes a new rev.
 const sqlUpdateNodes = `
 update fleet_nodes n set
-    pool          = coalesce(u.pool, n.pool),
     labels        = coalesce(u.labels::jsonb, n.labels),
     agent_version = coalesce(u.agent_version, n.agent_version),
     session_id    = u.session_id,
@@ -51,12 +52,12 @@ update fleet_nodes n set
     inventory_hash = u.inventory_hash,
     rev           = nextval('fleet_rev')
 ` + nodeRows + `
-where n.node_id = u.node_id`
+where n.pool = u.pool and n.node_id = u.node_id`
 
 const sqlUpdateSeen = `
 update fleet_nodes n set last_seen = u.last_seen
-from unnest($1::text[], $2::timestamptz[]) as u(node_id, last_seen)
-where n.node_id = u.node_id`
+from unnest($1::text[], $2::text[], $3::timestamptz[]) as u(pool, node_id, last_seen)
+where n.pool = u.pool and n.node_id = u.node_id`
 
 // agedSQL is Config.aged in SQL, over the fleet_nodes row n: the state and
 // state_since it has after a sweep at horizon h, with nodes aging from no
@@ -81,7 +82,7 @@ func agedSQL(h, resumed, suspect, unreachable string) (state, since, changes str
 // seen. The SET expressions all read the stored row. Entries of unknown
 // nodes, or no newer than last_seen, match no row.
 var sqlLiveness = func() string {
-	aged, agedSince, _ := agedSQL("u.horizon", "u.resumed", "$6::interval", "$7::interval")
+	aged, agedSince, _ := agedSQL("u.horizon", "u.resumed", "$7::interval", "$8::interval")
 	state := "case when u.fresh then 'healthy' else " + aged + " end"
 	since := "case when u.fresh and " + aged + " <> 'healthy' then u.seen else " + agedSince + " end"
 	return `
@@ -91,9 +92,9 @@ update fleet_nodes n set
     state_since = ` + since + `,
     rev         = case when (` + state + `) <> n.state or (` + since + `) <> n.state_since
                        then nextval('fleet_rev') else n.rev end
-from unnest($1::text[], $2::timestamptz[], $3::bool[], $4::timestamptz[], $5::timestamptz[])
-     as u(node_id, seen, fresh, horizon, resumed)
-where n.node_id = u.node_id and u.seen > n.last_seen`
+from unnest($1::text[], $2::text[], $3::timestamptz[], $4::bool[], $5::timestamptz[], $6::timestamptz[])
+     as u(pool, node_id, seen, fresh, horizon, resumed)
+where n.pool = u.pool and n.node_id = u.node_id and u.seen > n.last_seen`
 }()
 
 // sqlSweepAt ages every node to a given horizon and resumed time: the
@@ -106,36 +107,38 @@ update fleet_nodes n set state = ` + state + `, state_since = ` + since + `, rev
 where ` + changes
 }()
 
-const sqlDeleteDevices = `delete from fleet_devices where node_id = any($1::text[])`
+const sqlDeleteDevices = `
+delete from fleet_devices d using unnest($1::text[], $2::text[]) as u(pool, node_id)
+where d.pool = u.pool and d.node_id = u.node_id`
 
 const sqlInsertDevices = `
-insert into fleet_devices (node_id, gpu_index, model, memory_mib, uuid, health)
-select * from unnest($1::text[], $2::int4[], $3::text[], $4::int8[], $5::text[], $6::text[])`
+insert into fleet_devices (pool, node_id, gpu_index, model, memory_mib, uuid, health)
+select * from unnest($1::text[], $2::text[], $3::int4[], $4::text[], $5::int8[], $6::text[], $7::text[])`
 
 // sqlDeviceHealth sets health by index; an index the inventory does not
 // have is ignored, and so is a device whose health is unchanged (a
 // re-homed node lists all its devices: no row is rewritten for that).
 const sqlDeviceHealth = `
 update fleet_devices d set health = u.health
-from unnest($1::text[], $2::int4[], $3::text[]) as u(node_id, gpu_index, health)
-where d.node_id = u.node_id and d.gpu_index = u.gpu_index and d.health <> u.health`
+from unnest($1::text[], $2::text[], $3::int4[], $4::text[]) as u(pool, node_id, gpu_index, health)
+where d.pool = u.pool and d.node_id = u.node_id and d.gpu_index = u.gpu_index and d.health <> u.health`
 
 const sqlReports = `
-insert into fleet_allocation_reports as r (allocation_id, node_id, state, error, reported_at)
-select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamptz[])
-on conflict (allocation_id) do update set
-    node_id = excluded.node_id, state = excluded.state, error = excluded.error, reported_at = excluded.reported_at`
+insert into fleet_allocation_reports as r (allocation_id, pool, node_id, state, error, reported_at)
+select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::timestamptz[])
+on conflict (allocation_id, pool, node_id) do update set
+    state = excluded.state, error = excluded.error, reported_at = excluded.reported_at`
 
 const sqlClock = `
 insert into fleet_clock (id, liveness_time, resumed_at) values (true, $1, $2)
 on conflict (id) do update set liveness_time = excluded.liveness_time, resumed_at = excluded.resumed_at`
 
 type nodeCols struct {
-	id, session, gateway, state                 []string
-	pool, labels, agent, statusHash, conditions []*string
-	inventory                                   []string
-	connected                                   []bool
-	since, first, last                          []time.Time
+	pool, id, session, gateway, state     []string
+	labels, agent, statusHash, conditions []*string
+	inventory                             []string
+	connected                             []bool
+	since, first, last                    []time.Time
 }
 
 func (c *nodeCols) add(n *node) {
@@ -161,13 +164,14 @@ func (c *nodeCols) args() []any {
 }
 
 type deviceCols struct {
-	node, model, uuid, health []string
-	index                     []int32
-	memory                    []int64
+	pool, node, model, uuid, health []string
+	index                           []int32
+	memory                          []int64
 }
 
-func (c *deviceCols) add(node string, d device) {
-	c.node = append(c.node, node)
+func (c *deviceCols) add(k nodeKey, d device) {
+	c.pool = append(c.pool, k.pool)
+	c.node = append(c.node, k.id)
 	c.index = append(c.index, int32(d.index)) // decode refused indices above MaxInt32
 	c.model = append(c.model, d.model)
 	c.memory = append(c.memory, int64(d.memory)) // and memory above MaxInt64
@@ -177,19 +181,19 @@ func (c *deviceCols) add(node string, d device) {
 
 // write sends the fold's rows in one pipeline.
 func (f *fold) write(ctx context.Context, tx pgx.Tx) error {
-	ids := slices.Clone(f.order)
-	slices.Sort(ids) // rows in key order: the same locks in the same order every time
+	keys := slices.Clone(f.order)
+	slices.SortFunc(keys, compareKeys) // rows in key order: the same locks in the same order every time
 	var (
-		created, changed nodeCols
-		seenID           []string
-		seenAt           []time.Time
-		replaced         []string
-		devs             deviceCols
-		hNode, hHealth   []string
-		hIndex           []int32
+		created, changed      nodeCols
+		seenPool, seenID      []string
+		seenAt                []time.Time
+		replPool, replID      []string
+		devs                  deviceCols
+		hPool, hNode, hHealth []string
+		hIndex                []int32
 	)
-	for _, id := range ids {
-		n := f.nodes[id]
+	for _, k := range keys {
+		n := f.nodes[k]
 		switch {
 		case n == nil:
 			continue
@@ -198,16 +202,17 @@ func (f *fold) write(ctx context.Context, tx pgx.Tx) error {
 		case n.full:
 			changed.add(n)
 		case n.seenMove:
-			seenID, seenAt = append(seenID, id), append(seenAt, n.lastSeen)
+			seenPool, seenID, seenAt = append(seenPool, k.pool), append(seenID, k.id), append(seenAt, n.lastSeen)
 		}
 		if n.replace {
-			replaced = append(replaced, id)
+			replPool, replID = append(replPool, k.pool), append(replID, k.id)
 			for _, d := range n.devices {
-				devs.add(id, d)
+				devs.add(k, d)
 			}
 		}
 		for _, i := range sortedKeys(n.health) {
-			hNode, hIndex, hHealth = append(hNode, id), append(hIndex, int32(i)), append(hHealth, n.health[i])
+			hPool, hNode = append(hPool, k.pool), append(hNode, k.id)
+			hIndex, hHealth = append(hIndex, int32(i)), append(hHealth, n.health[i])
 		}
 	}
 	b := &pgx.Batch{}
@@ -218,34 +223,37 @@ func (f *fold) write(ctx context.Context, tx pgx.Tx) error {
 		b.Queue(sqlUpdateNodes, changed.args()...)
 	}
 	if len(seenID) > 0 {
-		b.Queue(sqlUpdateSeen, seenID, seenAt)
+		b.Queue(sqlUpdateSeen, seenPool, seenID, seenAt)
 	}
 	if fc := &f.fast; len(fc.id) > 0 {
-		b.Queue(sqlLiveness, fc.id, fc.seen, fc.fresh, fc.horizon, fc.resumed,
+		b.Queue(sqlLiveness, fc.pool, fc.id, fc.seen, fc.fresh, fc.horizon, fc.resumed,
 			f.cfg.SuspectAfter, f.cfg.UnreachableAfter).Exec(func(tag pgconn.CommandTag) error {
 			f.stats.IgnoredLiveness += len(fc.id) - int(tag.RowsAffected())
 			return nil
 		})
 	}
-	if len(replaced) > 0 {
-		b.Queue(sqlDeleteDevices, replaced)
+	if len(replID) > 0 {
+		b.Queue(sqlDeleteDevices, replPool, replID)
 	}
 	if len(devs.node) > 0 {
-		b.Queue(sqlInsertDevices, devs.node, devs.index, devs.model, devs.memory, devs.uuid, devs.health)
+		b.Queue(sqlInsertDevices, devs.pool, devs.node, devs.index, devs.model, devs.memory, devs.uuid, devs.health)
 	}
 	if len(hNode) > 0 {
-		b.Queue(sqlDeviceHealth, hNode, hIndex, hHealth)
+		b.Queue(sqlDeviceHealth, hPool, hNode, hIndex, hHealth)
 	}
 	if len(f.repIDs) > 0 {
-		rids := slices.Clone(f.repIDs)
-		slices.Sort(rids)
-		var node, state, errs []string
+		rks := slices.Clone(f.repIDs)
+		slices.SortFunc(rks, func(a, b reportKey) int {
+			return cmp.Or(strings.Compare(a.alloc, b.alloc), compareKeys(a.node, b.node))
+		})
+		var alloc, pool, node, state, errs []string
 		var at []time.Time
-		for _, id := range rids {
-			r := f.reports[id]
-			node, state, errs, at = append(node, r.node), append(state, r.state), append(errs, r.err), append(at, r.at)
+		for _, k := range rks {
+			r := f.reports[k]
+			alloc, pool, node = append(alloc, k.alloc), append(pool, k.node.pool), append(node, k.node.id)
+			state, errs, at = append(state, r.state), append(errs, r.err), append(at, r.at)
 		}
-		b.Queue(sqlReports, rids, node, state, errs, at)
+		b.Queue(sqlReports, alloc, pool, node, state, errs, at)
 	}
 	if f.clockMoved {
 		var resumed *time.Time
@@ -268,6 +276,12 @@ func (f *fold) write(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("fleet: write: %w", err)
 	}
 	return nil
+}
+
+// compareKeys orders nodes as the primary key does (pool, node id; byte
+// order, as Go compares strings).
+func compareKeys(a, b nodeKey) int {
+	return cmp.Or(strings.Compare(a.pool, b.pool), strings.Compare(a.id, b.id))
 }
 
 func sortedKeys[K interface{ ~uint32 }, V any](m map[K]V) []K {

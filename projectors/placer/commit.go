@@ -2,6 +2,8 @@ package placer
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -44,23 +46,21 @@ const sqlTaken = `select f.reservation_id from unnest($1::text[]) as u(id) join 
 // It returns the reservations to plan again.
 func (p *Placer) commit(ctx context.Context, tx pgx.Tx, w *work, plans []*plan) (again []*entry, err error) {
 	rids := make([]string, 0, len(plans))
-	nodeSet := map[string]bool{}
+	nodeSet := map[nodeKey]bool{}
 	for _, pl := range plans {
 		rids = append(rids, pl.e.id)
 		for _, a := range pl.allocs {
-			nodeSet[a.n.id] = true
+			nodeSet[a.n.key()] = true
 		}
 	}
 	slices.Sort(rids)
-	nodeIDs := slices.Sorted(func(yield func(string) bool) {
-		for id := range nodeSet {
-			if !yield(id) {
-				return
-			}
-		}
-	})
+	nodeKeys := make([]nodeKey, 0, len(nodeSet))
+	for k := range nodeSet {
+		nodeKeys = append(nodeKeys, k)
+	}
+	slices.SortFunc(nodeKeys, compareKeys)
 	open, taken := map[string]bool{}, map[string]bool{}
-	locked := map[string]nodeRow{}
+	locked := map[nodeKey]nodeRow{}
 	b := &pgx.Batch{}
 	b.Queue(sqlLockReservations, rids).Query(func(rows pgx.Rows) error {
 		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
@@ -76,10 +76,11 @@ func (p *Placer) commit(ctx context.Context, tx pgx.Tx, w *work, plans []*plan) 
 		}
 		return err
 	})
-	b.Queue(sqlLockNodes, nodeIDs).Query(func(rows pgx.Rows) error {
+	lockPools, lockIDs := keyColumns(nodeKeys)
+	b.Queue(sqlLockNodes, lockPools, lockIDs).Query(func(rows pgx.Rows) error {
 		var r nodeRow
 		_, err := pgx.ForEachRow(rows, []any{&r.id, &r.pool, &r.labels, &r.connected, &r.state, &r.rev}, func() error {
-			locked[r.id] = r
+			locked[r.key()] = r
 			return nil
 		})
 		return err
@@ -89,12 +90,12 @@ func (p *Placer) commit(ctx context.Context, tx pgx.Tx, w *work, plans []*plan) 
 	}
 
 	// Nodes that changed under the planner.
-	stale := map[string]bool{}
-	for _, id := range nodeIDs {
-		r, ok := locked[id]
-		n := p.idx.nodes[id]
+	stale := map[nodeKey]bool{}
+	for _, k := range nodeKeys {
+		r, ok := locked[k]
+		n := p.idx.nodes[k]
 		if !ok || r.state != "healthy" || !r.connected || r.rev != n.rev {
-			stale[id] = true
+			stale[k] = true
 		}
 	}
 	keep := plans[:0:0]
@@ -102,7 +103,7 @@ func (p *Placer) commit(ctx context.Context, tx pgx.Tx, w *work, plans []*plan) 
 		drop := !open[pl.e.id] || taken[pl.e.id]
 		bad := false
 		for _, a := range pl.allocs {
-			bad = bad || stale[a.n.id]
+			bad = bad || stale[a.n.key()]
 		}
 		if drop || bad {
 			for _, a := range pl.allocs {
@@ -138,7 +139,7 @@ func (p *Placer) commit(ctx context.Context, tx pgx.Tx, w *work, plans []*plan) 
 			for k, g := range a.gpus {
 				gpus[k] = uint32(g)
 			}
-			allocs[j] = &fleetpb.Allocation{Id: prefix + strconv.Itoa(j), NodeId: a.n.id, GpuIndices: gpus,
+			allocs[j] = &fleetpb.Allocation{Id: allocationID(prefix, j), NodeId: a.n.id, GpuIndices: gpus,
 				WholeNode: a.whole, State: fleetpb.AllocationState_ALLOCATION_STATE_PENDING}
 		}
 		ds[i] = &fleetpb.PlacementDecision{
@@ -167,21 +168,23 @@ func (p *Placer) commit(ctx context.Context, tx pgx.Tx, w *work, plans []*plan) 
 	// Someone the index did not know of holds some of these GPUs or
 	// placed some of these reservations: learn what the tables hold.
 	p.log.Info("plans rejected by the commit guards; planning them again", "rejected", len(rejected), "plans", len(keep))
-	var rnodes, rrids []string
-	seen := map[string]bool{}
+	var rnodes []nodeKey
+	var rrids []string
+	seen := map[nodeKey]bool{}
 	for _, i := range rejected {
 		rrids = append(rrids, keep[i].e.id)
 		for _, a := range keep[i].allocs {
-			if !seen[a.n.id] {
-				seen[a.n.id] = true
-				rnodes = append(rnodes, a.n.id)
+			if k := a.n.key(); !seen[k] {
+				seen[k] = true
+				rnodes = append(rnodes, k)
 			}
 		}
 	}
-	var booked map[string][]int32
+	var booked map[nodeKey][]int32
 	placed := map[string]bool{}
 	b = &pgx.Batch{}
-	b.Queue(sqlNodeBookings, rnodes).Query(func(rows pgx.Rows) error {
+	bPools, bIDs := keyColumns(rnodes)
+	b.Queue(sqlNodeBookings, bPools, bIDs).Query(func(rows pgx.Rows) error {
 		var err error
 		booked, err = scanBookings(rows)
 		return err
@@ -196,8 +199,8 @@ func (p *Placer) commit(ctx context.Context, tx pgx.Tx, w *work, plans []*plan) 
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("placer: re-read bookings: %w", err)
 	}
-	for _, id := range rnodes {
-		p.idx.setBooked(p.idx.nodes[id], booked[id])
+	for _, k := range rnodes {
+		p.idx.setBooked(p.idx.nodes[k], booked[k])
 	}
 	for _, i := range rejected {
 		if placed[keep[i].e.id] {
@@ -211,19 +214,20 @@ func (p *Placer) commit(ctx context.Context, tx pgx.Tx, w *work, plans []*plan) 
 
 // renewNodes sets the index's picture of nodes from their locked rows and
 // their devices; a node without a row is forgotten.
-func (p *Placer) renewNodes(ctx context.Context, tx pgx.Tx, ids map[string]bool, locked map[string]nodeRow) error {
-	var present []string
-	for id := range ids {
-		if _, ok := locked[id]; ok {
-			present = append(present, id)
+func (p *Placer) renewNodes(ctx context.Context, tx pgx.Tx, keys map[nodeKey]bool, locked map[nodeKey]nodeRow) error {
+	var present []nodeKey
+	for k := range keys {
+		if _, ok := locked[k]; ok {
+			present = append(present, k)
 		} else {
-			p.idx.forget(p.idx.nodes[id])
+			p.idx.forget(p.idx.nodes[k])
 		}
 	}
 	if len(present) == 0 {
 		return nil
 	}
-	rows, err := tx.Query(ctx, sqlNodeDevices, present)
+	pools, ids := keyColumns(present)
+	rows, err := tx.Query(ctx, sqlNodeDevices, pools, ids)
 	if err != nil {
 		return fmt.Errorf("placer: re-read devices: %w", err)
 	}
@@ -231,23 +235,36 @@ func (p *Placer) renewNodes(ctx context.Context, tx pgx.Tx, ids map[string]bool,
 	if err != nil {
 		return fmt.Errorf("placer: re-read devices: %w", err)
 	}
-	for _, id := range present {
-		p.idx.upsert(locked[id], devs[id], true)
+	for _, k := range present {
+		p.idx.upsert(locked[k], devs[k], true)
 	}
 	return nil
 }
 
 // forget drops a node that has no fleet_nodes row; one with bookings stays
-// as an unplaceable node of no pool, as a fresh load would have it.
+// in its pool as an unplaceable node, as a fresh load would have it.
 func (x *index) forget(n *node) {
-	x.pool(n.pool).removeNode(n)
+	pi := x.pool(n.pool)
+	pi.removeNode(n)
 	if len(n.booked) == 0 {
-		delete(x.nodes, n.id)
+		delete(x.nodes, n.key())
 		return
 	}
-	n.pool, n.labels, n.state, n.connected, n.rev, n.gpus = "", nil, "unknown", false, 0, nil
+	n.labels, n.state, n.connected, n.rev, n.gpus = nil, "unknown", false, 0, nil
 	n.recount()
-	x.pool("").addNode(n)
+	pi.addNode(n)
+}
+
+// allocationID is a new allocation's id: "<reservation>/<generation>/<n>."
+// followed by 128 random bits in hex. The prefix says, in logs and on the
+// console, which reservation and placement the allocation belongs to; the
+// random part makes an allocation id impossible to guess from a sibling's
+// (sequential ids let a node name allocations placed on other nodes).
+// Clients must treat the id as opaque.
+func allocationID(prefix string, n int) string {
+	var b [16]byte
+	rand.Read(b[:]) // crypto/rand never fails (Go 1.24)
+	return prefix + strconv.Itoa(n) + "." + hex.EncodeToString(b[:])
 }
 
 const (

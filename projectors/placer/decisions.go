@@ -106,23 +106,25 @@ const (
 		select * from unnest($1::text[], $2::text[], $3::timestamptz[])
 		on conflict do nothing
 		returning reservation_id`
-	sqlInsertBookings = `insert into fleet_bookings (node_id, gpu_index, allocation_id, reservation_id)
-		select * from unnest($1::text[], $2::int[], $3::text[], $4::text[])
+	sqlInsertBookings = `insert into fleet_bookings (pool, node_id, gpu_index, allocation_id, reservation_id)
+		select * from unnest($1::text[], $2::text[], $3::int[], $4::text[], $5::text[])
 		on conflict do nothing
-		returning node_id, gpu_index`
+		returning pool, node_id, gpu_index`
 	sqlInsertAllocations = `insert into fleet_allocations (id, reservation_id, pool, node_id, gpu_indices, whole_node, decision_id, placed_at)
 		select u.id, u.rid, u.pool, u.node, u.gpus::int[], u.whole, u.did, u.at
 		from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::bool[], $7::text[], $8::timestamptz[])
 			as u(id, rid, pool, node, gpus, whole, did, at)
 		on conflict do nothing
 		returning id`
-	sqlUndoPlacements  = `delete from fleet_placements p using unnest($1::text[]) as u(id) where p.reservation_id = u.id`
-	sqlUndoBookings    = `delete from fleet_bookings b using unnest($1::text[], $2::int[]) as u(node, gpu) where b.node_id = u.node and b.gpu_index = u.gpu`
+	sqlUndoPlacements = `delete from fleet_placements p using unnest($1::text[]) as u(id) where p.reservation_id = u.id`
+	sqlUndoBookings   = `delete from fleet_bookings b using unnest($1::text[], $2::text[], $3::int[]) as u(pool, node, gpu)
+		where b.pool = u.pool and b.node_id = u.node and b.gpu_index = u.gpu`
 	sqlUndoAllocations = `delete from fleet_allocations a using unnest($1::text[]) as u(id) where a.id = u.id`
 )
 
+// gpuKey is one GPU of one node (pool, node id).
 type gpuKey struct {
-	node string
+	node nodeKey
 	gpu  int32
 }
 
@@ -166,7 +168,7 @@ func applyPlaced(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecision
 					sb.WriteByte(',')
 				}
 				sb.WriteString(strconv.FormatUint(uint64(g), 10))
-				bookings = append(bookings, booking{gpuKey{a.GetNodeId(), int32(g)}, a.GetId(), rid, i})
+				bookings = append(bookings, booking{gpuKey{nodeKey{d.GetPool(), a.GetNodeId()}, int32(g)}, a.GetId(), rid, i})
 				bookingsOf[i]++
 			}
 			sb.WriteByte('}')
@@ -183,13 +185,13 @@ func applyPlaced(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecision
 	// sort is stable, so of two decisions that want one GPU the first in
 	// ds is the one whose row inserts.
 	slices.SortStableFunc(bookings, func(a, b booking) int {
-		return cmp.Or(strings.Compare(a.node, b.node), cmp.Compare(a.gpu, b.gpu))
+		return cmp.Or(compareKeys(a.node, b.node), cmp.Compare(a.gpu, b.gpu))
 	})
 	bookingOwner := make(map[gpuKey]int, len(bookings))
-	bNode, bGPU := make([]string, len(bookings)), make([]int32, len(bookings))
+	bPool, bNode, bGPU := make([]string, len(bookings)), make([]string, len(bookings)), make([]int32, len(bookings))
 	bAlloc, bRid := make([]string, len(bookings)), make([]string, len(bookings))
 	for j, b := range bookings {
-		bNode[j], bGPU[j], bAlloc[j], bRid[j] = b.node, b.gpu, b.alloc, b.rid
+		bPool[j], bNode[j], bGPU[j], bAlloc[j], bRid[j] = b.node.pool, b.node.id, b.gpu, b.alloc, b.rid
 		if _, ok := bookingOwner[b.gpuKey]; !ok {
 			bookingOwner[b.gpuKey] = b.owner
 		}
@@ -208,10 +210,10 @@ func applyPlaced(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecision
 		}
 		return rows.Err()
 	})
-	batch.Queue(sqlInsertBookings, bNode, bGPU, bAlloc, bRid).Query(func(rows pgx.Rows) error {
+	batch.Queue(sqlInsertBookings, bPool, bNode, bGPU, bAlloc, bRid).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			var k gpuKey
-			if err := rows.Scan(&k.node, &k.gpu); err != nil {
+			if err := rows.Scan(&k.node.pool, &k.node.id, &k.gpu); err != nil {
 				return err
 			}
 			inserted[bookingOwner[k]]++
@@ -248,7 +250,7 @@ func applyPlaced(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecision
 	}
 	// Undo exactly the rows the rejected decisions inserted: each key
 	// inserted belongs to the first decision that asked for it.
-	var undoP, undoA, undoNode []string
+	var undoP, undoA, undoPool, undoNode []string
 	var undoGPU []int32
 	for _, rid := range insertedPls {
 		if isRejected[placementOwner[rid]] {
@@ -257,7 +259,7 @@ func applyPlaced(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecision
 	}
 	for _, k := range insertedB {
 		if isRejected[bookingOwner[k]] {
-			undoNode, undoGPU = append(undoNode, k.node), append(undoGPU, k.gpu)
+			undoPool, undoNode, undoGPU = append(undoPool, k.node.pool), append(undoNode, k.node.id), append(undoGPU, k.gpu)
 		}
 	}
 	for _, id := range insertedA {
@@ -270,7 +272,7 @@ func applyPlaced(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecision
 		batch.Queue(sqlUndoPlacements, undoP)
 	}
 	if len(undoNode) > 0 {
-		batch.Queue(sqlUndoBookings, undoNode, undoGPU)
+		batch.Queue(sqlUndoBookings, undoPool, undoNode, undoGPU)
 	}
 	if len(undoA) > 0 {
 		batch.Queue(sqlUndoAllocations, undoA)
@@ -669,7 +671,7 @@ var DigestTables = []string{"fleet_reservations", "fleet_allocations", "fleet_bo
 var digestOrder = map[string]string{
 	"fleet_reservations": `id collate "C"`,
 	"fleet_allocations":  `id collate "C"`,
-	"fleet_bookings":     `node_id collate "C", gpu_index`,
+	"fleet_bookings":     `pool collate "C", node_id collate "C", gpu_index`,
 	"fleet_placements":   `reservation_id collate "C"`,
 	"fleet_failures":     `reservation_id collate "C"`,
 }

@@ -29,11 +29,19 @@
 // reservation events into fleet_reservations rows, so that a replay yields
 // the live run's rows (Digest compares them).
 //
+// # Node identity
+//
+// Nodes are (pool, node id) everywhere (nodeKey): the index's node map,
+// bookings, the lookups of allocations on unreachable nodes, the rows the
+// commit guards lock, and the reports that count (those of the allocation's
+// own pool and node; see README.md "Node identity").
+//
 // # Ids
 //
 // A placement's decision id is <reservation>/place/<n>, where n counts
 // the reservation's placements (a reservation released to be placed again
-// gets n+1); its allocations are <reservation>/<n>/<i>. The release of
+// gets n+1); its allocations are <reservation>/<n>/<i>.<128 random bits in
+// hex> (allocationID: a sibling's id says nothing of another's). The release of
 // placement n is <reservation>/release/<n>, the end of a reservation
 // cancelled while pending <reservation>/cancel, a failure
 // <reservation>/fail. A decision id is the Nats-Msg-Id of its message, so a

@@ -102,8 +102,8 @@ func (e *env) addNode(id, pool string, ngpu int, model string, mem int, labels m
 	}
 	e.exec(`insert into fleet_nodes (node_id, pool, labels, connected, state, state_since, first_seen, last_seen)
 		values ($1, $2, $3::jsonb, true, 'healthy', $4, $4, $4)`, id, pool, string(lb), e.now)
-	e.exec(`insert into fleet_devices (node_id, gpu_index, model, memory_mib, health)
-		select $1, g, $2, $3, 'ok' from generate_series(0, $4 - 1) g`, id, model, mem, ngpu)
+	e.exec(`insert into fleet_devices (pool, node_id, gpu_index, model, memory_mib, health)
+		select $5, $1, g, $2, $3, 'ok' from generate_series(0, $4 - 1) g`, id, model, mem, ngpu, pool)
 }
 
 // setNode changes a node's liveness as the liveness projector would.
@@ -119,13 +119,42 @@ func (e *env) setGPU(id string, idx int, health string) {
 	e.exec(`update fleet_nodes set rev = nextval('fleet_rev') where node_id = $1`, id)
 }
 
-// report records a node's allocation report.
+// report records the allocation report of the node the allocation is
+// placed on. allocID may be the id's readable prefix ("r/1/0"; see
+// shortID).
 func (e *env) report(allocID, state string) {
 	e.t.Helper()
-	e.exec(`insert into fleet_allocation_reports (allocation_id, node_id, state, reported_at)
-		select id, node_id, $2, $3 from fleet_allocations where id = $1
-		on conflict (allocation_id) do update set state = excluded.state, reported_at = excluded.reported_at`,
+	e.exec(`insert into fleet_allocation_reports (allocation_id, pool, node_id, state, reported_at)
+		select id, pool, node_id, $2, $3 from fleet_allocations where id = $1 or id like $1 || '.%'
+		on conflict (allocation_id, pool, node_id) do update set state = excluded.state, reported_at = excluded.reported_at`,
 		allocID, state, e.now)
+}
+
+// reportAs records an allocation report from the node (pool, node), which
+// may not be the one the allocation is placed on.
+func (e *env) reportAs(pool, node, allocID, state string) {
+	e.t.Helper()
+	e.exec(`insert into fleet_allocation_reports (allocation_id, pool, node_id, state, reported_at)
+		select id, $4, $5, $2, $3 from fleet_allocations where id = $1 or id like $1 || '.%'
+		on conflict (allocation_id, pool, node_id) do update set state = excluded.state, reported_at = excluded.reported_at`,
+		allocID, state, e.now, pool, node)
+}
+
+// shortID is an allocation id without its random part:
+// "<reservation>/<generation>/<n>".
+func shortID(id string) string {
+	if i := strings.LastIndexByte(id, '.'); i > 0 && len(id)-i == 33 {
+		return id[:i]
+	}
+	return id
+}
+
+func shortIDs(ids []string) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = shortID(id)
+	}
+	return out
 }
 
 type specT = fleetpb.ReservationSpec
@@ -314,7 +343,7 @@ func (e *env) decisions() []string {
 			out = append(out, d.GetDecisionId()+" placed "+strings.Join(parts, " "))
 		case d.GetReleased() != nil:
 			rel := d.GetReleased()
-			out = append(out, fmt.Sprintf("%s released %s requeued=%t %v", d.GetDecisionId(), rel.GetReason(), rel.GetRequeued(), rel.GetAllocationIds()))
+			out = append(out, fmt.Sprintf("%s released %s requeued=%t %v", d.GetDecisionId(), rel.GetReason(), rel.GetRequeued(), shortIDs(rel.GetAllocationIds())))
 		case d.GetFailed() != nil:
 			out = append(out, d.GetDecisionId()+" failed "+d.GetFailed().GetReason())
 		}
@@ -411,14 +440,14 @@ func (e *env) checkInvariants() {
 	e.t.Helper()
 	ctx := context.Background()
 	checks := []struct{ what, sql string }{
-		{"GPU held by two live allocations", `select node_id, g from fleet_allocations, unnest(gpu_indices) g
-			where released_at is null group by 1, 2 having count(*) > 1`},
+		{"GPU held by two live allocations", `select pool, node_id, g from fleet_allocations, unnest(gpu_indices) g
+			where released_at is null group by 1, 2, 3 having count(*) > 1`},
 		{"live allocation GPU without its booking", `select a.id, g from fleet_allocations a, unnest(a.gpu_indices) g
 			where a.released_at is null and not exists (select 1 from fleet_bookings b
-				where b.node_id = a.node_id and b.gpu_index = g and b.allocation_id = a.id and b.reservation_id = a.reservation_id)`},
+				where b.pool = a.pool and b.node_id = a.node_id and b.gpu_index = g and b.allocation_id = a.id and b.reservation_id = a.reservation_id)`},
 		{"booking without a live allocation", `select b.node_id, b.gpu_index from fleet_bookings b
 			where not exists (select 1 from fleet_allocations a where a.id = b.allocation_id and a.released_at is null
-				and a.node_id = b.node_id and b.gpu_index = any(a.gpu_indices))`},
+				and a.pool = b.pool and a.node_id = b.node_id and b.gpu_index = any(a.gpu_indices))`},
 		{"reservation with live allocations of two placements", `select reservation_id from fleet_allocations
 			where released_at is null group by 1 having count(distinct decision_id) > 1`},
 		{"live allocation without its live placement", `select a.id from fleet_allocations a

@@ -27,7 +27,7 @@ import (
 // nodes carrying the rarest requested label when there are labels).
 type index struct {
 	pools map[string]*poolIndex
-	nodes map[string]*node
+	nodes map[nodeKey]*node // every node by (pool, id): ids are unique only within a pool
 
 	// rev is the refresh watermark: every change of fleet_nodes with a rev
 	// at or below it has been read. A change committed late (its rev was
@@ -47,6 +47,25 @@ type device struct {
 	ok    bool
 }
 
+// nodeKey is a node's identity: its pool and id, as in its certificate and
+// its subject. A node of the same id in another pool is another node; every
+// map, lookup and SQL statement of the placer uses the pair.
+type nodeKey struct{ pool, id string }
+
+func compareKeys(a, b nodeKey) int {
+	return cmp.Or(strings.Compare(a.pool, b.pool), strings.Compare(a.id, b.id))
+}
+
+// keyColumns splits keys into the two arrays that the SQL statements
+// unnest as (pool, node_id).
+func keyColumns(keys []nodeKey) (pools, ids []string) {
+	pools, ids = make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		pools[i], ids[i] = k.pool, k.id
+	}
+	return pools, ids
+}
+
 type node struct {
 	id        string
 	pool      string
@@ -63,6 +82,8 @@ type node struct {
 	heapIdx int
 	inMixed bool
 }
+
+func (n *node) key() nodeKey { return nodeKey{n.pool, n.id} }
 
 func (n *node) placeable() bool { return n.state == "healthy" && n.connected && len(n.gpus) > 0 }
 
@@ -162,6 +183,7 @@ func (c *class) matches(s *spec) bool {
 	return (s.model == "" || c.model == s.model) && c.mem >= s.minMem
 }
 
+// poolIndex is one pool's nodes, keyed by id (unique within the pool).
 type poolIndex struct {
 	name      string
 	nodes     map[string]*node
@@ -172,7 +194,7 @@ type poolIndex struct {
 }
 
 func newIndex() *index {
-	return &index{pools: map[string]*poolIndex{}, nodes: map[string]*node{}}
+	return &index{pools: map[string]*poolIndex{}, nodes: map[nodeKey]*node{}}
 }
 
 func (x *index) pool(name string) *poolIndex {
@@ -289,14 +311,14 @@ func (x *index) setBooked(n *node, gpus []int32) {
 	pi.file(n)
 }
 
-// nodeOf returns the node, creating an empty, unplaceable one for a
-// booking on a node the index has not seen.
-func (x *index) nodeOf(id string) *node {
-	n := x.nodes[id]
+// nodeOf returns the node, creating an empty, unplaceable one (in its
+// pool) for a booking on a node the index has not seen.
+func (x *index) nodeOf(k nodeKey) *node {
+	n := x.nodes[k]
 	if n == nil {
-		n = &node{id: id, state: "unknown"}
-		x.nodes[id] = n
-		x.pool("").addNode(n)
+		n = &node{id: k.id, pool: k.pool, state: "unknown"}
+		x.nodes[k] = n
+		x.pool(k.pool).addNode(n)
 	}
 	return n
 }
@@ -307,17 +329,20 @@ type nodeRow struct {
 	rev                     int64
 }
 
+func (r nodeRow) key() nodeKey { return nodeKey{r.pool, r.id} }
+
 // upsert applies a fleet_nodes row (and, when devs is not nil, the node's
 // devices) to the index.
 func (x *index) upsert(r nodeRow, devs []device, setDevs bool) {
-	n := x.nodes[r.id]
+	k := r.key()
+	n := x.nodes[k]
 	labels := parseLabels(r.labels)
 	if n == nil {
 		n = &node{id: r.id, pool: r.pool, labels: labels}
-		x.nodes[r.id] = n
+		x.nodes[k] = n
 	} else {
 		x.pool(n.pool).removeNode(n)
-		n.pool, n.labels = r.pool, labels
+		n.labels = labels
 	}
 	n.state, n.connected, n.rev = r.state, r.connected, r.rev
 	if setDevs {
@@ -360,13 +385,17 @@ const (
 			coalesce((select bool_and(pg_visible_in_snapshot(x, s.snap)) from pg_snapshot_xip($2::pg_snapshot) as x), true),
 			n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev
 		from (select pg_current_snapshot() as snap) s left join fleet_nodes n on n.rev > $1`
-	sqlLoadDevices = `select node_id, gpu_index, model, memory_mib, health from fleet_devices order by node_id, gpu_index`
-	sqlNodeDevices = `select d.node_id, d.gpu_index, d.model, d.memory_mib, d.health from unnest($1::text[]) as u(id)
-		join fleet_devices d on d.node_id = u.id order by d.node_id, d.gpu_index`
-	sqlLoadBookings = `select node_id, gpu_index from fleet_bookings`
-	sqlNodeBookings = `select b.node_id, b.gpu_index from unnest($1::text[]) as u(id) join fleet_bookings b on b.node_id = u.id`
-	sqlLockNodes    = `select n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev
-		from unnest($1::text[]) as u(id) join fleet_nodes n on n.node_id = u.id order by n.node_id for share of n`
+	sqlLoadDevices = `select pool, node_id, gpu_index, model, memory_mib, health from fleet_devices
+		order by pool, node_id, gpu_index`
+	sqlNodeDevices = `select d.pool, d.node_id, d.gpu_index, d.model, d.memory_mib, d.health
+		from unnest($1::text[], $2::text[]) as u(pool, id)
+		join fleet_devices d on d.pool = u.pool and d.node_id = u.id order by d.pool, d.node_id, d.gpu_index`
+	sqlLoadBookings = `select pool, node_id, gpu_index from fleet_bookings`
+	sqlNodeBookings = `select b.pool, b.node_id, b.gpu_index from unnest($1::text[], $2::text[]) as u(pool, id)
+		join fleet_bookings b on b.pool = u.pool and b.node_id = u.id`
+	sqlLockNodes = `select n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev
+		from unnest($1::text[], $2::text[]) as u(pool, id) join fleet_nodes n on n.pool = u.pool and n.node_id = u.id
+		order by n.pool, n.node_id for share of n`
 )
 
 // scanNodes reads the rows of sqlLoadNodes or sqlChangedNodes: the
@@ -389,25 +418,26 @@ func scanNodes(rows pgx.Rows) (snap string, candDone bool, out []nodeRow, err er
 	return snap, candDone, out, rows.Err()
 }
 
-func scanDevices(rows pgx.Rows) (map[string][]device, error) {
-	out := map[string][]device{}
-	var id, model, health string
+func scanDevices(rows pgx.Rows) (map[nodeKey][]device, error) {
+	out := map[nodeKey][]device{}
+	var k nodeKey
+	var model, health string
 	var d device
 	var mem int64
-	_, err := pgx.ForEachRow(rows, []any{&id, &d.index, &model, &mem, &health}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&k.pool, &k.id, &d.index, &model, &mem, &health}, func() error {
 		d.model, d.mem, d.ok = model, uint64(max(mem, 0)), health == "ok"
-		out[id] = append(out[id], d)
+		out[k] = append(out[k], d)
 		return nil
 	})
 	return out, err
 }
 
-func scanBookings(rows pgx.Rows) (map[string][]int32, error) {
-	out := map[string][]int32{}
-	var id string
+func scanBookings(rows pgx.Rows) (map[nodeKey][]int32, error) {
+	out := map[nodeKey][]int32{}
+	var k nodeKey
 	var g int32
-	_, err := pgx.ForEachRow(rows, []any{&id, &g}, func() error {
-		out[id] = append(out[id], g)
+	_, err := pgx.ForEachRow(rows, []any{&k.pool, &k.id, &g}, func() error {
+		out[k] = append(out[k], g)
 		return nil
 	})
 	return out, err
@@ -443,21 +473,21 @@ func loadIndex(ctx context.Context, tx pgx.Tx) (*index, error) {
 	var maxRev int64
 	for _, r := range nodes {
 		n := &node{id: r.id, pool: r.pool, labels: parseLabels(r.labels), state: r.state,
-			connected: r.connected, rev: r.rev, gpus: devs[r.id]}
-		if b := booked[r.id]; len(b) > 0 {
+			connected: r.connected, rev: r.rev, gpus: devs[r.key()]}
+		if b := booked[r.key()]; len(b) > 0 {
 			n.booked = make(map[int32]struct{}, len(b))
 			for _, g := range b {
 				n.booked[g] = struct{}{}
 			}
 		}
 		n.recount()
-		x.nodes[n.id] = n
+		x.nodes[n.key()] = n
 		x.pool(n.pool).addNode(n)
 		maxRev = max(maxRev, r.rev)
 	}
-	for id, gs := range booked {
-		if x.nodes[id] == nil {
-			x.setBooked(x.nodeOf(id), gs)
+	for k, gs := range booked {
+		if x.nodes[k] == nil {
+			x.setBooked(x.nodeOf(k), gs)
 		}
 	}
 	// Everything committed at snap has been read; what was in progress
@@ -483,18 +513,19 @@ func (x *index) refresh(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("placer: refresh nodes: %w", err)
 	}
 	seen := x.rev
-	var ids []string
+	var keys []nodeKey
 	var fresh []nodeRow
 	for _, r := range changed {
 		seen = max(seen, r.rev)
-		if n := x.nodes[r.id]; n != nil && n.rev >= r.rev && n.state != "unknown" {
+		if n := x.nodes[r.key()]; n != nil && n.rev >= r.rev && n.state != "unknown" {
 			continue // read before
 		}
-		ids = append(ids, r.id)
+		keys = append(keys, r.key())
 		fresh = append(fresh, r)
 	}
 	if len(fresh) > 0 {
-		rows, err := tx.Query(ctx, sqlNodeDevices, ids)
+		pools, ids := keyColumns(keys)
+		rows, err := tx.Query(ctx, sqlNodeDevices, pools, ids)
 		if err != nil {
 			return fmt.Errorf("placer: refresh devices: %w", err)
 		}
@@ -503,7 +534,7 @@ func (x *index) refresh(ctx context.Context, tx pgx.Tx) error {
 			return fmt.Errorf("placer: refresh devices: %w", err)
 		}
 		for _, r := range fresh {
-			x.upsert(r, devs[r.id], true)
+			x.upsert(r, devs[r.key()], true)
 		}
 	}
 	if candDone {
@@ -519,7 +550,7 @@ func (x *index) refresh(ctx context.Context, tx pgx.Tx) error {
 // with a fresh load.
 func (x *index) view() map[string]string {
 	out := make(map[string]string, len(x.nodes))
-	for id, n := range x.nodes {
+	for k, n := range x.nodes {
 		var b strings.Builder
 		fmt.Fprintf(&b, "pool=%s state=%s connected=%t free=%d placeable=%t", n.pool, n.state, n.connected, n.free, n.placeable())
 		for _, k := range slices.Sorted(maps.Keys(n.labels)) {
@@ -535,7 +566,7 @@ func (x *index) view() map[string]string {
 		if n.inMixed {
 			b.WriteString(" mixed")
 		}
-		out[id] = b.String()
+		out[k.pool+"/"+k.id] = b.String()
 	}
 	return out
 }

@@ -372,7 +372,7 @@ func (p *Placer) release(ctx context.Context, tx pgx.Tx, w *work, rels []release
 		ids := make([]string, len(as))
 		for i, a := range as {
 			ids[i] = a.id
-			p.idx.unbook(p.idx.nodeOf(a.node), a.gpus)
+			p.idx.unbook(p.idx.nodeOf(nodeKey{a.pool, a.node}), a.gpus)
 		}
 		ds = append(ds, &fleetpb.PlacementDecision{
 			DecisionId: r.rid + "/release/" + strconv.Itoa(gen), ReservationId: r.rid, Pool: as[0].pool, At: timestamppb.New(w.now),
@@ -429,31 +429,35 @@ func generation(decisionID string) int {
 }
 
 const (
+	// Only the report of the node the allocation is placed on counts: a
+	// report is keyed by its reporter, and one from a sibling (another
+	// node, or a node of the same id in another pool) is never joined.
 	sqlUnboundAllocations = `select a.reservation_id, coalesce(bool_or(r.state = 'failed'), false)
 		from fleet_allocations a
-		left join fleet_allocation_reports r on r.allocation_id = a.id
+		left join fleet_allocation_reports r on r.allocation_id = a.id and r.pool = a.pool and r.node_id = a.node_id
 		where a.released_at is null and a.placed_at >= $2
 		  and (r.state = 'failed' or (a.placed_at < $1 and (r.state is null or r.state <> 'bound')))
 		group by a.reservation_id
 		order by a.reservation_id`
-	sqlOnNodes = `select distinct a.reservation_id from unnest($1::text[]) as u(id)
-		join fleet_allocations a on a.node_id = u.id and a.released_at is null order by a.reservation_id`
+	sqlOnNodes = `select distinct a.reservation_id from unnest($1::text[], $2::text[]) as u(pool, id)
+		join fleet_allocations a on a.pool = u.pool and a.node_id = u.id and a.released_at is null order by a.reservation_id`
 )
 
 // repairs lists the reservations to release and place again: those with
 // an allocation on an unreachable node, then those with an allocation
 // that failed to bind or was not bound within BindTimeout.
 func (p *Placer) repairs(ctx context.Context, tx pgx.Tx, now time.Time) ([]release, error) {
-	var unreachable []string
-	for id, n := range p.idx.nodes {
+	var unreachable []nodeKey
+	for k, n := range p.idx.nodes {
 		if n.state == "unreachable" && len(n.booked) > 0 {
-			unreachable = append(unreachable, id)
+			unreachable = append(unreachable, k)
 		}
 	}
 	var out []release
 	seen := map[string]bool{}
 	if len(unreachable) > 0 {
-		rows, err := tx.Query(ctx, sqlOnNodes, unreachable)
+		pools, ids := keyColumns(unreachable)
+		rows, err := tx.Query(ctx, sqlOnNodes, pools, ids)
 		if err != nil {
 			return nil, fmt.Errorf("placer: allocations on unreachable nodes: %w", err)
 		}

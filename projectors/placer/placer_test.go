@@ -6,10 +6,13 @@ import (
 	"fmt"
 	"go/build"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
@@ -462,8 +465,8 @@ func TestRefreshSeesLateCommits(t *testing.T) {
 	}
 	e.sweep(p)
 	e.checkIndex(p)
-	if n := p.idx.nodes["slow"]; !n.placeable() {
-		t.Errorf("the late change of slow was missed: %s", p.idx.view()["slow"])
+	if n := p.idx.nodes[nodeKey{"p", "slow"}]; !n.placeable() {
+		t.Errorf("the late change of slow was missed: %s", p.idx.view()["p/slow"])
 	}
 }
 
@@ -494,7 +497,7 @@ func TestGuardRejectsStalePlans(t *testing.T) {
 	if got := e.liveOf("rc"); got != nil {
 		t.Errorf("rc placed on %v: n1 is unreachable", got)
 	}
-	if c.idx.nodes["n1"].placeable() {
+	if c.idx.nodes[nodeKey{"p", "n1"}].placeable() {
 		t.Error("the guard did not correct c's picture of n1")
 	}
 	e.checkInvariants()
@@ -587,4 +590,119 @@ func mapsEqual(a, b map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// TestPoolsKeepNodesApart: prod/n1 and sandbox/n1 are two nodes. Each is
+// indexed, booked and placed on by itself: a full prod/n1 leaves
+// sandbox/n1 free, and the bookings of one never block the other.
+func TestPoolsKeepNodesApart(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("n1", "prod", 4, "H100", 80000, nil)
+	e.addNode("n1", "sandbox", 4, "H100", 80000, nil)
+	p := e.placer(Config{})
+	e.apply(p, e.request("in-prod", "prod", 4))
+	e.apply(p, e.request("in-sandbox", "sandbox", 4))
+	for _, rid := range []string{"in-prod", "in-sandbox"} {
+		if got := e.liveOf(rid); !slices.Equal(got, []string{"n1:[0 1 2 3]"}) {
+			t.Fatalf("%s on %v, want its pool's n1", rid, got)
+		}
+	}
+	var bookings []string
+	rows, err := e.pool.Query(context.Background(), `select pool || '/' || node_id || ':' || gpu_index || ' ' || reservation_id
+		from fleet_bookings order by 1`)
+	if err == nil {
+		bookings, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if err != nil || len(bookings) != 8 || bookings[0] != "prod/n1:0 in-prod" || bookings[4] != "sandbox/n1:0 in-sandbox" {
+		t.Fatalf("bookings = %v, %v", bookings, err)
+	}
+	// A change of sandbox/n1 (unreachable) releases what sandbox holds
+	// there, and nothing of prod's.
+	e.exec(`update fleet_nodes set state = 'unreachable', connected = false, rev = nextval('fleet_rev')
+		where pool = 'sandbox' and node_id = 'n1'`)
+	e.sweep(p)
+	if d := e.decisions(); !slices.Contains(d, "in-sandbox/release/1 released node_unreachable requeued=true [in-sandbox/1/0]") ||
+		slices.ContainsFunc(d, func(s string) bool { return strings.HasPrefix(s, "in-prod/release") }) {
+		t.Fatalf("decisions after sandbox/n1 went unreachable: %q", d)
+	}
+	if got := e.liveOf("in-prod"); !slices.Equal(got, []string{"n1:[0 1 2 3]"}) {
+		t.Fatalf("in-prod on %v after sandbox/n1 went away", got)
+	}
+	e.checkInvariants()
+	e.checkIndex(p)
+}
+
+// TestSiblingReportsChangeNothing: an allocation report counts only from
+// the node (pool and id) the allocation is placed on. A sibling in the
+// pool, or a node of the same id in another pool, cannot bind, unbind or
+// fail it.
+func TestSiblingReportsChangeNothing(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("n1", "prod", 4, "H100", 80000, nil)
+	e.addNode("n2", "prod", 4, "H100", 80000, nil)
+	e.addNode("n1", "sandbox", 4, "H100", 80000, nil)
+	p := e.placer(Config{BindTimeout: 30 * time.Second})
+	e.apply(p, e.request("held", "prod", 4), e.request("unheld", "prod", 4))
+	if a, b := e.liveOf("held"), e.liveOf("unheld"); !slices.Equal(a, []string{"n1:[0 1 2 3]"}) || !slices.Equal(b, []string{"n2:[0 1 2 3]"}) {
+		t.Fatalf("held on %v, unheld on %v", a, b)
+	}
+	e.report("held/1/0", "bound") // by prod/n1, its node
+
+	// Siblings try to unbind and fail held, and to bind unheld.
+	e.reportAs("prod", "n2", "held/1/0", "unbound")
+	e.reportAs("sandbox", "n1", "held/1/0", "failed")
+	e.reportAs("prod", "n1", "unheld/1/0", "bound")
+	e.reportAs("sandbox", "n2", "unheld/1/0", "bound")
+	e.sweep(p)
+	if st, _ := e.status("held"); st != "ACTIVE" {
+		t.Errorf("held is %s after siblings reported it unbound and failed, want ACTIVE", st)
+	}
+	if st, _ := e.status("unheld"); st != "PLACED" {
+		t.Errorf("unheld is %s after siblings reported it bound, want PLACED", st)
+	}
+	if d := e.decisions(); slices.ContainsFunc(d, func(s string) bool { return strings.Contains(s, "released") }) {
+		t.Fatalf("a sibling's report released an allocation: %q", d)
+	}
+	// Past the bind timeout: unheld was never bound by its own node and
+	// is placed again, whatever its siblings said; held stays.
+	e.advance(31 * time.Second)
+	e.sweep(p)
+	d := e.decisions()
+	if !slices.Contains(d, "unheld/release/1 released bind_timeout requeued=true [unheld/1/0]") {
+		t.Errorf("unheld was not released for its bind timeout: %q", d)
+	}
+	if slices.ContainsFunc(d, func(s string) bool { return strings.HasPrefix(s, "held/release") }) {
+		t.Errorf("held was released: %q", d)
+	}
+	if st, _ := e.status("held"); st != "ACTIVE" {
+		t.Errorf("held is %s, want ACTIVE", st)
+	}
+	e.checkInvariants()
+}
+
+// TestAllocationIDsUnguessable: the allocations of one placement share a
+// readable prefix, and each has 128 random bits after it, so that no
+// allocation id can be derived from a sibling's.
+func TestAllocationIDsUnguessable(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("n1", "p", 2, "H100", 80000, nil)
+	e.addNode("n2", "p", 2, "H100", 80000, nil)
+	p := e.placer(Config{})
+	e.apply(p, e.request("r", "p", 0, wholeNodes(2)))
+	live := e.live()
+	if len(live) != 2 {
+		t.Fatalf("live allocations %+v", live)
+	}
+	re := regexp.MustCompile(`^r/1/[01]\.([0-9a-f]{32})$`)
+	var random []string
+	for _, a := range live {
+		m := re.FindStringSubmatch(a.id)
+		if m == nil {
+			t.Fatalf("allocation id %q is not <reservation>/<generation>/<n>.<128 random bits in hex>", a.id)
+		}
+		random = append(random, m[1])
+	}
+	if random[0] == random[1] {
+		t.Fatalf("two allocations share their random part: %v", random)
+	}
 }

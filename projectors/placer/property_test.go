@@ -470,7 +470,7 @@ func TestReplayDuplicates(t *testing.T) {
 	}
 	e.exec(`delete from fleet_allocations where reservation_id = 'b'`)
 	e.exec(`delete from fleet_placements where reservation_id = 'b'`)
-	e.exec(`insert into fleet_bookings select n, g, 'x', 'x' from unnest(array['n1', 'n2']) n, generate_series(0, 3) g on conflict do nothing`)
+	e.exec(`insert into fleet_bookings (pool, node_id, gpu_index, allocation_id, reservation_id) select 'p', n, g, 'x', 'x' from unnest(array['n1', 'n2']) n, generate_series(0, 3) g on conflict do nothing`)
 	if err := e.tryApply(dec, conflicting); err == nil || !isPoison(err) {
 		t.Errorf("conflicting placement: %v", err)
 	}

@@ -18,9 +18,22 @@ import (
 // holds which allocation (to deliver an unbind long after the bind).
 type bindTable struct {
 	pending     map[nodeKey]map[string]*pendingBind
-	pendingNode map[string]nodeKey  // allocation -> node of a pending bind
-	boundBy     map[string]*session // allocation -> session here that holds it
-	count       int
+	pendingNode map[string]nodeKey // allocation -> node of a pending bind
+	// boundBy lists the sessions here that hold each allocation: normally
+	// one. A node may claim (in its Hello) an allocation this gateway has
+	// no placement for, so a claim never displaces another: an Unbind
+	// goes to every holder, and the placed node always gets its own.
+	boundBy map[string][]*session
+	// placedOn is the node each allocation of the decisions read in the
+	// last BindWindow was placed on: a report or claim from another node
+	// is refused (foreign).
+	placedOn map[string]placement
+	count    int
+}
+
+type placement struct {
+	key     nodeKey
+	expires time.Time
 }
 
 type pendingBind struct {
@@ -32,8 +45,31 @@ func newBindTable() bindTable {
 	return bindTable{
 		pending:     map[nodeKey]map[string]*pendingBind{},
 		pendingNode: map[string]nodeKey{},
-		boundBy:     map[string]*session{},
+		boundBy:     map[string][]*session{},
+		placedOn:    map[string]placement{},
 	}
+}
+
+// foreign reports whether alloc is known to be placed on a node other
+// than key.
+func (t *bindTable) foreign(alloc string, key nodeKey) bool {
+	p, ok := t.placedOn[alloc]
+	return ok && p.key != key
+}
+
+func (t *bindTable) hold(alloc string, sess *session) {
+	if !slices.Contains(t.boundBy[alloc], sess) {
+		t.boundBy[alloc] = append(t.boundBy[alloc], sess)
+	}
+}
+
+func (t *bindTable) unhold(alloc string, sess *session) {
+	h := slices.DeleteFunc(t.boundBy[alloc], func(o *session) bool { return o == sess })
+	if len(h) == 0 {
+		delete(t.boundBy, alloc)
+		return
+	}
+	t.boundBy[alloc] = h
 }
 
 func (t *bindTable) add(key nodeKey, alloc string, cmd *fleetpb.GatewayMessage, expires time.Time) {
@@ -86,6 +122,11 @@ func (t *bindTable) pendingFor(key nodeKey, held map[string]struct{}, now time.T
 }
 
 func (t *bindTable) expire(now time.Time) {
+	for id, p := range t.placedOn {
+		if !p.expires.After(now) {
+			delete(t.placedOn, id)
+		}
+	}
 	for key, m := range t.pending {
 		for id, pb := range m {
 			if !pb.expires.After(now) {
@@ -192,6 +233,7 @@ func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
 			key := nodeKey{pool: d.GetPool(), node: a.GetNodeId()}
 			cmd := bindCommand(d.GetReservationId(), a)
 			s.binds.add(key, a.GetId(), cmd, expires)
+			s.binds.placedOn[a.GetId()] = placement{key: key, expires: expires}
 			sess := s.sessions[key]
 			if sess == nil || !sess.established {
 				continue // sent when (if) the node connects here
@@ -210,19 +252,23 @@ func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
 		s.m.decisions.WithLabelValues("released").Inc()
 		s.mu.Lock()
 		for _, id := range b.Released.GetAllocationIds() {
-			key, known := s.binds.pendingNode[id]
-			if known {
+			// The node the bind was pending for, and every node here that
+			// holds the allocation: each is told once.
+			var keys []nodeKey
+			if key, known := s.binds.pendingNode[id]; known {
 				s.binds.drop(key, id)
+				keys = append(keys, key)
 			}
-			if holder := s.binds.boundBy[id]; holder != nil {
-				key, known = holder.key, true
+			for _, holder := range s.binds.boundBy[id] {
+				if !slices.Contains(keys, holder.key) {
+					keys = append(keys, holder.key)
+				}
 			}
-			if !known {
-				continue
-			}
-			if sess := s.sessions[key]; sess != nil && sess.established {
-				if sess.send(unbindCommand(d.GetReservationId(), id, b.Released.GetReason())) {
-					s.m.binds.WithLabelValues("unbind").Inc()
+			for _, key := range keys {
+				if sess := s.sessions[key]; sess != nil && sess.established {
+					if sess.send(unbindCommand(d.GetReservationId(), id, b.Released.GetReason())) {
+						s.m.binds.WithLabelValues("unbind").Inc()
+					}
 				}
 			}
 		}
@@ -237,23 +283,30 @@ func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
 }
 
 // allocationReport updates what the node holds: a bind it confirmed (or
-// that failed) is no longer pending.
-func (s *Server) allocationReport(sess *session, r *fleetpb.AllocationReport) {
+// that failed) is no longer pending. It refuses, changing nothing, a report
+// on an allocation known to be placed on another node (refusedForeign) and
+// a BOUND beyond the session's limit (refusedHeld).
+func (s *Server) allocationReport(sess *session, r *fleetpb.AllocationReport) (refused string) {
 	id := r.GetAllocationId()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.binds.foreign(id, sess.key) {
+		return refusedForeign
+	}
 	switch r.GetState() {
 	case fleetpb.AllocationState_ALLOCATION_STATE_BOUND:
+		if _, ok := sess.held[id]; !ok && len(sess.held) >= s.cfg.MaxHeldAllocations {
+			return refusedHeld
+		}
 		if sess.held == nil {
 			sess.held = map[string]struct{}{}
 		}
 		sess.held[id] = struct{}{}
-		s.binds.boundBy[id] = sess
+		s.binds.hold(id, sess)
 	default:
 		delete(sess.held, id)
-		if s.binds.boundBy[id] == sess {
-			delete(s.binds.boundBy, id)
-		}
+		s.binds.unhold(id, sess)
 	}
 	s.binds.drop(sess.key, id)
+	return ""
 }

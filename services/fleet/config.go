@@ -77,6 +77,35 @@ type Config struct {
 	PublishQueue int
 	// MaxRetryAfter caps the retry_after of a refusal. Default 5m.
 	MaxRetryAfter time.Duration
+
+	// Per-session bounds: what one node can make the gateway hold or
+	// publish, so that a noisy or hostile node costs the others nothing.
+	//
+	// ReportRate and ReportBurst bound the status and allocation reports
+	// of one session (token bucket; heartbeats are not counted: they are
+	// acked, never published one by one). A session over it is closed
+	// with Refusal "report_rate" (RESOURCE_EXHAUSTED, with retry_after).
+	// Default 20/s, burst 256: a node answers each Command with one report
+	// and reports its status when it changes, and a reconnect that
+	// delivers every pending bind at once fits in the burst.
+	ReportRate  float64
+	ReportBurst int
+	// MaxHeldAllocations bounds the allocations one session holds: those
+	// its Hello lists and those it reports BOUND. A Hello that lists more
+	// is refused "invalid"; a BOUND beyond it closes the session with
+	// "allocations_full". It also bounds the size of the session's
+	// Connected and resync events (at most MaxHeldAllocations x 253 bytes
+	// of allocation ids besides the inventory). Default 256 (a node has at
+	// most 64 GPUs); at most MaxAllocs (1024).
+	MaxHeldAllocations int
+	// SessionQueueShare is how many of one session's events may wait in
+	// the shared publish queue (PublishQueue) at once. A session at its
+	// share waits (up to a second) for its own events to be stored; then
+	// a status report is dropped (the next one retries it) and an
+	// allocation report closes the session "unavailable", so that the node
+	// reports again on a new session. Connected and disconnected events do
+	// not count. Default 64; at most PublishQueue.
+	SessionQueueShare int
 	// DisableResumption turns TLS session tickets off: every session then
 	// costs a full handshake. By default a gateway issues tickets with
 	// keys derived from the CA key, so that a node re-homing to any
@@ -99,6 +128,10 @@ const (
 	DefaultPublishTimeout    = 10 * time.Second
 	DefaultPublishQueue      = 8192
 	DefaultMaxRetryAfter     = 5 * time.Minute
+	DefaultReportRate        = 20
+	DefaultReportBurst       = 256
+	DefaultMaxHeld           = 256
+	DefaultSessionQueueShare = 64
 )
 
 func (c Config) withDefaults() Config {
@@ -153,6 +186,18 @@ func (c Config) withDefaults() Config {
 	if c.MaxRetryAfter == 0 {
 		c.MaxRetryAfter = DefaultMaxRetryAfter
 	}
+	if c.ReportRate == 0 {
+		c.ReportRate = DefaultReportRate
+	}
+	if c.ReportBurst == 0 {
+		c.ReportBurst = DefaultReportBurst
+	}
+	if c.MaxHeldAllocations == 0 {
+		c.MaxHeldAllocations = DefaultMaxHeld
+	}
+	if c.SessionQueueShare == 0 {
+		c.SessionQueueShare = min(DefaultSessionQueueShare, c.PublishQueue)
+	}
 	return c
 }
 
@@ -172,7 +217,8 @@ func (c Config) Validate() error {
 	if c.NodeCertValidity < 0 || c.MaxSessions < 0 || c.HandshakeRate < 0 || c.HandshakeBurst < 0 ||
 		c.MaxHellosInFlight < 0 || c.HelloTimeout < 0 || c.HeartbeatInterval < 0 || c.HeartbeatTimeout < 0 ||
 		c.FlushInterval < 0 || c.ResyncEvery < 0 || c.BindWindow < 0 || c.MaxMessageBytes < 0 ||
-		c.PublishTimeout < 0 || c.PublishQueue < 0 || c.MaxRetryAfter < 0 {
+		c.PublishTimeout < 0 || c.PublishQueue < 0 || c.MaxRetryAfter < 0 ||
+		c.ReportRate < 0 || c.ReportBurst < 0 || c.MaxHeldAllocations < 0 || c.SessionQueueShare < 0 {
 		errs = append(errs, errors.New("fleet: limits and durations must not be negative"))
 	}
 	if c.NodeCertValidity > 0 && c.NodeCertValidity < time.Hour {
@@ -186,6 +232,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxMessageBytes > 0 && (c.MaxMessageBytes < 4<<10 || c.MaxMessageBytes > 4<<20) {
 		errs = append(errs, fmt.Errorf("fleet: max message size %d must be between 4 KiB and 4 MiB", c.MaxMessageBytes))
+	}
+	if c.MaxHeldAllocations > MaxAllocs {
+		errs = append(errs, fmt.Errorf("fleet: max held allocations %d is over the protocol's limit of %d", c.MaxHeldAllocations, MaxAllocs))
+	}
+	if c.SessionQueueShare > c.PublishQueue {
+		errs = append(errs, fmt.Errorf("fleet: a session's share %d of the publish queue exceeds the queue (%d): one node could fill it", c.SessionQueueShare, c.PublishQueue))
 	}
 	if c.ResyncEvery > 0 && c.ResyncEvery > 5*24*time.Hour {
 		errs = append(errs, fmt.Errorf("fleet: resync every %s would let FLEET_NODES (7 days) lose live nodes' inventory; use at most 5 days", c.ResyncEvery))

@@ -45,7 +45,20 @@
 //     lists, or after a re-home) and reports are deduplicated by
 //     <pool>/<node>/alloc/<allocation>/<state>;
 //   - keep one session at a time: a newer session for the same node
-//     replaces the older (which gets Refusal "replaced").
+//     replaces the older (which gets Refusal "replaced");
+//   - report only on allocations placed on it (a report on one placed on
+//     another node ends the session "foreign_allocation"), at most
+//     ReportRate reports a second (beyond the burst: "report_rate"), and
+//     hold at most MaxHeldAllocations ("allocations_full"; a Hello listing
+//     more is "invalid").
+//
+// # Per-session bounds
+//
+// Besides those limits, a session's events take at most SessionQueueShare
+// places in the gateway's one publish queue: a node that floods waits for
+// its own events to be stored, and others' (and every new session's
+// Connected) keep their room. README.md ("Reports") has the details and
+// the measured effect.
 //
 // # What is published
 //

@@ -21,6 +21,7 @@ type Metrics struct {
 	joins           *prometheus.CounterVec
 	handshakeShed   prometheus.Counter
 	tlsHandshakes   *prometheus.CounterVec
+	reportsRefused  *prometheus.CounterVec
 }
 
 // NewMetrics registers the gateway's metrics with reg (nil: unregistered).
@@ -83,11 +84,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "millrace_fleet_tls_handshakes_total",
 			Help: "TLS handshakes completed, by mode: full, or resumed from a session ticket (a node re-homing from another gateway of the fleet).",
 		}, []string{"mode"}),
+		reportsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_reports_refused_total",
+			Help: "Node reports refused, by reason: foreign (an allocation report from a node the allocation is not placed on), rate (over the session's report rate), allocations_full (a BOUND beyond the session's held allocations), queue_share (the session's share of the publish queue stayed full).",
+		}, []string{"reason"}),
 	}
 	m.heartbeats = m.messages.WithLabelValues("heartbeat")
 	if reg != nil {
 		reg.MustRegister(m.sessionsOpen, m.handshakes, m.closed, m.messages, m.events, m.publishErrors,
-			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.joins, m.handshakeShed, m.tlsHandshakes)
+			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.joins, m.handshakeShed, m.tlsHandshakes,
+			m.reportsRefused)
 	}
 	return m
 }

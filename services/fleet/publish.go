@@ -62,6 +62,9 @@ type outgoing struct {
 	msg  *nats.Msg // nil: a barrier, done when everything before it is
 	kind string
 	done chan error // nil, or buffered: the store's result
+	// share is the sending session's share of the queue (enqueueOwn); a
+	// token is taken back when the event is stored or fails.
+	share chan struct{}
 }
 
 type inFlight struct {
@@ -141,6 +144,9 @@ func (s *Server) waitLoop(futures <-chan inFlight) {
 }
 
 func (s *Server) finish(o *outgoing, err error) {
+	if o.share != nil {
+		<-o.share
+	}
 	if o.msg != nil {
 		if err != nil {
 			s.m.publishErrors.WithLabelValues(o.kind).Inc()

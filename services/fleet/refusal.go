@@ -26,6 +26,15 @@ const (
 	CodeUnauthenticated = "unauthenticated"
 	CodeInvalid         = "invalid"
 	CodeUnavailable     = "unavailable"
+	// CodeReportRate: the session sent reports faster than its
+	// Config.ReportRate allows.
+	CodeReportRate = "report_rate"
+	// CodeAllocationsFull: the session reported BOUND more allocations
+	// than Config.MaxHeldAllocations.
+	CodeAllocationsFull = "allocations_full"
+	// CodeForeignAllocation: the session reported on an allocation placed
+	// on another node.
+	CodeForeignAllocation = "foreign_allocation"
 )
 
 // refusalBase is each code's base retry_after; the gateway sends base x
@@ -38,6 +47,11 @@ var refusalBase = map[string]time.Duration{
 	CodeReplaced:        10 * time.Second,
 	CodeUnauthenticated: time.Minute,
 	CodeInvalid:         time.Minute,
+	// A node over its report rate comes back once its bucket has refilled
+	// a good part: ReportBurst/ReportRate is 13 s at the defaults.
+	CodeReportRate:        10 * time.Second,
+	CodeAllocationsFull:   time.Minute,
+	CodeForeignAllocation: time.Minute,
 }
 
 // maxDrainRetry is the spread of a draining refusal's retry_after: nodes

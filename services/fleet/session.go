@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -52,6 +53,11 @@ type session struct {
 	inventory []byte // labels, GPUs, agent version (see inventory)
 	certNode  string // from the client certificate, set by establish
 	certPool  string
+	// reports is the session's token bucket of status and allocation
+	// reports (Config.ReportRate); share holds one token per event of the
+	// session waiting in the shared publish queue (Config.SessionQueueShare).
+	reports *rate.Limiter
+	share   chan struct{}
 
 	events   atomic.Uint64 // event counter for Nats-Msg-Ids
 	lastSeen atomic.Int64  // s.now() of the last message, unix ns (liveness ages)
@@ -228,9 +234,15 @@ func (s *Server) handshake(sess *session, hello *fleetpb.Hello, certNode, certPo
 			"the Hello names node %q in pool %q but the certificate is for node %q in pool %q",
 			hello.GetNodeId(), hello.GetPool(), certNode, certPool)
 	}
+	if n := len(hello.GetAllocations()); n > s.cfg.MaxHeldAllocations {
+		return s.newRefusal(CodeInvalid, codes.InvalidArgument,
+			"the Hello lists %d allocations, over this gateway's limit of %d per node", n, s.cfg.MaxHeldAllocations)
+	}
 	sess.key = nodeKey{pool: hello.GetPool(), node: hello.GetNodeId()}
 	sess.inventory = inventory(hello)
 	sess.id = s.newSessionID()
+	sess.reports = rate.NewLimiter(rate.Limit(s.cfg.ReportRate), s.cfg.ReportBurst)
+	sess.share = make(chan struct{}, s.cfg.SessionQueueShare)
 
 	s.mu.Lock()
 	old := s.sessions[sess.key]
@@ -238,6 +250,13 @@ func (s *Server) handshake(sess *session, hello *fleetpb.Hello, certNode, certPo
 	if len(hello.GetAllocations()) > 0 {
 		sess.held = make(map[string]struct{}, len(hello.GetAllocations()))
 		for _, a := range hello.GetAllocations() {
+			// A node claiming an allocation placed on another node would
+			// receive its Unbind (and keep the real holder from it): the
+			// claim is left out.
+			if s.binds.foreign(a, sess.key) {
+				s.m.reportsRefused.WithLabelValues(refusedForeign).Inc()
+				continue
+			}
 			sess.held[a] = struct{}{}
 		}
 	}
@@ -298,7 +317,7 @@ func (s *Server) handshake(sess *session, hello *fleetpb.Hello, certNode, certPo
 	// fleet that connected at once does not resync at once.
 	sess.resyncAt = s.now().Add(jitter(s.cfg.ResyncEvery, 0.5, 1))
 	for a := range sess.held {
-		s.binds.boundBy[a] = sess
+		s.binds.hold(a, sess)
 	}
 	cmds := s.binds.pendingFor(sess.key, sess.held, s.now())
 	for _, c := range cmds {
@@ -511,14 +530,74 @@ func (sess *session) handle(m *fleetpb.NodeMessage) error {
 		sess.send(ack(b.Heartbeat.GetSeq()))
 		return nil
 	case *fleetpb.NodeMessage_Status:
+		if !sess.allowReport() {
+			return errRefused
+		}
 		return offStack(func() error { return sess.status(b.Status) })
 	case *fleetpb.NodeMessage_Allocation:
+		if !sess.allowReport() {
+			return errRefused
+		}
 		return offStack(func() error { return sess.allocation(b.Allocation) })
 	case *fleetpb.NodeMessage_Hello:
 		return errors.New("a Hello within an open session: open a new session instead")
 	default:
 		return errors.New("an empty message")
 	}
+}
+
+// errRefused ends a session that was closed with a refusal of its own
+// (dispatch's close with "invalid" is then a no-op: the first close wins).
+var errRefused = errors.New("fleet: session refused")
+
+// Reasons of millrace_fleet_reports_refused_total.
+const (
+	refusedForeign    = "foreign"
+	refusedRate       = "rate"
+	refusedHeld       = "allocations_full"
+	refusedQueueShare = "queue_share"
+)
+
+// allowReport takes a token of the session's report bucket; a session
+// without one is closed "report_rate". A node that floods its session
+// thus costs the gateway one refusal, and every other session's reports
+// keep their room in the publish queue.
+func (sess *session) allowReport() bool {
+	if sess.reports.Allow() {
+		return true
+	}
+	s := sess.s
+	s.m.reportsRefused.WithLabelValues(refusedRate).Inc()
+	sess.close(reasonError, s.newRefusal(CodeReportRate, codes.ResourceExhausted,
+		"node %s of pool %s sent reports faster than %g per second (burst %d)",
+		sess.key.node, sess.key.pool, s.cfg.ReportRate, s.cfg.ReportBurst), nil)
+	return false
+}
+
+// enqueueOwn queues one of the session's own events within its share of
+// the publish queue: at its share it waits up to enqueueWait for its
+// earlier events to be stored. False: not queued (counted).
+func (sess *session) enqueueOwn(o *outgoing) bool {
+	select {
+	case sess.share <- struct{}{}:
+	default:
+		t := time.NewTimer(enqueueWait)
+		defer t.Stop()
+		select {
+		case sess.share <- struct{}{}:
+		case <-t.C:
+			sess.s.m.reportsRefused.WithLabelValues(refusedQueueShare).Inc()
+			return false
+		case <-sess.done:
+			return false
+		}
+	}
+	o.share = sess.share
+	if !sess.s.enqueue(o) {
+		<-sess.share
+		return false
+	}
+	return true
 }
 
 // offStack runs f on a fresh goroutine and waits for it. The receiver
@@ -539,8 +618,9 @@ func (sess *session) status(r *fleetpb.StatusReport) error {
 		return fmt.Errorf("status report %d: %w", r.GetSeq(), err)
 	}
 	if h := StatusHash(r); h != sess.lastHash {
-		// On a full queue the hash stays, so the next report retries.
-		if s.enqueue(s.statusEvent(sess, r, h)) {
+		// On a full queue (or share) the hash stays, so the next report
+		// retries.
+		if sess.enqueueOwn(s.statusEvent(sess, r, h)) {
 			sess.lastHash = h
 		}
 	}
@@ -549,14 +629,36 @@ func (sess *session) status(r *fleetpb.StatusReport) error {
 }
 
 // allocation publishes an allocation report and updates what the node
-// holds.
+// holds. A report on an allocation this gateway knows to be placed on
+// another node, or a BOUND beyond the session's limit, is refused: the
+// session is closed and nothing is published or changed.
 func (sess *session) allocation(r *fleetpb.AllocationReport) error {
-	sess.s.m.messages.WithLabelValues("allocation").Inc()
+	s := sess.s
+	s.m.messages.WithLabelValues("allocation").Inc()
 	if err := checkAllocation(r); err != nil {
 		return err
 	}
-	sess.s.allocationReport(sess, r)
-	sess.s.enqueue(sess.s.allocationEvent(sess, r))
+	switch s.allocationReport(sess, r) {
+	case refusedForeign:
+		s.m.reportsRefused.WithLabelValues(refusedForeign).Inc()
+		s.log.Warn("allocation report from a node the allocation is not placed on; refused",
+			"node", sess.key.node, "pool", sess.key.pool, "allocation", r.GetAllocationId(), "state", r.GetState())
+		sess.close(reasonError, s.newRefusal(CodeForeignAllocation, codes.PermissionDenied,
+			"allocation %s is not placed on node %s of pool %s", r.GetAllocationId(), sess.key.node, sess.key.pool), nil)
+		return errRefused
+	case refusedHeld:
+		s.m.reportsRefused.WithLabelValues(refusedHeld).Inc()
+		sess.close(reasonError, s.newRefusal(CodeAllocationsFull, codes.ResourceExhausted,
+			"node %s of pool %s would hold more than %d allocations", sess.key.node, sess.key.pool, s.cfg.MaxHeldAllocations), nil)
+		return errRefused
+	}
+	if !sess.enqueueOwn(s.allocationEvent(sess, r)) {
+		// Not stored: a new session reports again (its Hello lists what
+		// the node holds).
+		sess.close(reasonError, s.newRefusal(CodeUnavailable, codes.Unavailable,
+			"the backbone is not storing this node's events fast enough; report again on a new session"), nil)
+		return errRefused
+	}
 	return nil
 }
 
@@ -607,9 +709,7 @@ func (sess *session) exit() {
 		delete(s.sessions, sess.key)
 	}
 	for a := range sess.held {
-		if s.binds.boundBy[a] == sess {
-			delete(s.binds.boundBy, a)
-		}
+		s.binds.unhold(a, sess)
 	}
 	connected, established := sess.connected, sess.established
 	delete(s.all, sess)

@@ -272,11 +272,13 @@ func (e *env) place(resID, pool string, at time.Time, allocs ...alloc) {
 	}
 }
 
-// report writes what a node said of an allocation.
+// report writes what a node said of an allocation. The node is of the
+// allocation's pool, or of a100 when the allocation is not placed yet.
 func (e *env) report(allocID, node, state string, at time.Time) {
 	e.t.Helper()
-	e.exec(`insert into fleet_allocation_reports (allocation_id, node_id, state, reported_at) values ($1, $2, $3, $4)
-		on conflict (allocation_id) do update set state = excluded.state, reported_at = excluded.reported_at`, allocID, node, state, at)
+	e.exec(`insert into fleet_allocation_reports (allocation_id, pool, node_id, state, reported_at)
+		select $1, coalesce((select pool from fleet_allocations where id = $1), 'a100'), $2, $3, $4
+		on conflict (allocation_id, pool, node_id) do update set state = excluded.state, reported_at = excluded.reported_at`, allocID, node, state, at)
 }
 
 func (e *env) fail(resID, reason string, at time.Time) {

@@ -135,7 +135,8 @@ func (s store) allocations(ctx context.Context, rs []*fleetpb.Reservation) error
 	rows, err := s.db.Query(ctx, `
 		select al.reservation_id, al.id, al.node_id, al.gpu_indices, al.whole_node, coalesce(ar.state, '')
 		from fleet_allocations al
-		left join fleet_allocation_reports ar on ar.allocation_id = al.id
+		-- only the report of the node the allocation is placed on counts
+		left join fleet_allocation_reports ar on ar.allocation_id = al.id and ar.pool = al.pool and ar.node_id = al.node_id
 		where al.reservation_id = any($1) and al.released_at is null
 		order by al.reservation_id, al.placed_at, al.id`, ids)
 	if err != nil {
