@@ -141,5 +141,5 @@ func (r *Redactor) argCandidate(b []byte, st *argState) bool {
 			return true
 		}
 	}
-	return r.textCandidate(b)
+	return r.scan(b) != 0
 }

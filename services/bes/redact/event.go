@@ -152,7 +152,7 @@ func changed(old []byte, s string) ([]byte, bool) {
 
 // shellCandidate: a sensitive flag appears in the words, or an anchor.
 func (r *Redactor) shellCandidate(b []byte) bool {
-	return r.textCandidate(b) // "--" is an anchor of the text scan
+	return r.scan(b) != 0 // "--" is an anchor of the text scan
 }
 
 // stringField returns the last value of string field num of message b
@@ -168,34 +168,66 @@ func stringField(b []byte, num protowire.Number) string {
 }
 
 // option redacts a command_line.Option: combined_form (1) as an argument,
-// option_value (3) as the value of option_name (2).
+// option_value (3) as the value of option_name (2). One explicit pass finds
+// the three: a canonical command line holds a hundred options or more.
 func (r *Redactor) option(b []byte) ([]byte, bool) {
-	if !parses(b) {
+	var name, combined, value []byte
+	var cStart, cEnd, vStart, vEnd int
+	for i := 0; i < len(b); {
+		num, typ, n := protowire.ConsumeTag(b[i:])
+		if n < 0 {
+			return b, false
+		}
+		if typ != protowire.BytesType {
+			m := protowire.ConsumeFieldValue(num, typ, b[i+n:])
+			if m < 0 {
+				return b, false
+			}
+			i += n + m
+			continue
+		}
+		v, m := protowire.ConsumeBytes(b[i+n:])
+		if m < 0 {
+			return b, false
+		}
+		switch num {
+		case 1:
+			combined, cStart, cEnd = v, i, i+n+m
+		case 2:
+			name = v
+		case 3:
+			value, vStart, vEnd = v, i, i+n+m
+		}
+		i += n + m
+	}
+	class := classifyBytes(name)
+	if class == flagPlain && r.scan(combined) == 0 && r.scan(value) == 0 {
 		return b, false
 	}
-	name := stringField(b, 2)
-	class := classify(name)
+	var nc, nv []byte
+	var cch, vch bool
+	if combined != nil {
+		nc, cch = changed(combined, r.combinedForm(string(combined)))
+	}
+	if value != nil {
+		nv, vch = changed(value, r.value(class, string(value)))
+	}
+	if !cch && !vch {
+		return b, false
+	}
+	// Rewrite in field order (proto3: the last occurrence of each counts;
+	// those are the ones found above).
 	w := rewriter{src: b}
-	eachLen(b, func(f lenField) {
-		var s string
-		switch f.num {
-		case 1:
-			if !r.argCandidate(f.v, &argState{}) && class == flagPlain {
-				return
-			}
-			s = r.combinedForm(string(f.v))
-		case 3:
-			if class == flagPlain && !r.textCandidate(f.v) {
-				return
-			}
-			s = r.value(class, string(f.v))
-		default:
-			return
-		}
-		if nv, ok := changed(f.v, s); ok {
-			w.replace(f.start, f.end, f.num, nv)
-		}
-	})
+	if cch && (!vch || cStart < vStart) {
+		w.replace(cStart, cEnd, 1, nc)
+		cch = false
+	}
+	if vch {
+		w.replace(vStart, vEnd, 3, nv)
+	}
+	if cch {
+		w.replace(cStart, cEnd, 1, nc)
+	}
 	return w.finish()
 }
 
@@ -229,7 +261,7 @@ func (r *Redactor) policy(b []byte) ([]byte, bool) {
 			if g.num != 1 && g.num != 3 {
 				return
 			}
-			if class == flagPlain && !r.textCandidate(g.v) {
+			if class == flagPlain && r.scan(g.v) == 0 {
 				return
 			}
 			if nv, ok := changed(g.v, r.value(class, string(g.v))); ok {
@@ -270,7 +302,7 @@ func (r *Redactor) keyValue(b []byte, k kind) ([]byte, bool) {
 				return
 			case k == kSecretKV && !r.allowed(key), k == kStatusKV && secretKey(key) && !r.allowed(key):
 				s = Marker
-			case r.textCandidate(f.v):
+			case r.scan(f.v) != 0:
 				s = r.Text(string(f.v))
 			default:
 				return

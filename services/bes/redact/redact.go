@@ -104,28 +104,37 @@ func (r *Redactor) allowed(name string) bool {
 // (--remote_header=..., --action_env=NAME=...) and the extra patterns. It
 // returns s itself when nothing matched.
 func (r *Redactor) Text(s string) string {
-	if !r.textCandidate([]byte(s)) {
+	m := r.scan([]byte(s))
+	if m == 0 {
 		return s
 	}
-	return r.text(s)
+	return r.text(s, m)
 }
 
 // TextBytes is Text for bytes: b itself when nothing matched.
 func (r *Redactor) TextBytes(b []byte) ([]byte, bool) {
-	if !r.textCandidate(b) {
+	m := r.scan(b)
+	if m == 0 {
 		return b, false
 	}
 	s := string(b)
-	out := r.text(s)
+	out := r.text(s, m)
 	if out == s {
 		return b, false
 	}
 	return []byte(out), true
 }
 
-// anchorByte marks the first bytes of every built-in anchor: gh*_, github_pat_,
-// glpat-, xox?-, AKIA, ASIA, AIza, eyJ, -----BEGIN and --flag=, and '@'
-// (URL credentials).
+// Rule families, as scan finds their anchors.
+const (
+	mToken uint8 = 1 << iota // gh?_, github_pat_, glpat-, xox?-, AKIA, ASIA, AIza, eyJ
+	mURL                     // '@' after "://"
+	mPEM                     // -----BEGIN
+	mFlag                    // --flag, of a sensitive flag's name
+	mExtra                   // an extra pattern's literal prefix, or one without
+)
+
+// anchorByte marks the first bytes of every built-in anchor.
 var anchorByte = func() (t [256]bool) {
 	for _, c := range "gxAe-@" {
 		t[c] = true
@@ -133,9 +142,10 @@ var anchorByte = func() (t [256]bool) {
 	return t
 }()
 
-// textCandidate reports whether any rule could match b. It is the cheap
-// scan that lets nearly every string skip the regular expressions.
-func (r *Redactor) textCandidate(b []byte) bool {
+// scan returns the rule families that could match b. It is the cheap scan
+// that lets nearly every string skip the regular expressions.
+func (r *Redactor) scan(b []byte) uint8 {
+	var m uint8
 	for i := 0; i < len(b); i++ {
 		if !anchorByte[b[i]] {
 			continue
@@ -144,40 +154,52 @@ func (r *Redactor) textCandidate(b []byte) bool {
 		switch b[i] {
 		case 'g':
 			if len(rest) > 4 && rest[1] == 'h' && rest[3] == '_' || bytes.HasPrefix(rest, []byte("github_pat_")) || bytes.HasPrefix(rest, []byte("glpat-")) {
-				return true
+				m |= mToken
 			}
 		case 'x':
 			if len(rest) > 4 && rest[1] == 'o' && rest[2] == 'x' && rest[4] == '-' {
-				return true
+				m |= mToken
 			}
 		case 'A':
 			if bytes.HasPrefix(rest, []byte("AKIA")) || bytes.HasPrefix(rest, []byte("ASIA")) || bytes.HasPrefix(rest, []byte("AIza")) {
-				return true
+				m |= mToken
 			}
 		case 'e':
 			if len(rest) > 3 && rest[1] == 'y' && rest[2] == 'J' {
-				return true
+				m |= mToken
 			}
 		case '-':
-			if len(rest) > 2 && rest[1] == '-' && (rest[2] == '-' || rest[2] >= 'a' && rest[2] <= 'z') {
-				return true // -----BEGIN or a --flag
+			if len(rest) > 2 && rest[1] == '-' {
+				if rest[2] >= 'a' && rest[2] <= 'z' {
+					j := 2
+					for j < len(rest) && isNameByte(rest[j]) {
+						j++
+					}
+					if classifyBytes(rest[2:j]) != flagPlain {
+						m |= mFlag
+					}
+					i += j - 1
+				} else if bytes.HasPrefix(rest, []byte(pemBegin)) {
+					m |= mPEM
+				}
 			}
 		case '@':
-			if bytes.Contains(b[:i], []byte("://")) {
-				return true
+			if m&mURL == 0 && bytes.Contains(b[:i], []byte("://")) {
+				m |= mURL
 			}
 		}
 	}
 	for _, p := range r.extra {
 		if len(p.prefix) == 0 || bytes.Contains(b, p.prefix) {
-			return true
+			m |= mExtra
+			break
 		}
 	}
-	return false
+	return m
 }
 
 // tokenRE matches the built-in token shapes. Each alternative needs one of
-// the anchors textCandidate looks for.
+// the anchors scan looks for.
 var tokenRE = regexp.MustCompile(`gh[pousr]_[A-Za-z0-9]{20,}` +
 	`|github_pat_[A-Za-z0-9_]{20,}` +
 	`|glpat-[A-Za-z0-9_-]{20,}` +
@@ -190,19 +212,23 @@ var tokenRE = regexp.MustCompile(`gh[pousr]_[A-Za-z0-9]{20,}` +
 // The user alone is redacted too: a token is often given as the user.
 var urlCredRE = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s'"]+@`)
 
-func (r *Redactor) text(s string) string {
-	s = redactPEM(s)
-	if tokenRE.MatchString(s) {
+func (r *Redactor) text(s string, m uint8) string {
+	if m&mPEM != 0 {
+		s = redactPEM(s)
+	}
+	if m&mToken != 0 && tokenRE.MatchString(s) {
 		s = tokenRE.ReplaceAllLiteralString(s, Marker)
 	}
-	if strings.Contains(s, "@") {
+	if m&mURL != 0 {
 		s = urlCredRE.ReplaceAllString(s, "${1}"+Marker+"@")
 	}
-	if strings.Contains(s, "--") {
+	if m&mFlag != 0 {
 		s = r.flagsInText(s)
 	}
-	for _, p := range r.extra {
-		s = replaceOutsideMarkers(s, p.re)
+	if m&mExtra != 0 {
+		for _, p := range r.extra {
+			s = replaceOutsideMarkers(s, p.re)
+		}
 	}
 	return s
 }
@@ -293,7 +319,7 @@ func (r *Redactor) flagsInText(s string) string {
 			continue
 		}
 		j := i + 2
-		for j < len(s) && (s[j] >= 'a' && s[j] <= 'z' || s[j] == '_' || s[j] >= '0' && s[j] <= '9') {
+		for j < len(s) && isNameByte(s[j]) {
 			j++
 		}
 		if j >= len(s) || s[j] != '=' {
@@ -368,3 +394,5 @@ func authScheme(v string) bool {
 	}
 	return false
 }
+
+func isNameByte(c byte) bool { return c >= 'a' && c <= 'z' || c == '_' || c >= '0' && c <= '9' }
