@@ -136,7 +136,7 @@ const (
 
 // anchorByte marks the first bytes of every built-in anchor.
 var anchorByte = func() (t [256]bool) {
-	for _, c := range "gxAe-@" {
+	for _, c := range "gxAe-:@" {
 		t[c] = true
 	}
 	return t
@@ -146,6 +146,7 @@ var anchorByte = func() (t [256]bool) {
 // that lets nearly every string skip the regular expressions.
 func (r *Redactor) scan(b []byte) uint8 {
 	var m uint8
+	scheme := false // "://" seen: an '@' after it may end URL credentials
 	for i := 0; i < len(b); i++ {
 		if !anchorByte[b[i]] {
 			continue
@@ -183,8 +184,12 @@ func (r *Redactor) scan(b []byte) uint8 {
 					m |= mPEM
 				}
 			}
+		case ':':
+			if len(rest) > 2 && rest[1] == '/' && rest[2] == '/' {
+				scheme = true
+			}
 		case '@':
-			if m&mURL == 0 && bytes.Contains(b[:i], []byte("://")) {
+			if scheme {
 				m |= mURL
 			}
 		}
