@@ -2,6 +2,8 @@ package bes
 
 import (
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/millrace/millrace/schemas/bep"
 )
@@ -12,16 +14,28 @@ import (
 // secrets. Only Bazel's BuildEvent is rewritten, by its known schema; a
 // bazel_event of another type URL, and lifecycle events (ids, status and
 // times only), pass as they are.
-func (s *Server) redact(obe *buildpb.OrderedBuildEvent) {
+//
+// Markers can be longer than what they replace (a://b@ becomes
+// a://<redacted>@), so an event is measured again: one that would grow
+// past the size limit is refused like an oversized one (it would be on
+// every retry), never published above the backbone's max payload.
+func (s *Server) redact(obe *buildpb.OrderedBuildEvent) error {
 	if s.cfg.NoRedaction {
-		return
+		return nil
 	}
 	ev := obe.GetEvent().GetBazelEvent()
 	if ev == nil || ev.GetTypeUrl() != bep.TypeURL {
-		return
+		return nil
 	}
-	if out, changed := s.cfg.Redactor.BuildEvent(ev.Value); changed {
-		ev.Value = out
-		s.m.redacted.Inc()
+	out, changed := s.cfg.Redactor.BuildEvent(ev.Value)
+	if !changed {
+		return nil
 	}
+	if len(out) > s.cfg.MaxEventBytes {
+		return status.Errorf(codes.InvalidArgument, "millrace: event %d is %d bytes once its secrets are redacted, over the limit of %d bytes (raise MILLRACE_BES_MAX_EVENT_BYTES)",
+			obe.GetSequenceNumber(), len(out), s.cfg.MaxEventBytes)
+	}
+	ev.Value = out
+	s.m.redacted.Inc()
+	return nil
 }

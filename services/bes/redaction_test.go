@@ -7,6 +7,7 @@ import (
 	"time"
 
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -181,4 +182,19 @@ func BenchmarkEdgeEventAB(b *testing.B) {
 	b.ReportMetric(float64(bestOn.Nanoseconds())/n, "on-ns/event")
 	b.ReportMetric(100*(float64(bestOn)/float64(bestOff)-1), "overhead-%")
 	b.ReportMetric(0, "ns/op")
+}
+
+// TestEdgeRefusesEventThatGrowsPastLimit: markers can be longer than what
+// they replace; an event that would grow past the size limit is refused
+// (INVALID_ARGUMENT, it would be on every retry) and not stored.
+func TestEdgeRefusesEventThatGrowsPastLimit(t *testing.T) {
+	b, e := newTest(t, Config{MaxEventBytes: 4096})
+	id := defaultIDs()
+	grows := commandLineEvent(t, strings.Repeat("a://b@ ", 500)) // 3.5 KB, 7.5 KB redacted
+	reqs := []*buildpb.PublishBuildToolEventStreamRequest{toolReq(id, 1), toolReqWith(id, 2, grows), finishReq(id, 3)}
+	r := publish(testCtx(t), t, e.client, reqs)
+	wantCode(t, r.err, codes.InvalidArgument, "once its secrets are redacted", "4096")
+	if n := b.count(t, streams.BESSubject(testProject, id.invocation)); n != 1 {
+		t.Fatalf("stored %d events, want the 1 before the refused one", n)
+	}
 }
