@@ -129,6 +129,10 @@ func BESSubject(project, invocation string) string {
 	return besPrefix + Token(project) + "." + Token(invocation)
 }
 
+// BESProjectSubjects is the filter of every BES subject of one project:
+// bes.<project>.>.
+func BESProjectSubjects(project string) string { return besPrefix + Token(project) + ".>" }
+
 // DeadSubject is where a consumer parks messages it cannot apply.
 func DeadSubject(consumer string) string { return deadPrefix + Token(consumer) }
 

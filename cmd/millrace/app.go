@@ -133,7 +133,10 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 	}
 	e := &besEdge{grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
 	go func() { e.done <- g.Serve(lis) }()
-	log.Info("BES edge serving", "addr", lis.Addr().String(), "api_keys", cfg.Keys.Len())
+	log.Info("BES edge serving", "addr", lis.Addr().String(), "api_keys", cfg.Keys.Len(), "redaction", !cfg.NoRedaction)
+	if cfg.NoRedaction {
+		log.Warn("BES redaction is off (MILLRACE_BES_REDACT=false): build events are stored with the secrets Bazel sent")
+	}
 	return e, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/millrace/millrace/services/bes"
+	"github.com/millrace/millrace/services/bes/redact"
 	"github.com/millrace/millrace/streams"
 )
 
@@ -183,6 +184,7 @@ func (o *dbOptions) register(fs *flag.FlagSet) {
 type besOptions struct {
 	listen, keys, keysFile                          string
 	maxEventBytes, maxStreams, perProject, inFlight int
+	redact                                          redactOptions
 }
 
 func (o *besOptions) register(fs *flag.FlagSet) {
@@ -193,6 +195,8 @@ func (o *besOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.maxStreams, "bes-max-streams", "MILLRACE_BES_MAX_STREAMS", bes.DefaultMaxStreams, "most build event streams open at once")
 	envInt(fs, &o.perProject, "bes-max-streams-per-project", "MILLRACE_BES_MAX_STREAMS_PER_PROJECT", 0, "most streams one project may hold open (0: half of --bes-max-streams)")
 	envInt(fs, &o.inFlight, "bes-max-in-flight", "MILLRACE_BES_MAX_IN_FLIGHT", bes.DefaultMaxInFlight, "events of one stream awaiting storage before the edge stops reading it")
+	o.redact.register(fs)
+	envBool(fs, &o.redact.on, "bes-redact", "MILLRACE_BES_REDACT", true, "redact secrets from build events before they are stored; false only to measure what redaction costs")
 }
 
 func (o *besOptions) config() (bes.Config, error) {
@@ -208,13 +212,79 @@ func (o *besOptions) config() (bes.Config, error) {
 	if err != nil {
 		return bes.Config{}, err
 	}
+	r, err := o.redact.redactor()
+	if err != nil {
+		return bes.Config{}, err
+	}
 	return bes.Config{
 		MaxEventBytes:        o.maxEventBytes,
 		MaxStreams:           o.maxStreams,
 		MaxStreamsPerProject: o.perProject,
 		MaxInFlight:          o.inFlight,
 		Keys:                 keys,
+		Redactor:             r,
+		NoRedaction:          !o.redact.on,
 	}, nil
+}
+
+// redactOptions configure the redaction of secrets in build events (the
+// BES edge) and in projected rows (builds scrub): the same rules for both.
+type redactOptions struct {
+	on           bool
+	patterns     patternList
+	patternsFile string
+	allow        string
+}
+
+// patternList is a repeatable flag: each occurrence adds one regular
+// expression; its environment variable holds one per line (a regular
+// expression may hold commas and spaces).
+type patternList []string
+
+func (p *patternList) String() string { return strings.Join(*p, "\n") }
+func (p *patternList) Set(v string) error {
+	*p = append(*p, v)
+	return nil
+}
+
+func (o *redactOptions) register(fs *flag.FlagSet) {
+	if v, ok := os.LookupEnv("MILLRACE_BES_REDACT_PATTERNS"); ok {
+		o.patterns = splitLines(v)
+	}
+	fs.Var(&o.patterns, "bes-redact-pattern", "an extra regular expression (RE2) whose matches in build events are redacted; repeat the flag for more [$MILLRACE_BES_REDACT_PATTERNS, one per line]")
+	envString(fs, &o.patternsFile, "bes-redact-patterns-file", "MILLRACE_BES_REDACT_PATTERNS_FILE", "", "file of extra regular expressions to redact, one per line (# comments)")
+	envString(fs, &o.allow, "bes-redact-allow", "MILLRACE_BES_REDACT_ALLOW", strings.Join(redact.DefaultAllow, ","),
+		"variable names (of --action_env, --client_env, ..., --build_metadata keys) whose values are kept, comma-separated; NAME* matches a prefix; empty keeps none")
+}
+
+func (o *redactOptions) redactor() (*redact.Redactor, error) {
+	patterns := append([]string(nil), o.patterns...)
+	if o.patternsFile != "" {
+		b, err := os.ReadFile(o.patternsFile)
+		if err != nil {
+			return nil, fmt.Errorf("redact patterns file: %w", err)
+		}
+		for _, l := range splitLines(string(b)) {
+			if !strings.HasPrefix(l, "#") {
+				patterns = append(patterns, l)
+			}
+		}
+	}
+	r, err := redact.New(redact.Config{Patterns: patterns, Allow: splitNonEmpty(o.allow)})
+	if err != nil {
+		return nil, usageError{err.Error()}
+	}
+	return r, nil
+}
+
+func splitLines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
 }
 
 // projectorOptions tune the builds projector's consumer.

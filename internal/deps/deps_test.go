@@ -25,6 +25,7 @@ func TestDependencyDirection(t *testing.T) {
 	}{
 		{mod + "/services/...", []string{mod + "/projectors"}, "edges publish; they never depend on a projection"},
 		{mod + "/projectors/...", []string{"github.com/nats-io/", mod + "/streams"}, "projectors are plain packages tested against PostgreSQL alone (streams/projection is allowed)"},
+		{mod + "/services/bes/redact", []string{"github.com/nats-io/", mod + "/streams", "github.com/jackc/"}, "the redactor is a function of bytes that the edge and `builds scrub` share"},
 		{mod + "/streams/projection", []string{"github.com/nats-io/"}, "the projector contract must not drag NATS into projectors"},
 		{mod + "/agent", []string{mod + "/services", mod + "/projectors", mod + "/streams", mod + "/migrations", "github.com/jackc/"}, "the node agent runs on GPU nodes: it speaks the protocol in schemas and needs nothing of the control plane"},
 		{mod + "/schemas/...", []string{mod + "/cmd", mod + "/streams", mod + "/services", mod + "/projectors", mod + "/internal", mod + "/loadtest", mod + "/migrations"}, "schemas is a leaf module outside programs import"},

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/millrace/millrace/services/bes/redact"
 )
 
 // Config of the BES edge. The zero value takes the defaults.
@@ -27,6 +29,13 @@ type Config struct {
 	Keys *Keys
 	// DefaultProject names events that carry no project id. Default "default".
 	DefaultProject string
+	// Redactor removes secrets from every build event before it is
+	// published (see package redact). Default: the built-in rules, with
+	// redact.DefaultAllow.
+	Redactor *redact.Redactor
+	// NoRedaction stores events exactly as sent. It exists to measure what
+	// redaction costs; never set it where real builds arrive.
+	NoRedaction bool
 }
 
 // Defaults.
@@ -51,6 +60,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.DefaultProject == "" {
 		c.DefaultProject = "default"
+	}
+	if c.Redactor == nil {
+		c.Redactor = redact.MustNew(redact.Config{Allow: redact.DefaultAllow})
 	}
 	return c
 }

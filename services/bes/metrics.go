@@ -12,6 +12,7 @@ type Metrics struct {
 	rejections  *prometheus.CounterVec
 	streamsOpen prometheus.Gauge
 	ackSeconds  prometheus.Histogram
+	redacted    prometheus.Counter
 }
 
 // NewMetrics registers the edge's metrics with reg (nil: unregistered).
@@ -38,9 +39,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from receiving an event to sending its ack (stored by JetStream).",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
 		}),
+		redacted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "millrace_bes_redacted_events_total",
+			Help: "Build events in which the edge replaced a secret before storing them.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.bytes, m.rejections, m.streamsOpen, m.ackSeconds)
+		reg.MustRegister(m.events, m.bytes, m.rejections, m.streamsOpen, m.ackSeconds, m.redacted)
 	}
 	return m
 }

@@ -199,6 +199,9 @@ func checkLifecycle(obe *buildpb.OrderedBuildEvent) error {
 }
 
 func (s *Server) message(project, kind string, obe *buildpb.OrderedBuildEvent, msgID, subject string) (*nats.Msg, error) {
+	if err := s.redact(obe); err != nil { // before anything is stored: see redaction.go
+		return nil, err
+	}
 	data, err := proto.Marshal(obe)
 	if err != nil {
 		return nil, status.Errorf(codes.InvalidArgument, "millrace: cannot encode event: %v", err)

@@ -28,7 +28,7 @@ const (
 	scPaced1000     = "paced-1000"
 )
 
-var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}, fleetScenarios...), commitsScenarios...), scKafkaExport)
+var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string
@@ -57,9 +57,10 @@ type config struct {
 	lagPoll, lagTimeout, drainTimeout time.Duration
 	keep                              bool
 
-	fleet   fleetConfig
-	commits commitsConfig
-	kafka   kafkaConfig
+	fleet     fleetConfig
+	commits   commitsConfig
+	kafka     kafkaConfig
+	redaction redactionConfig
 }
 
 func main() {
@@ -94,6 +95,7 @@ func main() {
 	c.fleet.register(flag.CommandLine)
 	c.commits.register(flag.CommandLine)
 	c.kafka.register(flag.CommandLine)
+	c.redaction.register(flag.CommandLine)
 	flag.Parse()
 
 	c.scenarios = map[string]bool{}
@@ -160,7 +162,7 @@ func run(ctx context.Context, c config) error {
 			fmt.Printf("bench: state and logs kept in %s\n", tmp)
 		}
 	}()
-	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scProjector] || anyOf(c.scenarios, commitsScenarios)) {
+	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scProjector] || anyOf(c.scenarios, commitsScenarios)) {
 		if b.natsd, err = buildNATSD(ctx, tmp); err != nil {
 			return err
 		}

@@ -43,6 +43,8 @@ type bench struct {
 	// kept is the backbone the last flat-out run left filled for the
 	// projector scenario.
 	kept *backbone
+	// edgeEnv is added to the environment of the edges started next.
+	edgeEnv []string
 }
 
 // backbone is a JetStream server holding a filled BES stream.
@@ -199,6 +201,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.commitsScenario(ctx, name, rep)
 	case scKafkaExport:
 		err = b.kafkaScenario(ctx, rep)
+	case scEdgeRedaction:
+		err = b.redactionScenario(ctx, rep)
 	}
 	if err != nil {
 		rep.Error = err.Error()
@@ -297,6 +301,7 @@ func (b *bench) startEdge(ctx context.Context, dir, natsURL string) (*edge, erro
 	} else {
 		env = append(env, "MILLRACE_NATS_URL="+natsURL)
 	}
+	env = append(env, b.edgeEnv...)
 	p, err := startProc("edge", b.cfg.bin, []string{"serve", "bes"}, env, filepath.Join(dir, "edge.log"))
 	if err != nil {
 		return nil, err

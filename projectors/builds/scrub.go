@@ -1,0 +1,292 @@
+package builds
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Scrubber redacts secrets from text; *redact.Redactor (services/bes/redact)
+// is the one the BES edge applies to events before storing them. It must
+// return its input unchanged when there is nothing to redact.
+type Scrubber interface {
+	Text(s string) string
+}
+
+// ScrubOptions select and pace a scrub.
+type ScrubOptions struct {
+	// Project limits the scrub to one project's builds; empty: all.
+	Project string
+	// DryRun counts what would change and changes nothing.
+	DryRun bool
+	// Batch is how many invocations are scrubbed per transaction. Default 500.
+	Batch int
+	// Progress, when set, is called after each batch with the totals so far.
+	Progress func(ScrubStats)
+}
+
+// ScrubStats counts what a scrub looked at and what it changed (or, in a
+// dry run, would change).
+type ScrubStats struct {
+	Invocations        int64 `json:"invocations"`
+	InvocationsChanged int64 `json:"invocations_changed"`
+	TargetsChanged     int64 `json:"targets_changed"`
+	OutputsChanged     int64 `json:"outputs_changed"` // build_output and build_output_chunks rows
+}
+
+// Scrub applies s to every projected column that holds text from Bazel's
+// events (invocations: command, patterns, user, host, workspace; targets:
+// kind, failure reason, tags; console output, decompressed and compressed
+// again), for rows projected before the edge redacted events. New events
+// are redacted at the edge, so the projector never writes a secret back;
+// Scrub is idempotent and safe to run while the projector runs (each batch
+// locks the rows it rewrites). Rows change only where s changes them.
+func Scrub(ctx context.Context, pool *pgxpool.Pool, s Scrubber, opts ScrubOptions) (ScrubStats, error) {
+	if opts.Batch <= 0 {
+		opts.Batch = 500
+	}
+	var st ScrubStats
+	var after invKey
+	for {
+		var ids []invKey
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			var err error
+			ids, err = scrubBatch(ctx, tx, s, opts, after, &st)
+			if err == nil && opts.DryRun {
+				return errDryRun
+			}
+			return err
+		})
+		if err != nil && err != errDryRun {
+			return st, fmt.Errorf("builds: scrub after invocation %q of project %q: %w", after.id, after.project, err)
+		}
+		if opts.Progress != nil {
+			opts.Progress(st)
+		}
+		if len(ids) < opts.Batch {
+			return st, nil
+		}
+		after = ids[len(ids)-1]
+	}
+}
+
+// errDryRun rolls a dry run's transaction back.
+var errDryRun = fmt.Errorf("dry run")
+
+func scrubBatch(ctx context.Context, tx pgx.Tx, s Scrubber, opts ScrubOptions, after invKey, st *ScrubStats) ([]invKey, error) {
+	type inv struct {
+		key                            invKey
+		command, user, host, workspace *string
+		patterns                       []string
+	}
+	var invs []inv
+	rows, err := tx.Query(ctx, `
+select id, project, command, patterns, user_name, host, workspace_dir from invocations
+where (id, project) > ($1, $2) and ($3 = '' or project = $3)
+order by id, project limit $4
+for update`, after.id, after.project, opts.Project, opts.Batch)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var v inv
+		if err := rows.Scan(&v.key.id, &v.key.project, &v.command, &v.patterns, &v.user, &v.host, &v.workspace); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		invs = append(invs, v)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	ids := make([]invKey, len(invs))
+	for i, v := range invs {
+		ids[i] = v.key
+		st.Invocations++
+		changed := false
+		for _, p := range []**string{&v.command, &v.user, &v.host, &v.workspace} {
+			if *p != nil {
+				if n := s.Text(**p); n != **p {
+					*p, changed = &n, true
+				}
+			}
+		}
+		patterns := slices.Clone(v.patterns)
+		for j, p := range patterns {
+			patterns[j] = s.Text(p)
+		}
+		if !slices.Equal(patterns, v.patterns) {
+			changed = true
+		}
+		if !changed {
+			continue
+		}
+		st.InvocationsChanged++
+		if _, err := tx.Exec(ctx, `update invocations set command = $3, patterns = $4, user_name = $5, host = $6, workspace_dir = $7 where id = $1 and project = $2`,
+			v.key.id, v.key.project, v.command, patterns, v.user, v.host, v.workspace); err != nil {
+			return nil, err
+		}
+	}
+	if len(ids) == 0 {
+		return ids, nil
+	}
+	if err := scrubTargets(ctx, tx, s, ids, st); err != nil {
+		return nil, err
+	}
+	for _, t := range []struct{ table, key string }{{"build_output", "invocation_id"}, {"build_output_chunks", "invocation_id, first_seq"}} {
+		if err := scrubOutput(ctx, tx, s, ids, t.table, st); err != nil {
+			return nil, err
+		}
+	}
+	return ids, nil
+}
+
+// keyArrays splits build keys into the id and project arrays the
+// statements below join on.
+func keyArrays(keys []invKey) (ids, projects []string) {
+	ids, projects = make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		ids[i], projects[i] = k.id, k.project
+	}
+	return ids, projects
+}
+
+const scrubKeys = `(invocation_id, project) in (select * from unnest($1::text[], $2::text[]))`
+
+func scrubTargets(ctx context.Context, tx pgx.Tx, s Scrubber, keys []invKey, st *ScrubStats) error {
+	ids, projects := keyArrays(keys)
+	rows, err := tx.Query(ctx, `select invocation_id, project, label, kind, failure_reason, tags from targets where `+scrubKeys+` for update`, ids, projects)
+	if err != nil {
+		return err
+	}
+	type target struct {
+		inv, project string
+		label        string
+		kind, reason *string
+		tags         []string
+	}
+	var changed []target
+	for rows.Next() {
+		var t target
+		if err := rows.Scan(&t.inv, &t.project, &t.label, &t.kind, &t.reason, &t.tags); err != nil {
+			rows.Close()
+			return err
+		}
+		ch := false
+		for _, p := range []**string{&t.kind, &t.reason} {
+			if *p != nil {
+				if n := s.Text(**p); n != **p {
+					*p, ch = &n, true
+				}
+			}
+		}
+		if t.tags != nil {
+			tags := slices.Clone(t.tags)
+			for j := range tags {
+				tags[j] = s.Text(tags[j])
+			}
+			if !slices.Equal(tags, t.tags) {
+				t.tags, ch = tags, true
+			}
+		}
+		if ch {
+			changed = append(changed, t)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, t := range changed {
+		if _, err := tx.Exec(ctx, `update targets set kind = $4, failure_reason = $5, tags = $6 where invocation_id = $1 and project = $2 and label = $3`,
+			t.inv, t.project, t.label, t.kind, t.reason, t.tags); err != nil {
+			return err
+		}
+		st.TargetsChanged++
+	}
+	return nil
+}
+
+// scrubOutput redacts console output, one stored frame at a time. A
+// scratch chunk of a running build is redacted on its own: a secret split
+// across two chunks' boundary is not recognised (the build's final
+// build_output row, one frame, is).
+func scrubOutput(ctx context.Context, tx pgx.Tx, s Scrubber, keys []invKey, table string, st *ScrubStats) error {
+	canonical := table == "build_output"
+	seqCol := "0::bigint"
+	if !canonical {
+		seqCol = "first_seq"
+	}
+	ids, projects := keyArrays(keys)
+	rows, err := tx.Query(ctx, `select invocation_id, project, `+seqCol+`, stdout, stderr from `+table+` where `+scrubKeys+` for update`, ids, projects)
+	if err != nil {
+		return err
+	}
+	type out struct {
+		inv    string
+		proj   string
+		seq    int64
+		o, e   []byte
+		on, en int // new uncompressed sizes; 0: unchanged
+	}
+	var changed []out
+	var dec decompressor
+	for rows.Next() {
+		var r out
+		if err := rows.Scan(&r.inv, &r.proj, &r.seq, &r.o, &r.e); err != nil {
+			rows.Close()
+			return err
+		}
+		ch := false
+		for _, p := range []*[]byte{&r.o, &r.e} {
+			plain, err := dec.appendTo(nil, *p)
+			if err != nil {
+				rows.Close()
+				return fmt.Errorf("%s of %s: %w", table, r.inv, err)
+			}
+			red := s.Text(string(plain))
+			if red == string(plain) {
+				continue
+			}
+			ch = true
+			if canonical {
+				*p = compress([]byte(red))
+			} else {
+				*p = compressChunk([]byte(red))
+			}
+			if p == &r.o {
+				r.on = len(red)
+			} else {
+				r.en = len(red)
+			}
+
+		}
+		if ch {
+			changed = append(changed, r)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	for _, r := range changed {
+		var err error
+		if canonical {
+			_, err = tx.Exec(ctx, `update build_output set stdout = $2, stderr = $3,
+    stdout_bytes = case when $4 > 0 then $4 else stdout_bytes end,
+    stderr_bytes = case when $5 > 0 then $5 else stderr_bytes end
+where invocation_id = $1 and project = $6`, r.inv, r.o, r.e, r.on, r.en, r.proj)
+		} else {
+			_, err = tx.Exec(ctx, `update build_output_chunks set stdout = $3, stderr = $4 where invocation_id = $1 and first_seq = $2 and project = $5`, r.inv, r.seq, r.o, r.e, r.proj)
+		}
+		if err != nil {
+			return err
+		}
+		st.OutputsChanged++
+	}
+	return nil
+}
