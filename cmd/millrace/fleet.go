@@ -41,6 +41,10 @@ type fleetOptions struct {
 	maxSessions, handshakeRate, hellos    int
 	heartbeat, flush, bindWindow, certTTL time.Duration
 	resumption                            bool
+	joinRatePerClient, joinBurstPerClient int
+	joinRate                              int
+	tlsHandshakeTimeout                   time.Duration
+	denyList                              string
 }
 
 func (o *fleetOptions) register(fs *flag.FlagSet) {
@@ -55,13 +59,18 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	envString(fs, &o.joinTokens, "fleet-join-tokens", "MILLRACE_FLEET_JOIN_TOKENS", "", "join tokens as pool=token,pool=token (a node exchanges one for a certificate)")
 	envString(fs, &o.joinTokensFile, "fleet-join-tokens-file", "MILLRACE_FLEET_JOIN_TOKENS_FILE", "", "file of pool=token lines (added to --fleet-join-tokens)")
 	envInt(fs, &o.maxSessions, "fleet-max-sessions", "MILLRACE_FLEET_MAX_SESSIONS", fleet.DefaultMaxSessions, "most node sessions this gateway holds; more are refused with a retry-after")
-	envInt(fs, &o.handshakeRate, "fleet-handshake-rate", "MILLRACE_FLEET_HANDSHAKE_RATE", fleet.DefaultHandshakeRate, "new sessions and joins accepted per second (token bucket, burst the same)")
+	envInt(fs, &o.handshakeRate, "fleet-handshake-rate", "MILLRACE_FLEET_HANDSHAKE_RATE", fleet.DefaultHandshakeRate, "new sessions accepted per second (token bucket, burst the same); Joins have their own limits")
 	envInt(fs, &o.hellos, "fleet-max-hellos-in-flight", "MILLRACE_FLEET_MAX_HELLOS_IN_FLIGHT", fleet.DefaultMaxHellosInFlight, "Hellos being checked and stored at once")
 	envDuration(fs, &o.heartbeat, "fleet-heartbeat-interval", "MILLRACE_FLEET_HEARTBEAT_INTERVAL", fleet.DefaultHeartbeatInterval, "how often nodes send a heartbeat (told in Welcome)")
 	envDuration(fs, &o.flush, "fleet-flush-interval", "MILLRACE_FLEET_FLUSH_INTERVAL", fleet.DefaultFlushInterval, "how often heartbeat ages are published, one batch per pool")
 	envDuration(fs, &o.bindWindow, "fleet-bind-window", "MILLRACE_FLEET_BIND_WINDOW", fleet.DefaultBindWindow, "how long a gateway keeps binds for nodes not connected to it")
 	envBool(fs, &o.resumption, "fleet-tls-resumption", "MILLRACE_FLEET_TLS_RESUMPTION", true, "TLS session tickets (keys derived from the CA key, shared by every gateway of the fleet) so that re-homing nodes resume rather than redo a full handshake")
 	envDuration(fs, &o.certTTL, "fleet-node-cert-validity", "MILLRACE_FLEET_NODE_CERT_VALIDITY", fleet.DefaultNodeCertValidity, "validity of node certificates issued by Join")
+	envInt(fs, &o.joinRatePerClient, "fleet-join-rate-per-client", "MILLRACE_FLEET_JOIN_RATE_PER_CLIENT", fleet.DefaultJoinRatePerClient, "Joins per second from one client address (an IPv6 client's /64); apart from session handshakes, so a Join flood never refuses reconnecting nodes")
+	envInt(fs, &o.joinBurstPerClient, "fleet-join-burst-per-client", "MILLRACE_FLEET_JOIN_BURST_PER_CLIENT", fleet.DefaultJoinBurstPerClient, "Joins one client address may make at once (token bucket burst)")
+	envInt(fs, &o.joinRate, "fleet-join-rate", "MILLRACE_FLEET_JOIN_RATE", fleet.DefaultJoinRate, "Joins per second from all clients together (burst twice this)")
+	envDuration(fs, &o.tlsHandshakeTimeout, "fleet-tls-handshake-timeout", "MILLRACE_FLEET_TLS_HANDSHAKE_TIMEOUT", fleet.DefaultTLSHandshakeTimeout, "a connection's TLS handshake must finish this soon after it starts (a client that opens TCP and says nothing is dropped then)")
+	envString(fs, &o.denyList, "fleet-deny-list", "MILLRACE_FLEET_DENY_LIST", "", "file of revoked node certificate serials (hex) and node identities (pool/node), one per line, # comments; reloaded when it changes (checked every second): revoked sessions are closed and refused")
 }
 
 // config loads the CA and TLS material. devSecrets, when not empty, is the
@@ -124,19 +133,25 @@ func (o *fleetOptions) config(devSecrets string, log *slog.Logger) (fleet.Config
 		id = host + "-" + port
 	}
 	return fleet.Config{
-		GatewayID:         id,
-		CA:                ca,
-		TLS:               tc,
-		JoinTokens:        tokens,
-		NodeCertValidity:  o.certTTL,
-		MaxSessions:       o.maxSessions,
-		HandshakeRate:     float64(o.handshakeRate),
-		HandshakeBurst:    o.handshakeRate,
-		MaxHellosInFlight: o.hellos,
-		HeartbeatInterval: o.heartbeat,
-		FlushInterval:     o.flush,
-		BindWindow:        o.bindWindow,
-		DisableResumption: !o.resumption,
+		GatewayID:           id,
+		CA:                  ca,
+		TLS:                 tc,
+		JoinTokens:          tokens,
+		NodeCertValidity:    o.certTTL,
+		MaxSessions:         o.maxSessions,
+		HandshakeRate:       float64(o.handshakeRate),
+		HandshakeBurst:      o.handshakeRate,
+		MaxHellosInFlight:   o.hellos,
+		HeartbeatInterval:   o.heartbeat,
+		FlushInterval:       o.flush,
+		BindWindow:          o.bindWindow,
+		DisableResumption:   !o.resumption,
+		JoinRatePerClient:   float64(o.joinRatePerClient),
+		JoinBurstPerClient:  o.joinBurstPerClient,
+		JoinRate:            float64(o.joinRate),
+		JoinBurst:           2 * o.joinRate,
+		TLSHandshakeTimeout: o.tlsHandshakeTimeout,
+		DenyListFile:        o.denyList,
 	}, nil
 }
 
