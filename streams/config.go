@@ -3,6 +3,7 @@ package streams
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"time"
 )
 
@@ -11,6 +12,22 @@ import (
 type Config struct {
 	// URL of an external NATS cluster. Empty: run an embedded server.
 	URL string
+	// Auth is how to authenticate to URL (credentials, nkey, TLS). Unused
+	// for the embedded server, which admits only its own identities.
+	Auth ClientAuth
+	// AuthDir holds the embedded server's identities (auth.go): the
+	// service's and the reader's nkey seeds, made on first start. Default
+	// DataDir/auth.
+	AuthDir string
+	// ServiceConsumers names the durable consumers millrace's services
+	// use; the embedded server's reader may make and read consumers of its
+	// own but none of these (auth.go).
+	ServiceConsumers []string
+	// Anonymous lets the embedded server admit anyone, with every
+	// permission, and makes no identities: for benchmark harnesses that
+	// run the server as a process of its own (loadtest/cmd/natsd) on
+	// loopback, never for a server that holds data anyone relies on.
+	Anonymous bool
 	// DataDir holds the embedded server's file store. Default ./var/nats.
 	DataDir string
 	// Listen is the embedded server's client address. Default 127.0.0.1:4223
@@ -67,6 +84,9 @@ func (c Config) WithDefaults() Config {
 	if c.DataDir == "" {
 		c.DataDir = DefaultDataDir
 	}
+	if c.AuthDir == "" {
+		c.AuthDir = filepath.Join(c.DataDir, "auth")
+	}
 	if c.Listen == "" {
 		c.Listen = DefaultListen
 	}
@@ -109,6 +129,13 @@ func (c Config) Validate() error {
 	}
 	if c.DuplicateWindow < 10*time.Second {
 		errs = append(errs, fmt.Errorf("duplicate window %s is shorter than a client's retries", c.DuplicateWindow))
+	}
+	if c.URL != "" {
+		if err := c.Auth.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	} else if c.Auth != (ClientAuth{}) {
+		errs = append(errs, errors.New("nats credentials and TLS options are for an external cluster (--nats-url); the embedded server uses its own identities"))
 	}
 	if c.SyncInterval < 0 || c.BESMaxAge < 0 || c.DeadMaxAge < 0 ||
 		c.FleetNodesMaxAge < 0 || c.FleetResvMaxAge < 0 || c.FleetPlaceMaxAge < 0 {

@@ -59,16 +59,28 @@ func (p *Publisher) PublishAsync(msg *nats.Msg) (*Future, error) {
 // Wait blocks until JetStream stored the message (or refused it) and
 // reports whether it was a duplicate of one stored before.
 func (f *Future) Wait(ctx context.Context) (duplicate bool, err error) {
+	ack, err := f.WaitAck(ctx)
+	if err != nil {
+		return false, err
+	}
+	return ack.Duplicate, nil
+}
+
+// WaitAck is Wait with JetStream's acknowledgement. For a duplicate, its
+// Sequence is that of the message stored first under the same Nats-Msg-Id:
+// a caller whose resend may differ from the first (a reused request id)
+// reads that message to see what was stored.
+func (f *Future) WaitAck(ctx context.Context) (*jetstream.PubAck, error) {
 	subject := f.f.Msg().Subject
 	select {
 	case ack := <-f.f.Ok():
 		f.p.m.published(subject, outcome(ack.Duplicate), time.Since(f.start))
-		return ack.Duplicate, nil
+		return ack, nil
 	case err := <-f.f.Err():
 		f.p.m.published(subject, "error", time.Since(f.start))
-		return false, fmt.Errorf("%w: store %s: %v", ErrBackbone, subject, err)
+		return nil, fmt.Errorf("%w: store %s: %v", ErrBackbone, subject, err)
 	case <-ctx.Done():
-		return false, ctx.Err()
+		return nil, ctx.Err()
 	}
 }
 
@@ -81,10 +93,15 @@ func outcome(dup bool) string {
 
 // Publish sends msg and waits until it is stored.
 func (p *Publisher) Publish(ctx context.Context, msg *nats.Msg) error {
+	_, err := p.PublishAck(ctx, msg)
+	return err
+}
+
+// PublishAck is Publish with JetStream's acknowledgement (see WaitAck).
+func (p *Publisher) PublishAck(ctx context.Context, msg *nats.Msg) (*jetstream.PubAck, error) {
 	f, err := p.PublishAsync(msg)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	_, err = f.Wait(ctx)
-	return err
+	return f.WaitAck(ctx)
 }

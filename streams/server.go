@@ -15,23 +15,45 @@ import (
 )
 
 // StartEmbedded runs a JetStream server in this process with its file store
-// under c.DataDir. It returns once the server accepts connections.
-func StartEmbedded(c Config) (*server.Server, error) {
+// under c.DataDir, admitting only the identities in c.AuthDir (auth.go;
+// made on first start). It returns once the server accepts connections,
+// and the seed file the service identity connects with.
+func StartEmbedded(c Config) (*server.Server, string, error) {
+	ns, ids, err := startEmbedded(c)
+	if err != nil {
+		return nil, "", err
+	}
+	return ns, ids.service.seedFile, nil
+}
+
+type embeddedIDs struct{ service, reader identity }
+
+func startEmbedded(c Config) (*server.Server, embeddedIDs, error) {
 	c = c.WithDefaults()
+	var ids embeddedIDs
+	var err error
+	if !c.Anonymous {
+		if ids.service, err = loadOrCreateIdentity(c.AuthDir, ServiceSeedFile); err != nil {
+			return nil, ids, fmt.Errorf("embedded nats identities: %w", err)
+		}
+		if ids.reader, err = loadOrCreateIdentity(c.AuthDir, ReaderSeedFile); err != nil {
+			return nil, ids, fmt.Errorf("embedded nats identities: %w", err)
+		}
+	}
 	host, portStr, err := net.SplitHostPort(c.Listen)
 	if err != nil {
-		return nil, fmt.Errorf("nats listen address %q: %w", c.Listen, err)
+		return nil, ids, fmt.Errorf("nats listen address %q: %w", c.Listen, err)
 	}
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
-		return nil, fmt.Errorf("nats listen port %q: %w", portStr, err)
+		return nil, ids, fmt.Errorf("nats listen port %q: %w", portStr, err)
 	}
 	if port == 0 {
 		port = server.RANDOM_PORT
 	}
 	dir, err := filepath.Abs(c.DataDir)
 	if err != nil {
-		return nil, err
+		return nil, ids, err
 	}
 	opts := &server.Options{
 		ServerName:   "millrace-embedded",
@@ -44,32 +66,41 @@ func StartEmbedded(c Config) (*server.Server, error) {
 		MaxPayload:   c.MaxPayload,
 		NoSigs:       true,
 		NoLog:        true,
+		// No anonymous connections: the service identity publishes, the
+		// reader only looks (auth.go).
+	}
+	if !c.Anonymous {
+		opts.Nkeys = []*server.NkeyUser{
+			{Nkey: ids.service.public},
+			{Nkey: ids.reader.public, Permissions: readerPermissions(c)},
+		}
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
-		return nil, fmt.Errorf("embedded nats: %w", err)
+		return nil, ids, fmt.Errorf("embedded nats: %w", err)
 	}
 	ns.Start()
 	if !ns.ReadyForConnections(30 * time.Second) {
 		ns.Shutdown()
-		return nil, fmt.Errorf("embedded nats did not start listening on %s (is the port taken?)", c.Listen)
+		return nil, ids, fmt.Errorf("embedded nats did not start listening on %s (is the port taken?)", c.Listen)
 	}
-	return ns, nil
+	return ns, ids, nil
 }
 
 // Connect dials url with reconnects that never give up: a projector or an
-// edge outlives a restart of the backbone.
-func Connect(url, name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(url,
+// edge outlives a restart of the backbone. extra carries authentication
+// (ClientAuth.Options).
+func Connect(url, name string, extra ...nats.Option) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, append([]nats.Option{
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
+		nats.ReconnectWait(250 * time.Millisecond),
 		nats.RetryOnFailedConnect(false),
 		// No reconnect buffer: a publish while disconnected fails at once
 		// instead of being stored later, after events published behind it,
 		// which would break the order of an invocation's events.
 		nats.ReconnectBufSize(-1),
-	)
+	}, extra...)...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to nats at %s: %w", url, err)
 	}
@@ -78,12 +109,18 @@ func Connect(url, name string) (*nats.Conn, error) {
 
 // Backbone is a connection to JetStream with the streams applied.
 type Backbone struct {
-	Conn      *nats.Conn
-	JS        jetstream.JetStream
-	URL       string
-	server    *server.Server
-	publisher *Publisher
-	closeOnce sync.Once
+	Conn *nats.Conn
+	JS   jetstream.JetStream
+	URL  string
+	// ReaderSeedFile is the embedded server's read-only identity (the
+	// `nats` CLI's --nkey); empty for an external cluster.
+	ReaderSeedFile string
+	// ServiceSeedFile is the embedded server's service identity, for
+	// other millrace processes on this host (--nats-nkey).
+	ServiceSeedFile string
+	server          *server.Server
+	publisher       *Publisher
+	closeOnce       sync.Once
 }
 
 // Open starts the embedded server when c.URL is empty (or connects to
@@ -94,15 +131,25 @@ func Open(ctx context.Context, c Config, name string, m *Metrics) (*Backbone, er
 		return nil, err
 	}
 	b := &Backbone{URL: c.URL}
+	auth := c.Auth
 	if c.URL == "" {
-		ns, err := StartEmbedded(c)
+		ns, ids, err := startEmbedded(c)
 		if err != nil {
 			return nil, err
 		}
 		b.server = ns
 		b.URL = ns.ClientURL()
+		b.ServiceSeedFile, b.ReaderSeedFile = ids.service.seedFile, ids.reader.seedFile
+		if !c.Anonymous {
+			auth = ClientAuth{NKeySeedFile: ids.service.seedFile}
+		}
 	}
-	nc, err := Connect(b.URL, name)
+	opts, err := auth.Options()
+	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	nc, err := Connect(b.URL, name, opts...)
 	if err != nil {
 		b.Close()
 		return nil, err

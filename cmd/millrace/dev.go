@@ -31,7 +31,10 @@ Point Bazel at it with: bazel build --bes_backend=grpc://127.0.0.1:1985 //...
 Without configured secrets, dev makes a CA in --fleet-ca-dir (var/fleet/ca)
 and, beside it, a join token for pool "default" (var/fleet/join-tokens) and a
 reservation API key for owner "dev" (var/fleet/api-keys) and a commits API key
-for every world (var/fleet/commits-api-keys).`,
+for every world (var/fleet/commits-api-keys). The embedded NATS server admits
+only two nkey identities it makes in --nats-dir/auth: service.nk (millrace's
+processes; pass it as --nats-nkey to a process on dev's backbone) and
+reader.nk (read-only: nats --nkey var/nats/auth/reader.nk stream ls).`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var o devOptions
 			o.register(fs)
@@ -102,6 +105,10 @@ func runDev(ctx context.Context, o devOptions) error {
 		return err
 	}
 	defer bb.Close()
+	if bb.ReaderSeedFile != "" {
+		log.Info("embedded NATS admits only its identities: read with nats --server "+bb.URL+" --nkey "+bb.ReaderSeedFile,
+			"reader", bb.ReaderSeedFile, "service", bb.ServiceSeedFile)
+	}
 	edge, err := startBES(ctx, o.bes, bb, t, log)
 	if err != nil {
 		return err

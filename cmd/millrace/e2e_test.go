@@ -75,7 +75,10 @@ type devProcess struct {
 	args    []string
 	env     []string
 	natsURL string
-	besAddr string
+	// natsNKey is the service identity of dev's embedded server, for
+	// other processes on its backbone.
+	natsNKey string
+	besAddr  string
 	// The fleet gateway's, the reservations API's and the commits API's
 	// addresses, and the directory of the fleet CA and the development
 	// secrets.
@@ -109,6 +112,7 @@ func newDev(t *testing.T, databaseURL string) *devProcess {
 	d := &devProcess{t: t, args: []string{"dev"}, besAddr: freePort(t), fleetAddr: freePort(t), resvAddr: freePort(t), commitsAddr: freePort(t), fleetDir: filepath.Join(dir, "fleet")}
 	natsAddr := freePort(t)
 	d.natsURL = "nats://" + natsAddr
+	d.natsNKey = filepath.Join(dir, "nats", "auth", "service.nk")
 	d.env = append(os.Environ(),
 		"DATABASE_URL="+databaseURL,
 		"MILLRACE_NATS_DIR="+filepath.Join(dir, "nats"),
@@ -563,7 +567,7 @@ func TestProjectorKilledMidBatch(t *testing.T) {
 	proj := newDev(t, db)
 	proj.besAddr = ""
 	proj.args = []string{"project", "builds"}
-	proj.env = append(proj.env, "MILLRACE_NATS_URL="+edge.natsURL, "MILLRACE_BUILDS_BATCH=7", "MILLRACE_BUILDS_MAX_WAIT=10ms")
+	proj.env = append(proj.env, "MILLRACE_NATS_URL="+edge.natsURL, "MILLRACE_NATS_NKEY="+edge.natsNKey, "MILLRACE_BUILDS_BATCH=7", "MILLRACE_BUILDS_MAX_WAIT=10ms")
 	proj.start()
 
 	run := newBazelRun(t, 60, edge.besAddr)

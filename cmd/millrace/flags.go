@@ -11,6 +11,9 @@ import (
 	"strings"
 	"time"
 
+	buildsproj "github.com/millrace/millrace/projectors/builds"
+	fleetproj "github.com/millrace/millrace/projectors/fleet"
+	"github.com/millrace/millrace/projectors/placer"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/bes/redact"
 	"github.com/millrace/millrace/streams"
@@ -117,6 +120,8 @@ func (o *logOptions) logger() (*slog.Logger, error) {
 // natsOptions say where the backbone is.
 type natsOptions struct {
 	url, dir, listen, sync string
+	creds, nkey            string
+	tlsCA, tlsCert, tlsKey string
 	replicas               int
 	retentionDays          int
 	dupWindow              time.Duration
@@ -132,6 +137,11 @@ func (o *natsOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.retentionDays, "retention-raw-days", "RETENTION_RAW_DAYS", 30, "days the BES stream keeps raw build events")
 	envDuration(fs, &o.dupWindow, "nats-duplicate-window", "MILLRACE_NATS_DUPLICATE_WINDOW", streams.DefaultDuplicateWindow, "how long a resent event is recognised as a duplicate")
 	envInt(fs, &o.maxPayload, "nats-max-payload", "MILLRACE_NATS_MAX_PAYLOAD", streams.DefaultMaxPayload, "embedded server: largest message in bytes")
+	envString(fs, &o.creds, "nats-creds", "MILLRACE_NATS_CREDS", "", "--nats-url: NATS credentials file (user JWT and seed, as nsc makes them)")
+	envString(fs, &o.nkey, "nats-nkey", "MILLRACE_NATS_NKEY", "", "--nats-url: file holding a user nkey seed (SU...); for dev's embedded server from another process: <nats-dir>/auth/service.nk")
+	envString(fs, &o.tlsCA, "nats-tls-ca", "MILLRACE_NATS_TLS_CA", "", "--nats-url: PEM CA bundle the servers' certificates must chain to (turns TLS on)")
+	envString(fs, &o.tlsCert, "nats-tls-cert", "MILLRACE_NATS_TLS_CERT", "", "--nats-url: PEM client certificate for mutual TLS (with --nats-tls-key)")
+	envString(fs, &o.tlsKey, "nats-tls-key", "MILLRACE_NATS_TLS_KEY", "", "--nats-url: PEM private key of --nats-tls-cert")
 }
 
 // open checks the options and opens the backbone (starting the embedded
@@ -154,6 +164,9 @@ func (o *natsOptions) config() (streams.Config, error) {
 		BESMaxAge:       time.Duration(o.retentionDays) * 24 * time.Hour,
 		DuplicateWindow: o.dupWindow,
 		MaxPayload:      int32(o.maxPayload),
+		Auth: streams.ClientAuth{CredsFile: o.creds, NKeySeedFile: o.nkey,
+			TLSCA: o.tlsCA, TLSCert: o.tlsCert, TLSKey: o.tlsKey},
+		ServiceConsumers: serviceConsumers(),
 	}
 	if o.sync == "always" {
 		c.SyncAlways = true
@@ -320,4 +333,18 @@ func splitNonEmpty(s string) []string {
 		}
 	}
 	return out
+}
+
+// serviceConsumers are the durable consumers millrace's processes use; the
+// embedded server's reader identity may not touch them (streams/auth.go).
+func serviceConsumers() []string {
+	names := []string{buildsproj.ConsumerName, fleetproj.ConsumerName,
+		placer.ConsumerName, placer.RequestsConsumer, placer.DecisionsConsumer, "compactor"}
+	if d := os.Getenv("MILLRACE_COMPACTOR_DURABLE"); d != "" && d != "compactor" {
+		names = append(names, d)
+	}
+	for _, s := range streams.StreamSpecs(streams.Config{}) {
+		names = append(names, "export-kafka-"+strings.ToLower(s.Name))
+	}
+	return names
 }

@@ -44,6 +44,10 @@ type fleetOptions struct {
 	resumption                            bool
 	// Per-session bounds.
 	reportRate, reportBurst, maxHeld, queueShare int
+	joinRatePerClient, joinBurstPerClient        int
+	joinRate                                     int
+	tlsHandshakeTimeout                          time.Duration
+	denyList                                     string
 }
 
 func (o *fleetOptions) register(fs *flag.FlagSet) {
@@ -58,7 +62,7 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	envString(fs, &o.joinTokens, "fleet-join-tokens", "MILLRACE_FLEET_JOIN_TOKENS", "", "join tokens as pool=token,pool=token (a node exchanges one for a certificate)")
 	envString(fs, &o.joinTokensFile, "fleet-join-tokens-file", "MILLRACE_FLEET_JOIN_TOKENS_FILE", "", "file of pool=token lines (added to --fleet-join-tokens)")
 	envInt(fs, &o.maxSessions, "fleet-max-sessions", "MILLRACE_FLEET_MAX_SESSIONS", fleet.DefaultMaxSessions, "most node sessions this gateway holds; more are refused with a retry-after")
-	envInt(fs, &o.handshakeRate, "fleet-handshake-rate", "MILLRACE_FLEET_HANDSHAKE_RATE", fleet.DefaultHandshakeRate, "new sessions and joins accepted per second (token bucket, burst the same)")
+	envInt(fs, &o.handshakeRate, "fleet-handshake-rate", "MILLRACE_FLEET_HANDSHAKE_RATE", fleet.DefaultHandshakeRate, "new sessions accepted per second (token bucket, burst the same); Joins have their own limits")
 	envInt(fs, &o.hellos, "fleet-max-hellos-in-flight", "MILLRACE_FLEET_MAX_HELLOS_IN_FLIGHT", fleet.DefaultMaxHellosInFlight, "Hellos being checked and stored at once")
 	envDuration(fs, &o.heartbeat, "fleet-heartbeat-interval", "MILLRACE_FLEET_HEARTBEAT_INTERVAL", fleet.DefaultHeartbeatInterval, "how often nodes send a heartbeat (told in Welcome)")
 	envDuration(fs, &o.flush, "fleet-flush-interval", "MILLRACE_FLEET_FLUSH_INTERVAL", fleet.DefaultFlushInterval, "how often heartbeat ages are published, one batch per pool")
@@ -69,6 +73,11 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.reportBurst, "fleet-report-burst", "MILLRACE_FLEET_REPORT_BURST", fleet.DefaultReportBurst, "burst of --fleet-report-rate (a reconnect answering every pending bind at once must fit)")
 	envInt(fs, &o.maxHeld, "fleet-max-held-allocations", "MILLRACE_FLEET_MAX_HELD_ALLOCATIONS", fleet.DefaultMaxHeld, "allocations one node session may hold (Hello list and BOUND reports); bounds its Connected and resync events")
 	envInt(fs, &o.queueShare, "fleet-session-queue-share", "MILLRACE_FLEET_SESSION_QUEUE_SHARE", fleet.DefaultSessionQueueShare, "events of one node session that may wait in the gateway's shared publish queue at once")
+	envInt(fs, &o.joinRatePerClient, "fleet-join-rate-per-client", "MILLRACE_FLEET_JOIN_RATE_PER_CLIENT", fleet.DefaultJoinRatePerClient, "Joins per second from one client address (an IPv6 client's /64); apart from session handshakes, so a Join flood never refuses reconnecting nodes")
+	envInt(fs, &o.joinBurstPerClient, "fleet-join-burst-per-client", "MILLRACE_FLEET_JOIN_BURST_PER_CLIENT", fleet.DefaultJoinBurstPerClient, "Joins one client address may make at once (token bucket burst)")
+	envInt(fs, &o.joinRate, "fleet-join-rate", "MILLRACE_FLEET_JOIN_RATE", fleet.DefaultJoinRate, "Joins per second from all clients together (burst twice this)")
+	envDuration(fs, &o.tlsHandshakeTimeout, "fleet-tls-handshake-timeout", "MILLRACE_FLEET_TLS_HANDSHAKE_TIMEOUT", fleet.DefaultTLSHandshakeTimeout, "a connection's TLS handshake must finish this soon after it starts (a client that opens TCP and says nothing is dropped then)")
+	envString(fs, &o.denyList, "fleet-deny-list", "MILLRACE_FLEET_DENY_LIST", "", "file of revoked node certificate serials (hex) and node identities (pool/node), one per line, # comments; reloaded when it changes (checked every second): revoked sessions are closed and refused")
 }
 
 // config loads the CA and TLS material. devSecrets, when not empty, is the
@@ -131,23 +140,29 @@ func (o *fleetOptions) config(devSecrets string, log *slog.Logger) (fleet.Config
 		id = host + "-" + port
 	}
 	return fleet.Config{
-		GatewayID:          id,
-		CA:                 ca,
-		TLS:                tc,
-		JoinTokens:         tokens,
-		NodeCertValidity:   o.certTTL,
-		MaxSessions:        o.maxSessions,
-		HandshakeRate:      float64(o.handshakeRate),
-		HandshakeBurst:     o.handshakeRate,
-		MaxHellosInFlight:  o.hellos,
-		HeartbeatInterval:  o.heartbeat,
-		FlushInterval:      o.flush,
-		BindWindow:         o.bindWindow,
-		DisableResumption:  !o.resumption,
-		ReportRate:         float64(o.reportRate),
-		ReportBurst:        o.reportBurst,
-		MaxHeldAllocations: o.maxHeld,
-		SessionQueueShare:  o.queueShare,
+		GatewayID:           id,
+		CA:                  ca,
+		TLS:                 tc,
+		JoinTokens:          tokens,
+		NodeCertValidity:    o.certTTL,
+		MaxSessions:         o.maxSessions,
+		HandshakeRate:       float64(o.handshakeRate),
+		HandshakeBurst:      o.handshakeRate,
+		MaxHellosInFlight:   o.hellos,
+		HeartbeatInterval:   o.heartbeat,
+		FlushInterval:       o.flush,
+		BindWindow:          o.bindWindow,
+		DisableResumption:   !o.resumption,
+		JoinRatePerClient:   float64(o.joinRatePerClient),
+		JoinBurstPerClient:  o.joinBurstPerClient,
+		JoinRate:            float64(o.joinRate),
+		JoinBurst:           2 * o.joinRate,
+		TLSHandshakeTimeout: o.tlsHandshakeTimeout,
+		DenyListFile:        o.denyList,
+		ReportRate:          float64(o.reportRate),
+		ReportBurst:         o.reportBurst,
+		MaxHeldAllocations:  o.maxHeld,
+		SessionQueueShare:   o.queueShare,
 	}, nil
 }
 

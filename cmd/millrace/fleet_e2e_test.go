@@ -63,6 +63,7 @@ func gateway(t *testing.T, dev *devProcess, id, addr string) *devProcess {
 	g := &devProcess{t: t, args: []string{"serve", "fleet"}, besAddr: addr} // start waits for besAddr
 	g.env = append(os.Environ(),
 		"MILLRACE_NATS_URL="+dev.natsURL,
+		"MILLRACE_NATS_NKEY="+dev.natsNKey,
 		"MILLRACE_FLEET_LISTEN="+addr,
 		"MILLRACE_FLEET_GATEWAY_ID="+id,
 		"MILLRACE_FLEET_CA_DIR="+filepath.Join(dev.fleetDir, "ca"),

@@ -89,7 +89,10 @@ type Config struct {
 	// NATSURL, when set, is where placement decisions are read
 	// (fleet.place.<pool>); DatabaseURL, when set, gives liveness lag,
 	// unreachable marks and double bookings (and placements, without NATS).
-	NATSURL     string
+	NATSURL string
+	// NATSNKey is a user nkey seed file for NATSURL (dev's embedded server
+	// admits only its identities: var/nats/auth/reader.nk reads).
+	NATSNKey    string
 	DatabaseURL string
 	// GatewayPIDs are gateway processes on this machine whose resident
 	// memory is measured (/proc/<pid>/status VmRSS).
@@ -315,6 +318,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	e.Float(&c.ReservationRate, "reservation-rate", "RESERVATION_RATE", 0, "reservations created per second")
 	e.Duration(&c.ReservationHold, "reservation-hold", "RESERVATION_HOLD", DefaultReservationHold, "cancel each reservation this long after creating it (negative: never)")
 	envflag.Env(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS to read placement decisions from (fleet.place.<pool>)")
+	envflag.Env(fs, &c.NATSNKey, "nats-nkey", "MILLRACE_NATS_NKEY", "", "nkey seed file for --nats-url (against millrace dev: var/nats/auth/reader.nk)")
 	envflag.Env(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL of the fleet projections: liveness lag, unreachable marks, double bookings")
 	fs.Func("gateway-pids", "gateway process ids whose memory to measure, comma-separated [$MILLRACE_FLEETSIM_GATEWAY_PIDS]", func(s string) error {
 		p, err := parsePIDs(s)

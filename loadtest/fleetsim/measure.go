@@ -91,7 +91,15 @@ func (m *matcher) matched() uint64 { return m.hist.Count() }
 // plain subscription: the placer's publishes to FLEET_PLACE reach it as
 // they are stored).
 func (s *sim) subscribeDecisions(url string) (*nats.Conn, error) {
-	nc, err := nats.Connect(url, nats.Name("millrace-fleetsim"), nats.MaxReconnects(-1))
+	opts := []nats.Option{nats.Name("millrace-fleetsim"), nats.MaxReconnects(-1)}
+	if s.cfg.NATSNKey != "" {
+		o, err := nats.NkeyOptionFromSeed(s.cfg.NATSNKey)
+		if err != nil {
+			return nil, fmt.Errorf("NATS nkey %s: %w", s.cfg.NATSNKey, err)
+		}
+		opts = append(opts, o)
+	}
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("NATS %s: %w", url, err)
 	}

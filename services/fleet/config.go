@@ -36,11 +36,34 @@ type Config struct {
 	// MaxSessions is the most sessions open (or being opened) at once; more
 	// are refused "sessions_full". Default 20,000.
 	MaxSessions int
-	// HandshakeRate and HandshakeBurst bound new sessions and Joins per
+	// HandshakeRate and HandshakeBurst bound new sessions per
 	// second (token bucket); more are refused "handshake_rate".
 	// Default 1000/s, burst 1000.
 	HandshakeRate  float64
 	HandshakeBurst int
+	// JoinRatePerClient and JoinBurstPerClient bound the Joins of one
+	// client address (an IPv6 client's /64) per second; more are refused
+	// RESOURCE_EXHAUSTED "join_rate". Joins have buckets of their own
+	// (joinlimit.go): a Join flood never refuses session handshakes.
+	// Default 1/s, burst 10.
+	JoinRatePerClient  float64
+	JoinBurstPerClient int
+	// JoinRate and JoinBurst bound all Joins together. Default 100/s,
+	// burst 200.
+	JoinRate  float64
+	JoinBurst int
+	// TLSHandshakeTimeout bounds a connection's TLS handshake, from the
+	// moment it gets a handshake slot: a client that opens TCP and says
+	// nothing (or stalls in its handshake) is dropped then, rather than
+	// holding a slot. Default 5s (or HelloTimeout, if shorter).
+	TLSHandshakeTimeout time.Duration
+	// DenyListFile names a deny list of revoked certificate serials and
+	// node identities (see ParseDenyList), reloaded when it changes.
+	// Empty: nothing is revoked.
+	DenyListFile string
+	// DenyListCheck is how often DenyListFile is checked for a change.
+	// Default 1s.
+	DenyListCheck time.Duration
 	// MaxHellosInFlight bounds Hellos being checked and published at once;
 	// more are refused "hellos_in_flight". Default 256.
 	MaxHellosInFlight int
@@ -115,23 +138,28 @@ type Config struct {
 
 // Defaults.
 const (
-	DefaultMaxSessions       = 20000
-	DefaultHandshakeRate     = 1000
-	DefaultHandshakeBurst    = 1000
-	DefaultMaxHellosInFlight = 256
-	DefaultHelloTimeout      = 10 * time.Second
-	DefaultHeartbeatInterval = 10 * time.Second
-	DefaultFlushInterval     = 5 * time.Second
-	DefaultResyncEvery       = 24 * time.Hour
-	DefaultBindWindow        = 2 * time.Minute
-	DefaultMaxMessageBytes   = 64 << 10
-	DefaultPublishTimeout    = 10 * time.Second
-	DefaultPublishQueue      = 8192
-	DefaultMaxRetryAfter     = 5 * time.Minute
-	DefaultReportRate        = 20
-	DefaultReportBurst       = 256
-	DefaultMaxHeld           = 256
-	DefaultSessionQueueShare = 64
+	DefaultMaxSessions         = 20000
+	DefaultHandshakeRate       = 1000
+	DefaultHandshakeBurst      = 1000
+	DefaultMaxHellosInFlight   = 256
+	DefaultJoinRatePerClient   = 1
+	DefaultJoinBurstPerClient  = 10
+	DefaultJoinRate            = 100
+	DefaultJoinBurst           = 200
+	DefaultTLSHandshakeTimeout = 5 * time.Second
+	DefaultHelloTimeout        = 10 * time.Second
+	DefaultHeartbeatInterval   = 10 * time.Second
+	DefaultFlushInterval       = 5 * time.Second
+	DefaultResyncEvery         = 24 * time.Hour
+	DefaultBindWindow          = 2 * time.Minute
+	DefaultMaxMessageBytes     = 64 << 10
+	DefaultPublishTimeout      = 10 * time.Second
+	DefaultPublishQueue        = 8192
+	DefaultMaxRetryAfter       = 5 * time.Minute
+	DefaultReportRate          = 20
+	DefaultReportBurst         = 256
+	DefaultMaxHeld             = 256
+	DefaultSessionQueueShare   = 64
 )
 
 func (c Config) withDefaults() Config {
@@ -153,11 +181,29 @@ func (c Config) withDefaults() Config {
 	if c.HandshakeBurst == 0 {
 		c.HandshakeBurst = DefaultHandshakeBurst
 	}
+	if c.JoinRatePerClient == 0 {
+		c.JoinRatePerClient = DefaultJoinRatePerClient
+	}
+	if c.JoinBurstPerClient == 0 {
+		c.JoinBurstPerClient = DefaultJoinBurstPerClient
+	}
+	if c.JoinRate == 0 {
+		c.JoinRate = DefaultJoinRate
+	}
+	if c.JoinBurst == 0 {
+		c.JoinBurst = DefaultJoinBurst
+	}
+	if c.DenyListCheck == 0 {
+		c.DenyListCheck = DefaultDenyListCheck
+	}
 	if c.MaxHellosInFlight == 0 {
 		c.MaxHellosInFlight = DefaultMaxHellosInFlight
 	}
 	if c.HelloTimeout == 0 {
 		c.HelloTimeout = DefaultHelloTimeout
+	}
+	if c.TLSHandshakeTimeout == 0 {
+		c.TLSHandshakeTimeout = min(DefaultTLSHandshakeTimeout, c.HelloTimeout)
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = DefaultHeartbeatInterval
@@ -218,11 +264,16 @@ func (c Config) Validate() error {
 		c.MaxHellosInFlight < 0 || c.HelloTimeout < 0 || c.HeartbeatInterval < 0 || c.HeartbeatTimeout < 0 ||
 		c.FlushInterval < 0 || c.ResyncEvery < 0 || c.BindWindow < 0 || c.MaxMessageBytes < 0 ||
 		c.PublishTimeout < 0 || c.PublishQueue < 0 || c.MaxRetryAfter < 0 ||
-		c.ReportRate < 0 || c.ReportBurst < 0 || c.MaxHeldAllocations < 0 || c.SessionQueueShare < 0 {
+		c.ReportRate < 0 || c.ReportBurst < 0 || c.MaxHeldAllocations < 0 || c.SessionQueueShare < 0 ||
+		c.JoinRatePerClient < 0 || c.JoinBurstPerClient < 0 || c.JoinRate < 0 || c.JoinBurst < 0 ||
+		c.TLSHandshakeTimeout < 0 || c.DenyListCheck < 0 {
 		errs = append(errs, errors.New("fleet: limits and durations must not be negative"))
 	}
 	if c.NodeCertValidity > 0 && c.NodeCertValidity < time.Hour {
 		errs = append(errs, fmt.Errorf("fleet: node certificates valid %s would expire before nodes renew them; use an hour or more", c.NodeCertValidity))
+	}
+	if c.TLSHandshakeTimeout > c.HelloTimeout {
+		errs = append(errs, fmt.Errorf("fleet: TLS handshake timeout %s must not exceed the Hello timeout %s (which bounds the whole connection set-up)", c.TLSHandshakeTimeout, c.HelloTimeout))
 	}
 	if c.HeartbeatTimeout <= c.HeartbeatInterval {
 		errs = append(errs, fmt.Errorf("fleet: heartbeat timeout %s must exceed the heartbeat interval %s", c.HeartbeatTimeout, c.HeartbeatInterval))

@@ -46,6 +46,11 @@ type limitedCreds struct {
 	queue   int64
 	wait    time.Duration
 	m       *Metrics
+	// deadline bounds the TLS handshake once it has a slot, and setup is
+	// the connection's whole set-up (gRPC's ConnectionTimeout, which the
+	// handshake's deadline overrides and which is put back after it, for
+	// the HTTP/2 preface that follows). Zero: no deadline of ours.
+	deadline, setup time.Duration
 }
 
 // newLimitedCreds allows handshakesPerCore handshakes per core at once,
@@ -70,6 +75,7 @@ func newLimitedCredsN(inner credentials.TransportCredentials, m *Metrics, slots,
 }
 
 func (c *limitedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	start := time.Now()
 	if c.waiting.Add(1) > c.queue {
 		c.waiting.Add(-1)
 		c.m.handshakeShed.Inc()
@@ -86,7 +92,25 @@ func (c *limitedCreds) ServerHandshake(conn net.Conn) (net.Conn, credentials.Aut
 		return nil, nil, errHandshakeBusy
 	}
 	defer func() { <-c.slots }()
+	if c.deadline > 0 {
+		// A handshake that has a slot must progress: a client that opened
+		// TCP and sends nothing would otherwise hold the slot until
+		// gRPC's connection timeout, and a few hundred such clients would
+		// stop every node from connecting.
+		conn.SetDeadline(time.Now().Add(c.deadline))
+	}
 	out, ai, err := c.TransportCredentials.ServerHandshake(conn)
+	if c.deadline > 0 {
+		if err != nil {
+			if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+				c.m.tlsHandshakes.WithLabelValues("timeout").Inc()
+			}
+		} else if c.setup > 0 {
+			conn.SetDeadline(start.Add(c.setup))
+		} else {
+			conn.SetDeadline(time.Time{})
+		}
+	}
 	if info, ok := ai.(credentials.TLSInfo); ok && err == nil {
 		mode := "full"
 		if info.State.DidResume {

@@ -22,6 +22,9 @@ type Metrics struct {
 	handshakeShed   prometheus.Counter
 	tlsHandshakes   *prometheus.CounterVec
 	reportsRefused  *prometheus.CounterVec
+	revoked         *prometheus.CounterVec
+	denyReloads     *prometheus.CounterVec
+	denyEntries     prometheus.Gauge
 }
 
 // NewMetrics registers the gateway's metrics with reg (nil: unregistered).
@@ -74,7 +77,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		joins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_fleet_joins_total",
-			Help: "Join calls by result (issued, unauthenticated, invalid, rate_limited).",
+			Help: "Join calls by result (issued, unauthenticated, invalid, rate_limited, revoked).",
 		}, []string{"result"}),
 		handshakeShed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "millrace_fleet_tls_handshakes_shed_total",
@@ -82,18 +85,30 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		tlsHandshakes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_fleet_tls_handshakes_total",
-			Help: "TLS handshakes completed, by mode: full, or resumed from a session ticket (a node re-homing from another gateway of the fleet).",
+			Help: "TLS handshakes, by mode: full, or resumed from a session ticket (a node re-homing from another gateway of the fleet), or timeout (dropped at the handshake deadline: a client that said nothing or stalled).",
 		}, []string{"mode"}),
 		reportsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_fleet_reports_refused_total",
 			Help: "Node reports refused, by reason: foreign (an allocation report from a node the allocation is not placed on), rate (over the session's report rate), allocations_full (a BOUND beyond the session's held allocations), queue_share (the session's share of the publish queue stayed full).",
 		}, []string{"reason"}),
+		revoked: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_revoked_total",
+			Help: "Revocations carried out, by action: session_closed (a live session of a revoked certificate), handshake_refused, join_refused.",
+		}, []string{"action"}),
+		denyReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_deny_list_reloads_total",
+			Help: "Deny list file reloads by result: ok, or error (the file did not parse or could not be read; the previous list stays in force).",
+		}, []string{"result"}),
+		denyEntries: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "millrace_fleet_deny_list_entries",
+			Help: "Entries (certificate serials and node identities) of the deny list in force.",
+		}),
 	}
 	m.heartbeats = m.messages.WithLabelValues("heartbeat")
 	if reg != nil {
 		reg.MustRegister(m.sessionsOpen, m.handshakes, m.closed, m.messages, m.events, m.publishErrors,
 			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.joins, m.handshakeShed, m.tlsHandshakes,
-			m.reportsRefused)
+			m.reportsRefused, m.revoked, m.denyReloads, m.denyEntries)
 	}
 	return m
 }

@@ -40,6 +40,7 @@ const (
 	reasonReplaced         = "replaced"
 	reasonDraining         = "draining"
 	reasonError            = "error"
+	reasonRevoked          = "revoked"
 )
 
 const (

@@ -35,6 +35,12 @@ const (
 	// CodeForeignAllocation: the session reported on an allocation placed
 	// on another node.
 	CodeForeignAllocation = "foreign_allocation"
+	// CodeRevoked: the node's certificate (or the node) is on the deny
+	// list; the session is closed and new ones refused.
+	CodeRevoked = "revoked"
+	// CodeJoinRate: too many Joins from the client's address, or from all
+	// clients (Join's status; Join sends no Refusal message).
+	CodeJoinRate = "join_rate"
 )
 
 // refusalBase is each code's base retry_after; the gateway sends base x
@@ -52,6 +58,8 @@ var refusalBase = map[string]time.Duration{
 	CodeReportRate:        10 * time.Second,
 	CodeAllocationsFull:   time.Minute,
 	CodeForeignAllocation: time.Minute,
+	CodeRevoked:           5 * time.Minute,
+	CodeJoinRate:          time.Second,
 }
 
 // maxDrainRetry is the spread of a draining refusal's retry_after: nodes

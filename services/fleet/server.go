@@ -44,7 +44,8 @@ type Server struct {
 	// gateway must not reuse the Nats-Msg-Ids of its previous life.
 	nonce    string
 	nextID   atomic.Uint64
-	limiter  *rate.Limiter
+	limiter  *rate.Limiter // session handshakes
+	joins    *joinLimiter
 	hellos   chan struct{} // semaphore of Hellos in flight
 	open     atomic.Int64  // sessions admitted and not yet finished
 	pressure pressure
@@ -56,6 +57,11 @@ type Server struct {
 	all      map[*session]struct{}
 	active   sync.WaitGroup // one per entry in all; Drain waits for it
 	binds    bindTable
+
+	// The deny list in force; denyAt and denyErr belong to watchDenyList.
+	denied  atomic.Pointer[DenyList]
+	denyAt  denyFile
+	denyErr string
 
 	liveMu sync.Mutex
 	heard  []*session // sessions heard from since the last liveness flush
@@ -96,7 +102,7 @@ func New(cfg Config, pub Publisher, js jetstream.JetStream, m *Metrics, log *slo
 	}
 	nonce := make([]byte, 4)
 	rand.Read(nonce)
-	return &Server{
+	s := &Server{
 		tickets:       tickets,
 		cfg:           cfg,
 		pub:           pub,
@@ -107,6 +113,7 @@ func New(cfg Config, pub Publisher, js jetstream.JetStream, m *Metrics, log *slo
 		epoch:         time.Now(),
 		nonce:         hex.EncodeToString(nonce),
 		limiter:       rate.NewLimiter(rate.Limit(cfg.HandshakeRate), cfg.HandshakeBurst),
+		joins:         newJoinLimiter(cfg.JoinRatePerClient, cfg.JoinBurstPerClient, cfg.JoinRate, cfg.JoinBurst),
 		hellos:        make(chan struct{}, cfg.MaxHellosInFlight),
 		outbox:        make(chan *outgoing, cfg.PublishQueue),
 		sessions:      map[nodeKey]*session{},
@@ -115,7 +122,11 @@ func New(cfg Config, pub Publisher, js jetstream.JetStream, m *Metrics, log *slo
 		livenessChunk: MaxLivenessBatch,
 		runDone:       make(chan struct{}),
 		stopped:       make(chan struct{}),
-	}, nil
+	}
+	if err := s.loadDenyList(); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // Config is the configuration in effect (defaults filled in).
@@ -147,8 +158,10 @@ func (s *Server) ServerOptions() []grpc.ServerOption {
 	} else {
 		s.tickets.install(tc)
 	}
+	creds := newLimitedCreds(credentials.NewTLS(tc), s.m, s.cfg.MaxSessions)
+	creds.deadline, creds.setup = s.cfg.TLSHandshakeTimeout, s.cfg.HelloTimeout
 	return []grpc.ServerOption{
-		grpc.Creds(newLimitedCreds(credentials.NewTLS(tc), s.m, s.cfg.MaxSessions)),
+		grpc.Creds(creds),
 		grpc.MaxRecvMsgSize(s.cfg.MaxMessageBytes),
 		grpc.MaxConcurrentStreams(maxStreamsPerConn),
 		grpc.MaxHeaderListSize(16 << 10),
@@ -185,6 +198,10 @@ func (s *Server) Run(ctx context.Context) error {
 		wg.Add(1)
 		go func() { defer wg.Done(); s.consumeDecisions(ctx) }()
 	}
+	if s.cfg.DenyListFile != "" {
+		wg.Add(1)
+		go func() { defer wg.Done(); s.watchDenyList(ctx) }()
+	}
 	t := time.NewTicker(s.cfg.FlushInterval)
 	defer t.Stop()
 	for {
@@ -194,6 +211,7 @@ func (s *Server) Run(ctx context.Context) error {
 			now := s.now()
 			s.resync(now)
 			s.expireBinds(now)
+			s.joins.sweep(time.Now())
 		case <-ctx.Done():
 			cancel()
 			wg.Wait()
@@ -261,9 +279,11 @@ func (s *Server) Join(ctx context.Context, req *fleetpb.JoinRequest) (*fleetpb.J
 	if draining {
 		return nil, s.newRefusal(CodeDraining, codes.Unavailable, "this gateway is shutting down; join through another one").err()
 	}
-	if !s.limiter.Allow() {
+	// Joins draw on buckets of their own, never the sessions' (see
+	// joinlimit.go).
+	if addr := clientAddr(ctx); !s.joins.allow(addr, time.Now()) {
 		s.m.joins.WithLabelValues("rate_limited").Inc()
-		return nil, s.newRefusal(CodeHandshakeRate, codes.ResourceExhausted, "too many handshakes").err()
+		return nil, s.newRefusal(CodeJoinRate, codes.ResourceExhausted, "too many Joins from %s (at most %g a second per client address)", addr, s.cfg.JoinRatePerClient).err()
 	}
 	pool, ok := s.cfg.JoinTokens.Pool(req.GetToken())
 	if !ok {
@@ -277,6 +297,11 @@ func (s *Server) Join(ctx context.Context, req *fleetpb.JoinRequest) (*fleetpb.J
 		s.m.joins.WithLabelValues("invalid").Inc()
 		return nil, status.Errorf(codes.InvalidArgument, "millrace fleet: %v", err)
 	}
+	if why, denied := s.denied.Load().denies("", nodeKey{pool: pool, node: req.GetNodeId()}); denied {
+		s.m.joins.WithLabelValues("revoked").Inc()
+		s.m.revoked.WithLabelValues("join_refused").Inc()
+		return nil, status.Errorf(codes.PermissionDenied, "millrace fleet: %s; ask an operator", why)
+	}
 	csr, err := parseCSR(req.GetCsr())
 	if err != nil {
 		s.m.joins.WithLabelValues("invalid").Inc()
@@ -288,7 +313,7 @@ func (s *Server) Join(ctx context.Context, req *fleetpb.JoinRequest) (*fleetpb.J
 		return nil, status.Errorf(codes.InvalidArgument, "millrace fleet: %v", err)
 	}
 	s.m.joins.WithLabelValues("issued").Inc()
-	s.log.Info("node joined", "node", req.GetNodeId(), "pool", pool, "not_after", cert.NotAfter)
+	s.log.Info("node joined", "node", req.GetNodeId(), "pool", pool, "serial", serialKey(cert.SerialNumber), "not_after", cert.NotAfter)
 	return &fleetpb.JoinResponse{
 		Certificate: certPEM,
 		Ca:          s.cfg.CA.CertPEM(),

@@ -48,11 +48,12 @@ type session struct {
 	stream fleetpb.Gateway_SessionServer
 
 	// Set during the handshake, read-only once established.
-	id        string
-	key       nodeKey
-	inventory []byte // labels, GPUs, agent version (see inventory)
-	certNode  string // from the client certificate, set by establish
-	certPool  string
+	id         string
+	key        nodeKey
+	inventory  []byte // labels, GPUs, agent version (see inventory)
+	certNode   string // from the client certificate, set by establish
+	certPool   string
+	certSerial string // serialKey of the client certificate (the deny list's key)
 	// reports is the session's token bucket of status and allocation
 	// reports (Config.ReportRate); share holds one token per event of the
 	// session waiting in the shared publish queue (Config.SessionQueueShare).
@@ -150,7 +151,7 @@ func (sess *session) establish() {
 	defer sess.exit()
 	s := sess.s
 	var err error
-	if sess.certNode, sess.certPool, err = s.peerNode(sess.stream.Context()); err != nil {
+	if sess.certNode, sess.certPool, sess.certSerial, err = s.peerNode(sess.stream.Context()); err != nil {
 		sess.close(reasonError, s.newRefusal(CodeUnauthenticated, codes.Unauthenticated, "%v", err), nil)
 		return
 	}
@@ -196,17 +197,21 @@ func (sess *session) establish() {
 }
 
 // peerNode verifies the client certificate of the call and returns the
-// node and pool it names.
-func (s *Server) peerNode(ctx context.Context) (node, pool string, err error) {
+// node and pool it names, and its serial.
+func (s *Server) peerNode(ctx context.Context) (node, pool, serial string, err error) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return "", "", errors.New("no peer information")
+		return "", "", "", errors.New("no peer information")
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok {
-		return "", "", errors.New("the session is not over TLS")
+		return "", "", "", errors.New("the session is not over TLS")
 	}
-	return s.cfg.CA.verifyNode(info.State.PeerCertificates, time.Now())
+	node, pool, err = s.cfg.CA.verifyNode(info.State.PeerCertificates, time.Now())
+	if err != nil {
+		return "", "", "", err
+	}
+	return node, pool, serialKey(info.State.PeerCertificates[0].SerialNumber), nil
 }
 
 func bodyName(m *fleetpb.NodeMessage) string {
@@ -245,6 +250,12 @@ func (s *Server) handshake(sess *session, hello *fleetpb.Hello, certNode, certPo
 	sess.share = make(chan struct{}, s.cfg.SessionQueueShare)
 
 	s.mu.Lock()
+	// Checked under s.mu, where applyDenyList's sweep looks: a revocation
+	// either finds this session registered or is seen here.
+	if rf := s.revokedLocked(sess); rf != nil {
+		s.mu.Unlock()
+		return rf
+	}
 	old := s.sessions[sess.key]
 	s.sessions[sess.key] = sess
 	if len(hello.GetAllocations()) > 0 {

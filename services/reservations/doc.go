@@ -24,7 +24,9 @@
 // reservation, its event carries the same Nats-Msg-Id ("<id>/requested", a
 // no-op inside the stream's duplicate window), and once the projector has
 // the reservation a retry returns it without publishing at all. The same
-// request_id with a different spec is ALREADY_EXISTS. Without request_id
+// request_id with a different spec is ALREADY_EXISTS, before projection
+// too: the ack of a duplicate publish names the sequence of the event
+// stored first, which Create reads back and compares. Without request_id
 // the id is random (a uuid v7 in the same encoding, so ids sort by time),
 // and a Create retried after an UNAVAILABLE may create a second
 // reservation.

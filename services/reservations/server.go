@@ -41,6 +41,7 @@ type Server struct {
 	cfg     Config
 	store   store
 	pub     *streams.Publisher
+	js      jetstream.JetStream
 	m       *Metrics
 	log     *slog.Logger
 	sub     *nats.Subscription
@@ -71,6 +72,7 @@ func New(cfg Config, pool *pgxpool.Pool, js jetstream.JetStream, nc *nats.Conn, 
 		cfg:     cfg.withDefaults(),
 		store:   store{db: pool},
 		pub:     streams.NewPublisher(js, nil),
+		js:      js,
 		m:       m,
 		log:     log,
 		waiters: waiters{byID: map[string]map[chan struct{}]struct{}{}},
@@ -240,8 +242,7 @@ func (s *Server) create(ctx context.Context, p principal, req *fleetpb.CreateRes
 		}
 		if r != nil {
 			if r.GetOwner() != p.owner || !proto.Equal(r.GetSpec(), spec) {
-				return nil, status.Errorf(codes.AlreadyExists,
-					"millrace: request_id %q was already used for reservation %s with another spec; use a new request_id for a new reservation", req.GetRequestId(), id)
+				return nil, requestIDConflict(req.GetRequestId(), id)
 			}
 			if wait <= 0 || r.GetState() != fleetpb.ReservationState_RESERVATION_STATE_PENDING {
 				return r, nil
@@ -282,13 +283,30 @@ func (s *Server) create(ctx context.Context, p principal, req *fleetpb.CreateRes
 			Spec: spec, RequestId: req.GetRequestId(),
 		}},
 	}
-	if err := s.publish(ctx, id, "requested", spec.GetPool(), ev, req.GetRequestId() != ""); err != nil {
+	ack, err := s.publish(ctx, id, "requested", spec.GetPool(), ev, req.GetRequestId() != "")
+	if err != nil {
 		return nil, err
 	}
-	quota.created()
+	created := now
+	if ack.Duplicate {
+		// The request_id's event is in the stream but not yet projected
+		// (or the check above raced the projector): JetStream dropped this
+		// publish as a resend of that event. Answer with what is stored,
+		// or refuse when it asked for another spec.
+		first, err := s.storedRequest(ctx, ack)
+		if err != nil {
+			return nil, err
+		}
+		if first.GetOwner() != p.owner || !proto.Equal(first.GetRequested().GetSpec(), spec) {
+			return nil, requestIDConflict(req.GetRequestId(), id)
+		}
+		created = first.GetAt().AsTime()
+	} else {
+		quota.created()
+	}
 	view := &fleetpb.Reservation{
 		Id: id, Spec: spec, State: fleetpb.ReservationState_RESERVATION_STATE_PENDING,
-		Owner: p.owner, CreatedAt: timestamppb.New(now),
+		Owner: p.owner, CreatedAt: timestamppb.New(created),
 	}
 	if wait <= 0 {
 		return view, nil
@@ -296,11 +314,48 @@ func (s *Server) create(ctx context.Context, p principal, req *fleetpb.CreateRes
 	return s.wait(ctx, view, ch, wait)
 }
 
+// requestIDConflict is the refusal of a request_id reused with another
+// spec, the same whether the first Create is projected yet or not.
+func requestIDConflict(requestID, id string) error {
+	return status.Errorf(codes.AlreadyExists,
+		"millrace: request_id %q was already used for reservation %s with another spec; use a new request_id for a new reservation", requestID, id)
+}
+
+// storedRequest reads the event a duplicate publish was dropped for: the
+// ack of a duplicate names the sequence of the message stored first.
+func (s *Server) storedRequest(ctx context.Context, ack *jetstream.PubAck) (*fleetpb.ReservationEvent, error) {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
+	defer cancel()
+	unavailable := func(err error) error {
+		if ctx.Err() != nil {
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		s.log.Warn("stored reservation request not read", "stream", ack.Stream, "seq", ack.Sequence, "err", err)
+		return status.Errorf(codes.Unavailable, "millrace: the reservation with this request_id is stored but could not be read back to compare; retry with the same request_id")
+	}
+	st, err := s.js.Stream(rctx, ack.Stream)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	m, err := st.GetMsg(rctx, ack.Sequence)
+	if err != nil {
+		return nil, unavailable(err)
+	}
+	ev := &fleetpb.ReservationEvent{}
+	if err := proto.Unmarshal(m.Data, ev); err != nil || ev.GetRequested() == nil {
+		// Only this API writes "<id>/requested"; anything else there is a
+		// fault of the backbone, not of the caller.
+		s.log.Error("stored reservation request does not decode", "stream", ack.Stream, "seq", ack.Sequence, "err", err)
+		return nil, status.Errorf(codes.Internal, "millrace: the stored request of this request_id does not decode; tell the operators")
+	}
+	return ev, nil
+}
+
 // publish stores one reservation event and waits for JetStream's ack.
-func (s *Server) publish(ctx context.Context, id, what, pool string, ev *fleetpb.ReservationEvent, retrySafe bool) error {
+func (s *Server) publish(ctx context.Context, id, what, pool string, ev *fleetpb.ReservationEvent, retrySafe bool) (*jetstream.PubAck, error) {
 	data, err := proto.Marshal(ev)
 	if err != nil {
-		return status.Errorf(codes.Internal, "millrace: encode reservation event: %v", err)
+		return nil, status.Errorf(codes.Internal, "millrace: encode reservation event: %v", err)
 	}
 	msg := &nats.Msg{Subject: streams.FleetResvSubject(pool), Data: data, Header: nats.Header{
 		envelope.MsgID:       {id + "/" + what},
@@ -311,9 +366,10 @@ func (s *Server) publish(ctx context.Context, id, what, pool string, ev *fleetpb
 	}}
 	pctx, cancel := context.WithTimeout(ctx, s.cfg.PublishTimeout)
 	defer cancel()
-	if err := s.pub.Publish(pctx, msg); err != nil {
+	ack, err := s.pub.PublishAck(pctx, msg)
+	if err != nil {
 		if ctx.Err() != nil {
-			return status.FromContextError(ctx.Err()).Err()
+			return nil, status.FromContextError(ctx.Err()).Err()
 		}
 		s.log.Warn("reservation event not stored", "reservation", id, "event", what, "err", err)
 		hint := "retry the call"
@@ -325,9 +381,9 @@ func (s *Server) publish(ctx context.Context, id, what, pool string, ev *fleetpb
 		default:
 			hint = "retry (set request_id so that a retry cannot create a second reservation)"
 		}
-		return status.Errorf(codes.Unavailable, "millrace: the event backbone did not store the reservation %s; %s", what, hint)
+		return nil, status.Errorf(codes.Unavailable, "millrace: the event backbone did not store the reservation %s; %s", what, hint)
 	}
-	return nil
+	return ack, nil
 }
 
 func (s *Server) get(ctx context.Context, p principal, id string) (*fleetpb.Reservation, error) {
@@ -370,7 +426,7 @@ func (s *Server) cancel(ctx context.Context, p principal, id string) (*fleetpb.R
 		At:            timestamppb.Now(),
 		Body:          &fleetpb.ReservationEvent_Cancelled{Cancelled: &fleetpb.ReservationCancelled{}},
 	}
-	if err := s.publish(ctx, id, "cancelled", r.GetSpec().GetPool(), ev, true); err != nil {
+	if _, err := s.publish(ctx, id, "cancelled", r.GetSpec().GetPool(), ev, true); err != nil {
 		return nil, err
 	}
 	// The cancel is stored; show it once the projector has applied it, or

@@ -583,3 +583,47 @@ func TestIDs(t *testing.T) {
 		prev = id
 	}
 }
+
+// A request_id reused with another spec is refused in both windows: while
+// the first Create is only in the stream (JetStream drops the second
+// publish as a duplicate; before, the caller was answered with its new
+// spec while the old one was stored) and once the projector has it. A
+// retry with the same spec in the first window is answered with what was
+// stored.
+func TestCreateRequestIDReusedBeforeProjection(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, Config{})
+	first, err := e.client.Create(as(t, aliceKey), &fleetpb.CreateReservationRequest{Spec: spec("a100", 1), RequestId: "job-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not projected: the database has no row for it.
+	for _, other := range []*fleetpb.ReservationSpec{spec("a100", 2), spec("h100", 1)} {
+		_, err := e.client.Create(as(t, aliceKey), &fleetpb.CreateReservationRequest{Spec: other, RequestId: "job-7"})
+		wantCode(t, err, codes.AlreadyExists, "job-7")
+	}
+	res := e.do("POST", "/v1/reservations", aliceKey, []byte(`{"spec": {"pool": "a100", "gpus": 3}, "request_id": "job-7"}`))
+	if res.status != http.StatusConflict {
+		t.Fatalf("HTTP %d for a reused request_id, want 409: %s", res.status, res.body)
+	}
+	if msg, _ := res.apiError(t); !strings.Contains(msg, "another spec") {
+		t.Fatalf("409 reason %q does not say why", msg)
+	}
+	// The same spec again: the stored reservation, with its own time.
+	again, err := e.client.Create(as(t, aliceKey), &fleetpb.CreateReservationRequest{Spec: spec("a100", 1), RequestId: "job-7"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again.Id != first.Id || !proto.Equal(again.Spec, spec("a100", 1)) || !again.CreatedAt.AsTime().Equal(first.CreatedAt.AsTime()) {
+		t.Fatalf("retry got %v, first %v", again, first)
+	}
+	msgs := e.waitResvMsgs(1)
+	if len(msgs) != 1 || !proto.Equal(decodeEvent(t, msgs[0]).GetRequested().GetSpec(), spec("a100", 1)) {
+		t.Fatalf("stream holds %d requests", len(msgs))
+	}
+
+	// Projected: the database answers.
+	e.reservation(first.Id, "alice", spec("a100", 1), t0)
+	_, err = e.client.Create(as(t, aliceKey), &fleetpb.CreateReservationRequest{Spec: spec("a100", 2), RequestId: "job-7"})
+	wantCode(t, err, codes.AlreadyExists, "job-7")
+}

@@ -80,6 +80,7 @@ func (b *bench) startFleetStack(ctx context.Context, dir, dbURL string) (*fleetS
 	s := &fleetStack{dir: dir, dbURL: dbURL, natsURL: "nats://" + addrs[0], devGateway: addrs[2], resv: addrs[3],
 		caDir: filepath.Join(dir, "fleet", "ca")}
 	s.apiKey = "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-key"
+	embeddedNATS(s.natsURL, filepath.Join(dir, "nats"))
 	env := []string{
 		"DATABASE_URL=" + dbURL,
 		"MILLRACE_NATS_DIR=" + filepath.Join(dir, "nats"),
@@ -115,14 +116,13 @@ func (b *bench) startGateway(ctx context.Context, s *fleetStack, id, addr string
 	if err != nil {
 		return nil, err
 	}
-	env := []string{
-		"MILLRACE_NATS_URL=" + s.natsURL,
-		"MILLRACE_FLEET_LISTEN=" + addr,
-		"MILLRACE_FLEET_GATEWAY_ID=" + id,
-		"MILLRACE_FLEET_CA_DIR=" + s.caDir,
-		"MILLRACE_HTTP_LISTEN=" + web,
+	env := append(natsEnv(s.natsURL),
+		"MILLRACE_FLEET_LISTEN="+addr,
+		"MILLRACE_FLEET_GATEWAY_ID="+id,
+		"MILLRACE_FLEET_CA_DIR="+s.caDir,
+		"MILLRACE_HTTP_LISTEN="+web,
 		"MILLRACE_SHUTDOWN_TIMEOUT=10s",
-	}
+	)
 	if g := os.Getenv("BENCH_GATEWAY_GOGC"); g != "" {
 		env = append(env, "GOGC="+g)
 	}
@@ -159,7 +159,7 @@ func (b *bench) simulate(ctx context.Context, s *fleetStack, args []string, onAl
 	base := []string{
 		"-ca-cert", filepath.Join(s.caDir, "ca.crt"), "-ca-key", filepath.Join(s.caDir, "ca.key"),
 		"-server-name", "localhost",
-		"-nats-url", s.natsURL, "-database-url", s.dbURL,
+		"-nats-url", s.natsURL, "-nats-nkey", natsSeed(s.natsURL), "-database-url", s.dbURL,
 		"-reservations", s.resv, "-api-key", s.apiKey,
 		"-ramp", b.cfg.fleet.ramp.String(),
 	}

@@ -96,13 +96,12 @@ func (b *bench) kafkaScenario(ctx context.Context, rep *scenarioReport) error {
 	if err != nil {
 		return err
 	}
-	env := []string{
-		"MILLRACE_NATS_URL=" + e.natsURL,
-		"MILLRACE_KAFKA_BROKERS=" + k.ListenAddrs()[0],
+	env := append(natsEnv(e.natsURL),
+		"MILLRACE_KAFKA_BROKERS="+k.ListenAddrs()[0],
 		"MILLRACE_KAFKA_ROUTES=bes.> -> millrace.bes",
 		"MILLRACE_KAFKA_PARTITIONS=12",
-		"MILLRACE_HTTP_LISTEN=" + web,
-	}
+		"MILLRACE_HTTP_LISTEN="+web,
+	)
 	metrics := "http://" + web + "/metrics"
 	exp, err := startProc("exporter", b.cfg.bin, []string{"export", "kafka"}, env, filepath.Join(dir, "exporter.log"))
 	if err != nil {

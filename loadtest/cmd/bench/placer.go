@@ -43,7 +43,7 @@ func (b *bench) placerScenario(ctx context.Context, rep *scenarioReport) error {
 		return err
 	}
 	defer s.stop()
-	nc, err := nats.Connect(s.natsURL, nats.Timeout(5*time.Second))
+	nc, err := nats.Connect(s.natsURL, natsOptions(s.natsURL, nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return err
 	}

@@ -298,8 +298,9 @@ func (b *bench) startEdge(ctx context.Context, dir, natsURL string) (*edge, erro
 		}
 		env = append(env, "MILLRACE_NATS_DIR="+filepath.Join(dir, "nats"), "MILLRACE_NATS_LISTEN="+na)
 		natsURL = "nats://" + na
+		embeddedNATS(natsURL, filepath.Join(dir, "nats"))
 	} else {
-		env = append(env, "MILLRACE_NATS_URL="+natsURL)
+		env = append(env, natsEnv(natsURL)...)
 	}
 	env = append(env, b.edgeEnv...)
 	p, err := startProc("edge", b.cfg.bin, []string{"serve", "bes"}, env, filepath.Join(dir, "edge.log"))
@@ -349,7 +350,7 @@ func (b *bench) startProjector(ctx context.Context, dir, natsURL, dbURL string, 
 	if err != nil {
 		return nil, "", err
 	}
-	env := []string{"DATABASE_URL=" + dbURL, "MILLRACE_NATS_URL=" + natsURL, "MILLRACE_HTTP_LISTEN=" + web}
+	env := append([]string{"DATABASE_URL=" + dbURL, "MILLRACE_HTTP_LISTEN=" + web}, natsEnv(natsURL)...)
 	if b.cfg.buildsBatch > 0 {
 		env = append(env, fmt.Sprintf("MILLRACE_BUILDS_BATCH=%d", b.cfg.buildsBatch))
 	}
@@ -553,7 +554,7 @@ func (s snapshot) loadavg() string { return strings.TrimSpace(readFile("/proc/lo
 
 // streamState is the BES stream's message count and last sequence.
 func streamState(ctx context.Context, url string) (msgs, last uint64, dead uint64, err error) {
-	nc, err := nats.Connect(url, nats.Timeout(5*time.Second))
+	nc, err := nats.Connect(url, natsOptions(url, nats.Timeout(5*time.Second))...)
 	if err != nil {
 		return 0, 0, 0, err
 	}

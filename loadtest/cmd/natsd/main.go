@@ -48,7 +48,9 @@ func run(ctx context.Context, c config) error {
 	if c.dir == "" {
 		return errors.New("-dir is required")
 	}
-	sc := streams.Config{DataDir: c.dir, Listen: c.listen, MaxPayload: int32(c.maxPayload)}
+	// Anonymous: the benchmarks connect without credentials; natsd
+	// listens on loopback for the length of one benchmark.
+	sc := streams.Config{DataDir: c.dir, Listen: c.listen, MaxPayload: int32(c.maxPayload), Anonymous: true}
 	if c.sync == "always" {
 		sc.SyncAlways = true
 	} else {
@@ -58,7 +60,7 @@ func run(ctx context.Context, c config) error {
 		}
 		sc.SyncInterval = d
 	}
-	ns, err := streams.StartEmbedded(sc)
+	ns, _, err := streams.StartEmbedded(sc)
 	if err != nil {
 		return err
 	}

@@ -1,0 +1,72 @@
+package main
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/streams"
+)
+
+// TestDevNATSIdentities: dev's embedded NATS server refuses anonymous
+// connections; the reader identity it made under var/nats/auth reads the
+// streams, and its publish of a forged build event is a permissions
+// violation.
+func TestDevNATSIdentities(t *testing.T) {
+	dev := newDev(t, testenv.Database(t))
+	dev.start()
+	reader := filepath.Join(filepath.Dir(dev.natsNKey), streams.ReaderSeedFile)
+	waitUntil(t, "the reader identity", func() bool {
+		_, err := os.Stat(reader)
+		return err == nil
+	})
+	var err error
+	waitUntil(t, "the embedded server refusing anonymous connections", func() bool {
+		var nc *nats.Conn
+		nc, err = nats.Connect(dev.natsURL, nats.Timeout(2*time.Second))
+		if err == nil {
+			nc.Close()
+			t.Fatal("dev's embedded NATS admitted an anonymous connection")
+		}
+		return errors.Is(err, nats.ErrAuthorization) || strings.Contains(strings.ToLower(err.Error()), "authorization")
+	})
+	seed, err := nats.NkeyOptionFromSeed(reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	violations := make(chan error, 4)
+	nc, err := nats.Connect(dev.natsURL, seed, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }))
+	if err != nil {
+		t.Fatalf("reader: %v", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if _, err := js.Stream(ctx, streams.StreamBES); err != nil {
+		t.Fatalf("reader: stream info BES: %v", err)
+	}
+	subject := streams.BESSubject("default", "forged")
+	if err := nc.Publish(subject, []byte("forged")); err != nil {
+		t.Fatal(err)
+	}
+	nc.Flush()
+	select {
+	case err := <-violations:
+		if !errors.Is(err, nats.ErrPermissionViolation) {
+			t.Fatalf("reader's publish: %v, want a permissions violation", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader's publish of a forged event was not refused")
+	}
+	dev.stop()
+}
