@@ -72,7 +72,11 @@ func TestBazelSecretsNeverAtRest(t *testing.T) {
 		"--test_env=TEST_TOKEN=", "--repo_env=REPO_TOKEN=", "--host_action_env=HOST_TOKEN=", "--client_env=GH_TOKEN="}
 
 	// Kafka: every message of the BES stream exported, none with a secret.
-	nc, err := nats.Connect(dev.natsURL)
+	seed, err := nats.NkeyOptionFromSeed(dev.natsNKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(dev.natsURL, seed)
 	if err != nil {
 		t.Fatal(err)
 	}
