@@ -33,8 +33,8 @@ func (o *commitsOptions) register(fs *flag.FlagSet) {
 	envString(fs, &o.tlsKey, "commits-tls-key", "MILLRACE_COMMITS_TLS_KEY", "", "PEM private key of --commits-tls-cert")
 	envString(fs, &o.keys, "commits-api-keys", "MILLRACE_COMMITS_API_KEYS", "", "commits API keys as world=key (one world) or *=key (every world), comma-separated")
 	envString(fs, &o.keysFile, "commits-api-keys-file", "MILLRACE_COMMITS_API_KEYS_FILE", "", "file of API key lines (added to --commits-api-keys)")
-	envInt(fs, &o.maxBody, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", commits.DefaultMaxBodyBytes, "largest document body")
-	envInt(fs, &o.cacheBytes, "commits-cache-bytes", "MILLRACE_COMMITS_CACHE_BYTES", commits.DefaultCacheBytes, "memory for decoded checkpoint objects (shards, history segments) kept to answer reads of folded versions")
+	envSize(fs, &o.maxBody, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", commits.DefaultMaxBodyBytes, "largest document body")
+	envSize(fs, &o.cacheBytes, "commits-cache-bytes", "MILLRACE_COMMITS_CACHE_BYTES", commits.DefaultCacheBytes, "memory for decoded checkpoint objects (shards, history segments) kept to answer reads of folded versions")
 	envInt(fs, &o.indexWorlds, "commits-index-worlds", "MILLRACE_COMMITS_INDEX_WORLDS", commits.DefaultIndexWorlds, "worlds List keeps open in memory (about 100 bytes plus the id per document); the least recently listed closes first")
 	envDuration(fs, &o.listWait, "commits-list-wait", "MILLRACE_COMMITS_LIST_WAIT", commits.DefaultListWait, "how long a List waits for an open world to catch up with the writes acknowledged before it")
 }

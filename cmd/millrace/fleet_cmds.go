@@ -62,7 +62,7 @@ a node whose gateway goes away re-homes through any other.`,
 				if os.Getenv("GOMEMLIMIT") == "" {
 					n, err := parseMemoryLimit(memLimit)
 					if err != nil {
-						return usageError{"--memory-limit: " + err.Error()}
+						return usageError{"--memory-limit ($MILLRACE_FLEET_MEMORY_LIMIT): " + err.Error()}
 					}
 					if n > 0 {
 						debug.SetMemoryLimit(n)

@@ -109,6 +109,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		positional, rest = append(positional, rest[0]), rest[1:]
 	}
+	if err := envErrors(fs); err != nil {
+		fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
+		return 2
+	}
 	if err := runFn(ctx, positional); err != nil {
 		var ue usageError
 		if errors.As(err, &ue) {
