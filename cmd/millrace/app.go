@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/millrace/millrace/internal/devdb"
+	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/streams"
@@ -96,12 +97,13 @@ func openPool(ctx context.Context, o dbOptions, migrate bool, log *slog.Logger) 
 type telemetry struct {
 	reg *prometheus.Registry
 	sm  *streams.Metrics
+	kf  *keyfile.Metrics
 }
 
 func newTelemetry() *telemetry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &telemetry{reg: reg, sm: streams.NewMetrics(reg)}
+	return &telemetry{reg: reg, sm: streams.NewMetrics(reg), kf: keyfile.NewMetrics(reg)}
 }
 
 // besEdge is a running BES gRPC server.
@@ -113,7 +115,7 @@ type besEdge struct {
 
 // startBES listens on o.listen and serves the BES edge on bb.
 func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *telemetry, log *slog.Logger) (*besEdge, error) {
-	cfg, err := o.config()
+	cfg, err := o.config(ctx, t, log)
 	if err != nil {
 		return nil, err
 	}

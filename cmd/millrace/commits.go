@@ -41,13 +41,10 @@ func (o *commitsOptions) register(fs *flag.FlagSet) {
 
 // config reads the keys; devSecrets, when not empty, is where a
 // development key for every world is kept if none is configured.
-func (o *commitsOptions) config(devSecrets string, log *slog.Logger) (commits.Config, error) {
-	text, err := keyLines(o.keys, o.keysFile, devSecrets, "commits-api-keys", "*", "commits API key (every world)", log)
-	if err != nil {
-		return commits.Config{}, err
-	}
-	keys, err := commits.ParseKeys(text)
-	if err != nil {
+func (o *commitsOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (commits.Config, error) {
+	keys := &commits.Keys{}
+	src := keySource{inline: o.keys, file: o.keysFile, devSecrets: devSecrets, devFile: "commits-api-keys", devName: "*", what: "commits API keys"}
+	if err := loadKeys(ctx, t, src, commits.ParseKeys, keys, log); err != nil {
 		return commits.Config{}, err
 	}
 	return commits.Config{Keys: keys, MaxBodyBytes: o.maxBody, CacheBytes: o.cacheBytes,
@@ -67,7 +64,7 @@ type commitsEdge struct {
 // the log into (nil: versions folded out of the stream cannot be read).
 func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *streams.Backbone, bk *bucket.Bucket, t *telemetry, log *slog.Logger) (*commitsEdge, error) {
 	log = log.With("service", "commits")
-	cfg, err := o.config(devSecrets, log)
+	cfg, err := o.config(ctx, t, devSecrets, log)
 	if err != nil {
 		return nil, err
 	}

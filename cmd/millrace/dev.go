@@ -118,7 +118,7 @@ func runDev(ctx context.Context, o devOptions) error {
 		edge.stop(ctx)
 		return err
 	}
-	resvCfg, err := o.resv.config(devSecretsDir, log)
+	resvCfg, err := o.resv.config(ctx, t, devSecretsDir, log)
 	if err != nil {
 		edge.stop(ctx)
 		gw.stop(ctx)

@@ -267,17 +267,10 @@ func (o *besOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.inFlight, "bes-max-in-flight", "MILLRACE_BES_MAX_IN_FLIGHT", bes.DefaultMaxInFlight, "events of one stream awaiting storage before the edge stops reading it")
 }
 
-func (o *besOptions) config() (bes.Config, error) {
-	text := o.keys
-	if o.keysFile != "" {
-		b, err := os.ReadFile(o.keysFile)
-		if err != nil {
-			return bes.Config{}, fmt.Errorf("API keys file: %w", err)
-		}
-		text += "\n" + string(b)
-	}
-	keys, err := bes.ParseKeys(text)
-	if err != nil {
+func (o *besOptions) config(ctx context.Context, t *telemetry, log *slog.Logger) (bes.Config, error) {
+	keys := &bes.Keys{}
+	src := keySource{inline: o.keys, file: o.keysFile, what: "BES API keys"}
+	if err := loadKeys(ctx, t, src, bes.ParseKeys, keys, log); err != nil {
 		return bes.Config{}, err
 	}
 	return bes.Config{

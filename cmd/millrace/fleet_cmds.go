@@ -112,11 +112,11 @@ Every call needs an API key (authorization: Bearer KEY).`,
 				if err != nil {
 					return err
 				}
-				cfg, err := ro.config("", log)
+				t := newTelemetry()
+				cfg, err := ro.config(ctx, t, "", log)
 				if err != nil {
 					return err
 				}
-				t := newTelemetry()
 				bb, _, err := no.open(ctx, "millrace-reservations", t.sm)
 				if err != nil {
 					return err

@@ -5,7 +5,10 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // Config of the BES edge. The zero value takes the defaults.
@@ -71,7 +74,8 @@ func (c Config) Validate(maxPayload int64) error {
 // Keys maps API keys to projects. Keys are kept only as SHA-256 digests
 // and compared in constant time.
 type Keys struct {
-	entries []keyEntry
+	mu  sync.Mutex                 // serialises Add and Replace
+	set atomic.Pointer[[]keyEntry] // read without a lock: Replace swaps it whole
 }
 
 type keyEntry struct {
@@ -102,7 +106,7 @@ func ParseKeys(s string) (*Keys, error) {
 
 // Add gives project one more key.
 func (k *Keys) Add(project, key string) {
-	k.entries = append(k.entries, keyEntry{digest: sha256.Sum256([]byte(key)), project: project})
+	k.add(keyEntry{digest: sha256.Sum256([]byte(key)), project: project})
 }
 
 // Len is the number of keys.
@@ -110,14 +114,44 @@ func (k *Keys) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.entries)
+	return len(k.list())
+}
+
+func (k *Keys) list() []keyEntry {
+	if k == nil {
+		return nil
+	}
+	if p := k.set.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// add appends e to a copy, so that a reader holding the old list keeps it.
+func (k *Keys) add(e keyEntry) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	old := k.list()
+	n := append(old[:len(old):len(old)], e)
+	k.set.Store(&n)
+}
+
+// Replace makes k hold exactly the keys of from, at once: a request sees
+// either the old keys or the new ones, never a mix. It is how a file of
+// keys is reloaded while the server runs (a removed one is refused from the
+// next request on).
+func (k *Keys) Replace(from *Keys) {
+	n := slices.Clone(from.list())
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.set.Store(&n)
 }
 
 // Project returns the project a key belongs to.
 func (k *Keys) Project(key string) (string, bool) {
 	d := sha256.Sum256([]byte(key))
 	project, found := "", false
-	for _, e := range k.entries {
+	for _, e := range k.list() {
 		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
 			project, found = e.project, true
 		}

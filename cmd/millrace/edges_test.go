@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/services/bes"
+	"github.com/millrace/millrace/streams"
+)
+
+// testBackbone opens the backbone on a fresh embedded server.
+func testBackbone(t *testing.T, tel *telemetry) *streams.Backbone {
+	t.Helper()
+	ns := testenv.NATS(t)
+	var no natsOptions
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	no.register(fs)
+	if err := fs.Parse([]string{"-nats-url", ns.ClientURL()}); err != nil {
+		t.Fatal(err)
+	}
+	bb, _, err := no.open(context.Background(), "test", tel.sm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(bb.Close)
+	return bb
+}
+
+// parseFlags registers and parses args for one option group.
+func parseFlags(t *testing.T, register func(*flag.FlagSet), args ...string) {
+	t.Helper()
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	register(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	if err := envErrors(fs); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// replaceFile writes path anew and renames it into place, as an operator's
+// tooling or a secret mount does.
+func replaceFile(t *testing.T, path, text string) {
+	t.Helper()
+	if err := os.WriteFile(path+".tmp", []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func lifecycle(project string) *buildpb.PublishLifecycleEventRequest {
+	return &buildpb.PublishLifecycleEventRequest{ProjectId: project, BuildEvent: &buildpb.OrderedBuildEvent{
+		StreamId:       &buildpb.StreamId{BuildId: "b1", InvocationId: "i1"},
+		SequenceNumber: 1,
+		Event:          &buildpb.BuildEvent{Event: &buildpb.BuildEvent_BuildEnqueued_{BuildEnqueued: &buildpb.BuildEvent_BuildEnqueued{}}},
+	}}
+}
+
+// A key removed from the BES keys file is refused from the next request
+// on, and one added is accepted, with no restart.
+func TestBESKeysReloadWithoutRestart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tel := newTelemetry()
+	bb := testBackbone(t, tel)
+	keys := filepath.Join(t.TempDir(), "bes-keys")
+	const keyA, keyB = "alpha-key-0123456789", "bravo-key-0123456789"
+	replaceFile(t, keys, "alpha="+keyA+"\n")
+	var bo besOptions
+	parseFlags(t, bo.register, "-bes-listen", "127.0.0.1:0", "-bes-api-keys-file", keys)
+	edge, err := startBES(ctx, bo, bb, tel, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer edge.stop(context.Background())
+	conn, err := grpc.NewClient(edge.addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := buildpb.NewPublishBuildEventClient(conn)
+	publish := func(key string) codes.Code {
+		ctx := metadata.AppendToOutgoingContext(ctx, bes.APIKeyHeader, key)
+		_, err := client.PublishLifecycleEvent(ctx, lifecycle(""))
+		return status.Code(err)
+	}
+	if c := publish(keyA); c != codes.OK {
+		t.Fatalf("key A at start: %v", c)
+	}
+	if c := publish(keyB); c != codes.Unauthenticated {
+		t.Fatalf("key B before it is added: %v", c)
+	}
+	replaceFile(t, keys, "bravo="+keyB+"\n")
+	poll(t, "key A refused", func() bool { return publish(keyA) == codes.Unauthenticated })
+	if c := publish(keyB); c != codes.OK {
+		t.Fatalf("key B after it was added: %v", c)
+	}
+	// A file that no longer parses, or holds no key, keeps B in force.
+	replaceFile(t, keys, "not a key line\n")
+	poll(t, "the bad file counted", func() bool { return counterValue(t, tel, "millrace_keyfile_reload_errors_total") >= 1 })
+	replaceFile(t, keys, "# every key removed\n")
+	poll(t, "the empty file counted", func() bool { return counterValue(t, tel, "millrace_keyfile_reload_errors_total") >= 2 })
+	if c := publish(keyB); c != codes.OK {
+		t.Fatalf("key B after a bad file: %v", c)
+	}
+}
+
+// counterValue sums a metric family's samples.
+func counterValue(t *testing.T, tel *telemetry, name string) float64 {
+	t.Helper()
+	mfs, err := tel.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
