@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,9 +16,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/millrace/millrace/internal/devdb"
 	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/netlimit"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/streams"
@@ -126,17 +129,49 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 	if err != nil {
 		return nil, fmt.Errorf("BES stream: %w", err)
 	}
-	srv := bes.New(cfg, bb.Publisher(), stream, bes.NewMetrics(t.reg), log.With("service", "bes"))
-	g := grpc.NewServer(srv.ServerOptions()...)
+	if err := bes.CheckExposure(o.listen, cfg.Keys.Len(), o.insecureOpen); err != nil {
+		return nil, err
+	}
+	if cfg.Keys.Len() == 0 && o.insecureOpen && !netlimit.IsLoopback(o.listen) {
+		log.Warn("BES edge open to every client: no API keys and --bes-insecure-open", "addr", o.listen)
+	}
+	m := bes.NewMetrics(t.reg)
+	srv := bes.New(cfg, bb.Publisher(), stream, m, log.With("service", "bes"))
+	opts := srv.ServerOptions()
+	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--bes-tls-cert", "--bes-tls-key")
+	if err != nil {
+		return nil, err
+	}
+	if creds != nil {
+		opts = append(opts, creds)
+	}
+	g := grpc.NewServer(opts...)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("BES listen: %w", err)
 	}
+	capped := netlimit.Wrap(lis, netlimit.Config{PerAddr: o.connsPerAddr, ExemptLoopback: true, OnRefuse: m.RefusedConnection})
 	e := &besEdge{grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
-	go func() { e.done <- g.Serve(lis) }()
-	log.Info("BES edge serving", "addr", lis.Addr().String(), "api_keys", cfg.Keys.Len())
+	go func() { e.done <- g.Serve(capped) }()
+	log.Info("BES edge serving", "addr", lis.Addr().String(), "api_keys", cfg.Keys.Len(), "tls", creds != nil)
 	return e, nil
+}
+
+// serverTLS loads a PEM certificate and key for a gRPC server; both empty
+// is plaintext (nil). certFlag and keyFlag name the flags in errors.
+func serverTLS(cert, key, certFlag, keyFlag string) (grpc.ServerOption, error) {
+	if cert == "" && key == "" {
+		return nil, nil
+	}
+	if cert == "" || key == "" {
+		return nil, usageError{certFlag + " and " + keyFlag + " go together"}
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", certFlag, err)
+	}
+	return grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12})), nil
 }
 
 // stop stops accepting streams and lets open ones finish (their acks

@@ -254,7 +254,11 @@ func (o *dbOptions) register(fs *flag.FlagSet) {
 // besOptions configure the BES edge.
 type besOptions struct {
 	listen, keys, keysFile                          string
+	tlsCert, tlsKey                                 string
+	insecureOpen                                    bool
 	maxEventBytes, maxStreams, perProject, inFlight int
+	perConn, connsPerAddr                           int
+	firstMessage, idle                              time.Duration
 }
 
 func (o *besOptions) register(fs *flag.FlagSet) {
@@ -265,6 +269,13 @@ func (o *besOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.maxStreams, "bes-max-streams", "MILLRACE_BES_MAX_STREAMS", bes.DefaultMaxStreams, "most build event streams open at once")
 	envInt(fs, &o.perProject, "bes-max-streams-per-project", "MILLRACE_BES_MAX_STREAMS_PER_PROJECT", 0, "most streams one project may hold open (0: half of --bes-max-streams)")
 	envInt(fs, &o.inFlight, "bes-max-in-flight", "MILLRACE_BES_MAX_IN_FLIGHT", bes.DefaultMaxInFlight, "events of one stream awaiting storage before the edge stops reading it")
+	envString(fs, &o.tlsCert, "bes-tls-cert", "MILLRACE_BES_TLS_CERT", "", "PEM server certificate (chain) for the BES edge, with --bes-tls-key: Bazel then connects with --bes_backend=grpcs://HOST:PORT; empty serves plaintext")
+	envString(fs, &o.tlsKey, "bes-tls-key", "MILLRACE_BES_TLS_KEY", "", "PEM private key of --bes-tls-cert")
+	envBool(fs, &o.insecureOpen, "bes-insecure-open", "MILLRACE_BES_INSECURE_OPEN", false, "serve without API keys on an address other hosts can reach (refused otherwise): anyone who reaches the edge can publish as any project")
+	envInt(fs, &o.perConn, "bes-max-streams-per-conn", "MILLRACE_BES_MAX_STREAMS_PER_CONN", bes.DefaultMaxStreamsPerConn, "streams one client connection may hold open at once (a Bazel client holds one or two)")
+	envInt(fs, &o.connsPerAddr, "bes-max-conns-per-addr", "MILLRACE_BES_MAX_CONNS_PER_ADDR", 256, "connections one client IP may hold open (loopback clients, such as a local proxy, are exempt; 0: no cap)")
+	envDuration(fs, &o.firstMessage, "bes-first-message-timeout", "MILLRACE_BES_FIRST_MESSAGE_TIMEOUT", bes.DefaultFirstMessageTimeout, "how long a new stream may wait before its first event (which authenticates it)")
+	envDuration(fs, &o.idle, "bes-idle-timeout", "MILLRACE_BES_IDLE_TIMEOUT", bes.DefaultIdleTimeout, "a stream whose client sends nothing for this long is closed (Bazel resumes it)")
 }
 
 func (o *besOptions) config(ctx context.Context, t *telemetry, log *slog.Logger) (bes.Config, error) {
@@ -279,6 +290,9 @@ func (o *besOptions) config(ctx context.Context, t *telemetry, log *slog.Logger)
 		MaxStreamsPerProject: o.perProject,
 		MaxInFlight:          o.inFlight,
 		Keys:                 keys,
+		FirstMessageTimeout:  o.firstMessage,
+		IdleTimeout:          o.idle,
+		MaxStreamsPerConn:    o.perConn,
 	}, nil
 }
 

@@ -9,6 +9,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/millrace/millrace/internal/netlimit"
 )
 
 // Config of the BES edge. The zero value takes the defaults.
@@ -30,6 +33,24 @@ type Config struct {
 	Keys *Keys
 	// DefaultProject names events that carry no project id. Default "default".
 	DefaultProject string
+
+	// FirstMessageTimeout is how long a new stream may wait before its
+	// first request: a stream is authenticated by that request (Bazel 4
+	// sends its key as project_id), and until then it must not hold the
+	// server's resources for long. Past it the stream ends with
+	// DEADLINE_EXCEEDED. Default 20 s (Bazel sends at once).
+	FirstMessageTimeout time.Duration
+	// IdleTimeout ends a stream whose client has sent nothing for this
+	// long while the edge was waiting to read (DEADLINE_EXCEEDED; Bazel
+	// retries, resuming after the last acknowledged event). Time the edge
+	// spends waiting on the backbone does not count. Default 30 min, the
+	// builds projector's abandon time: a build silent that long is taken
+	// for abandoned anyway.
+	IdleTimeout time.Duration
+	// MaxStreamsPerConn caps the streams one client connection may hold
+	// open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). A Bazel client holds
+	// one or two. Default 100.
+	MaxStreamsPerConn int
 }
 
 // Defaults.
@@ -37,6 +58,10 @@ const (
 	DefaultMaxEventBytes = 4 << 20
 	DefaultMaxStreams    = 2000
 	DefaultMaxInFlight   = 1000
+
+	DefaultFirstMessageTimeout = 20 * time.Second
+	DefaultIdleTimeout         = 30 * time.Minute
+	DefaultMaxStreamsPerConn   = 100
 )
 
 func (c Config) withDefaults() Config {
@@ -55,6 +80,15 @@ func (c Config) withDefaults() Config {
 	if c.DefaultProject == "" {
 		c.DefaultProject = "default"
 	}
+	if c.FirstMessageTimeout <= 0 {
+		c.FirstMessageTimeout = DefaultFirstMessageTimeout
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxStreamsPerConn <= 0 {
+		c.MaxStreamsPerConn = DefaultMaxStreamsPerConn
+	}
 	return c
 }
 
@@ -69,6 +103,22 @@ func (c Config) Validate(maxPayload int64) error {
 		return fmt.Errorf("bes: per-project stream limit %d is above the total %d", c.MaxStreamsPerProject, c.MaxStreams)
 	}
 	return nil
+}
+
+// ErrOpenWithoutKeys is returned by CheckExposure.
+var ErrOpenWithoutKeys = errors.New("bes: refusing to serve without API keys on an address other hosts can reach")
+
+// CheckExposure refuses an edge without API keys on anything but a
+// loopback address: without keys any host that reaches it may publish
+// build events as any project. insecureOpen is the operator saying that
+// is intended (a private network, a proxy that authenticates).
+func CheckExposure(listen string, keys int, insecureOpen bool) error {
+	if keys > 0 || insecureOpen || netlimit.IsLoopback(listen) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s accepts connections from other hosts and no key is configured, so anyone who reaches it could publish build events to any project; "+
+		"give keys (--bes-api-keys-file, $MILLRACE_BES_API_KEYS_FILE), listen on 127.0.0.1, or pass --bes-insecure-open ($MILLRACE_BES_INSECURE_OPEN=true) if this is intended",
+		ErrOpenWithoutKeys, listen)
 }
 
 // Keys maps API keys to projects. Keys are kept only as SHA-256 digests

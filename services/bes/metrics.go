@@ -12,6 +12,7 @@ type Metrics struct {
 	rejections  *prometheus.CounterVec
 	streamsOpen prometheus.Gauge
 	ackSeconds  prometheus.Histogram
+	connRefused *prometheus.CounterVec
 }
 
 // NewMetrics registers the edge's metrics with reg (nil: unregistered).
@@ -38,11 +39,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help:    "Time from receiving an event to sending its ack (stored by JetStream).",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16),
 		}),
+		connRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_bes_connections_refused_total",
+			Help: "Client connections closed as soon as accepted, by the cap they met (max, per_addr).",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.bytes, m.rejections, m.streamsOpen, m.ackSeconds)
+		reg.MustRegister(m.events, m.bytes, m.rejections, m.streamsOpen, m.ackSeconds, m.connRefused)
 	}
 	return m
+}
+
+// RefusedConnection counts a connection closed at accept (see
+// internal/netlimit), reason being the cap it met.
+func (m *Metrics) RefusedConnection(reason string) {
+	m.connRefused.WithLabelValues(reason).Inc()
 }
 
 func (m *Metrics) rejected(what string, code codes.Code) {
