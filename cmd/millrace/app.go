@@ -197,9 +197,10 @@ func stopGRPC(ctx context.Context, g *grpc.Server) {
 type httpServer struct {
 	srv  *http.Server
 	addr net.Addr
+	lis  *netlimit.Listener
 }
 
-func startHTTP(addr string, t *telemetry, ready func(context.Context) error, mux *http.ServeMux, log *slog.Logger) (*httpServer, error) {
+func startHTTP(ctx context.Context, o httpOptions, t *telemetry, ready func(context.Context) error, mux *http.ServeMux, log *slog.Logger) (*httpServer, error) {
 	if mux == nil {
 		mux = http.NewServeMux()
 	}
@@ -214,18 +215,27 @@ func startHTTP(addr string, t *telemetry, ready func(context.Context) error, mux
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	lis, err := net.Listen("tcp", addr)
+	h, err := o.guard(ctx, t, mux, log)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("HTTP listen: %w", err)
 	}
-	s := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// No read or write timeout for whole requests: a reservation waits up
+	// to a minute for its placement and a document body may be large. A
+	// client still must send its headers promptly, may keep an idle
+	// connection only so long, and may hold only so many.
+	s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: o.idleTimeout, MaxHeaderBytes: 64 << 10}
+	capped := netlimit.Wrap(lis, netlimit.Config{Max: o.maxConns})
 	go func() {
-		if err := s.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("HTTP server stopped", "err", err)
 		}
 	}()
 	log.Info("HTTP serving", "addr", lis.Addr().String())
-	return &httpServer{srv: s, addr: lis.Addr()}, nil
+	return &httpServer{srv: s, addr: lis.Addr(), lis: capped}, nil
 }
 
 func (h *httpServer) stop(ctx context.Context) { h.srv.Shutdown(ctx) }

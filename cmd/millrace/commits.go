@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -11,9 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/streams"
 )
@@ -75,13 +74,13 @@ func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *
 	if err != nil {
 		return nil, err
 	}
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(o.maxBody + 64<<10)}
-	if o.tlsCert != "" || o.tlsKey != "" {
-		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("commits TLS certificate: %w", err)
-		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	opts := append(grpclimit.ServerOptions(grpclimit.Config{}), grpc.MaxRecvMsgSize(o.maxBody+64<<10))
+	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--commits-tls-cert", "--commits-tls-key")
+	if err != nil {
+		return nil, err
+	}
+	if creds != nil {
+		opts = append(opts, creds)
 	}
 	g := grpc.NewServer(opts...)
 	srv.Register(g)
@@ -91,7 +90,7 @@ func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *
 	}
 	e := &commitsEdge{srv: srv, grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
 	go func() { e.done <- g.Serve(lis) }()
-	log.Info("commits API serving", "addr", lis.Addr().String(), "tls", len(opts) > 1)
+	log.Info("commits API serving", "addr", lis.Addr().String(), "tls", creds != nil)
 	return e, nil
 }
 
@@ -128,14 +127,14 @@ before the call.`,
 				no       natsOptions
 				co       commitsOptions
 				bo       bucketOptions
-				httpAddr string
+				ho       httpOptions
 				shutdown time.Duration
 			)
 			lo.register(fs)
 			no.register(fs)
 			co.register(fs)
 			bo.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz")
 			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls in progress")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -150,7 +149,7 @@ before the call.`,
 					return err
 				}
 				defer bk.Close()
-				return runEdgeProcess(ctx, "millrace-commits", no, httpAddr, shutdown, log,
+				return runEdgeProcess(ctx, "millrace-commits", no, ho, shutdown, log,
 					func(ctx context.Context, bb *streams.Backbone, t *telemetry, mux *http.ServeMux) (servedEdge, error) {
 						e, err := startCommits(ctx, co, "", bb, bk, t, log)
 						if err == nil {

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,4 +150,81 @@ func counterValue(t *testing.T, tel *telemetry, name string) float64 {
 		}
 	}
 	return sum
+}
+
+// The real Bazel publishes to the edge over TLS (grpcs://, trusting the
+// test's CA with --tls_certificate), and the build is projected as Bazel
+// reported it; a plaintext client is not served.
+func TestBazelOverTLS(t *testing.T) {
+	needBazel(t)
+	db := testenv.Database(t)
+	dev := newDev(t, db)
+	ca, cert, key := testCA(t, t.TempDir())
+	dev.env = append(dev.env, "MILLRACE_BES_TLS_CERT="+cert, "MILLRACE_BES_TLS_KEY="+key)
+	dev.start()
+
+	conn, err := grpc.NewClient(dev.besAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	pctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if _, err := buildpb.NewPublishBuildEventClient(conn).PublishLifecycleEvent(pctx, lifecycle("")); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a plaintext client: %v, want UNAVAILABLE", err)
+	}
+
+	run := newBazelRun(t, 10, dev.besAddr)
+	bazelTLSRC(t, run.opt.Dir)
+	run.opt.Extra = append(run.opt.Extra, "--bes_backend=grpcs://"+dev.besAddr, "--tls_certificate="+ca)
+	code, out := run.start(t)()
+	run.checkExit(t, code, out, " over TLS", dev.output())
+	run.checkProjection(t, db)
+	dev.stop()
+}
+
+// Without keys, the edge will not listen beyond loopback unless told to,
+// and the error says what to do.
+func TestBESRefusesOpenListenerWithoutKeys(t *testing.T) {
+	tel := newTelemetry()
+	bb := testBackbone(t, tel)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var bo besOptions
+	parseFlags(t, bo.register, "-bes-listen", "0.0.0.0:0")
+	_, err := startBES(ctx, bo, bb, tel, slog.Default())
+	if err == nil || !strings.Contains(err.Error(), "--bes-insecure-open") || !strings.Contains(err.Error(), "--bes-api-keys-file") {
+		t.Fatalf("keyless edge on 0.0.0.0: %v; want a refusal naming --bes-api-keys-file and --bes-insecure-open", err)
+	}
+	var open besOptions
+	parseFlags(t, open.register, "-bes-listen", "0.0.0.0:0", "-bes-insecure-open")
+	e, err := startBES(ctx, open, bb, newTelemetry(), slog.Default())
+	if err != nil {
+		t.Fatalf("with --bes-insecure-open: %v", err)
+	}
+	e.stop(context.Background())
+	var keyed besOptions
+	parseFlags(t, keyed.register, "-bes-listen", "0.0.0.0:0", "-bes-api-keys", "p=0123456789abcdef")
+	e, err = startBES(ctx, keyed, bb, newTelemetry(), slog.Default())
+	if err != nil {
+		t.Fatalf("with keys: %v", err)
+	}
+	e.stop(context.Background())
+}
+
+// bazelTLSRC lets Debian's Bazel 4.2.3 speak TLS: its Netty finds no ALPN in
+// the JDK ("JDK provider does not support ALPN protocol") and needs
+// OpenSSL through netty-tcnative (package libnetty-tcnative-jni), whose
+// JNI library is outside the library path the Bazel client sets for its
+// server. A workspace rc file adds it.
+func bazelTLSRC(t *testing.T, dir string) {
+	t.Helper()
+	libs, _ := filepath.Glob("/usr/lib/*/jni/libnetty-tcnative.so")
+	if len(libs) == 0 {
+		t.Skip("SKIPPED: no libnetty-tcnative.so -- Bazel over TLS did not run; apt-get install libnetty-tcnative-jni (scripts/deps.sh test does)")
+	}
+	rc := "startup --host_jvm_args=-Djava.library.path=/usr/share/bazel:" + filepath.Dir(libs[0]) + "\n"
+	if err := os.WriteFile(filepath.Join(dir, ".bazelrc"), []byte(rc), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }

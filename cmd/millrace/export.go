@@ -231,15 +231,15 @@ Run one exporter per stream and consumer name. Metrics (millrace_export_*,
 millrace_kafka_*) on --http-listen. See projectors/kafka/README.md.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo       logOptions
-				no       natsOptions
-				ko       kafkaOptions
-				httpAddr string
+				lo logOptions
+				no natsOptions
+				ko kafkaOptions
+				ho httpOptions
 			)
 			lo.register(fs)
 			no.register(fs)
 			ko.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8088", "HTTP address: /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8088", "HTTP address: /metrics, /healthz, /readyz")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"export kafka takes no arguments"}
@@ -258,7 +258,7 @@ millrace_kafka_*) on --http-listen. See projectors/kafka/README.md.`,
 				if err != nil {
 					return err
 				}
-				web, err := startHTTP(httpAddr, t, readiness(bb, nil), nil, log)
+				web, err := startHTTP(ctx, ho, t, readiness(bb, nil), nil, log)
 				if err != nil {
 					return err
 				}

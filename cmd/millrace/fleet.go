@@ -20,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/millrace/millrace/internal/grpclimit"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
@@ -191,15 +191,14 @@ type reservationsGRPC struct {
 }
 
 func startReservationsGRPC(o reservationsOptions, l *lateReservations, log *slog.Logger) (*reservationsGRPC, error) {
-	var opts []grpc.ServerOption
-	if o.tlsCert != "" || o.tlsKey != "" {
-		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("reservations TLS certificate: %w", err)
-		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	opts := append(grpclimit.ServerOptions(grpclimit.Config{}), grpc.MaxRecvMsgSize(reservations.MaxRequestBytes))
+	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--reservations-tls-cert", "--reservations-tls-key")
+	if err != nil {
+		return nil, err
 	}
-	opts = append(opts, grpc.MaxRecvMsgSize(reservations.MaxRequestBytes))
+	if creds != nil {
+		opts = append(opts, creds)
+	}
 	g := grpc.NewServer(opts...)
 	l.register(g, nil)
 	lis, err := net.Listen("tcp", o.listen)
@@ -208,7 +207,7 @@ func startReservationsGRPC(o reservationsOptions, l *lateReservations, log *slog
 	}
 	r := &reservationsGRPC{grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
 	go func() { r.done <- g.Serve(lis) }()
-	log.Info("reservations API serving", "addr", lis.Addr().String(), "tls", len(opts) > 1)
+	log.Info("reservations API serving", "addr", lis.Addr().String(), "tls", creds != nil)
 	return r, nil
 }
 

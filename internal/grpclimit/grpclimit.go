@@ -6,6 +6,10 @@
 package grpclimit
 
 import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
 	"time"
 
 	"google.golang.org/grpc"
@@ -55,5 +59,41 @@ func ServerOptions(c Config) []grpc.ServerOption {
 		grpc.ConnectionTimeout(c.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: c.KeepaliveTime, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minPingInterval, PermitWithoutStream: true}),
+	}
+}
+
+// ReadMaxStreams dials addr (plaintext) and returns the
+// SETTINGS_MAX_CONCURRENT_STREAMS its HTTP/2 server advertises, speaking
+// just enough HTTP/2 to read the first SETTINGS frame. It is for tests and
+// diagnostics: what a client is told is what bounds it.
+func ReadMaxStreams(addr string) (uint32, error) {
+	c, err := net.DialTimeout("tcp", addr, 10*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	// The client preface and an empty SETTINGS frame.
+	if _, err := c.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)); err != nil {
+		return 0, err
+	}
+	for {
+		var h [9]byte
+		if _, err := io.ReadFull(c, h[:]); err != nil {
+			return 0, err
+		}
+		payload := make([]byte, int(h[0])<<16|int(h[1])<<8|int(h[2]))
+		if _, err := io.ReadFull(c, payload); err != nil {
+			return 0, err
+		}
+		if h[3] != 4 || h[4]&1 != 0 { // not SETTINGS, or a SETTINGS ack
+			continue
+		}
+		for i := 0; i+6 <= len(payload); i += 6 {
+			if binary.BigEndian.Uint16(payload[i:]) == 3 { // SETTINGS_MAX_CONCURRENT_STREAMS
+				return binary.BigEndian.Uint32(payload[i+2:]), nil
+			}
+		}
+		return 0, errors.New("the server's SETTINGS name no MAX_CONCURRENT_STREAMS (unlimited)")
 	}
 }

@@ -1,15 +1,14 @@
 package bes
 
 import (
-	"encoding/binary"
 	"errors"
-	"io"
-	"net"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+
+	"github.com/millrace/millrace/internal/grpclimit"
 )
 
 func (e *edge) unauthenticatedStreams() int {
@@ -116,44 +115,8 @@ func TestIdleTimeout(t *testing.T) {
 // extra streams refused by the transport.
 func TestMaxStreamsPerConnAdvertised(t *testing.T) {
 	_, e := newTest(t, Config{MaxStreamsPerConn: 3})
-	if got := maxConcurrentStreams(t, e.addr); got != 3 {
-		t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS = %d, want 3", got)
-	}
-}
-
-// maxConcurrentStreams speaks just enough HTTP/2 to read the server's
-// first SETTINGS frame.
-func maxConcurrentStreams(t *testing.T, addr string) uint32 {
-	t.Helper()
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
-	// The client preface and an empty SETTINGS frame.
-	if _, err := c.Write(append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		var h [9]byte
-		if _, err := io.ReadFull(c, h[:]); err != nil {
-			t.Fatal(err)
-		}
-		n := int(h[0])<<16 | int(h[1])<<8 | int(h[2])
-		payload := make([]byte, n)
-		if _, err := io.ReadFull(c, payload); err != nil {
-			t.Fatal(err)
-		}
-		if h[3] != 4 || h[4]&1 != 0 { // not SETTINGS, or a SETTINGS ack
-			continue
-		}
-		for i := 0; i+6 <= len(payload); i += 6 {
-			if binary.BigEndian.Uint16(payload[i:]) == 3 { // SETTINGS_MAX_CONCURRENT_STREAMS
-				return binary.BigEndian.Uint32(payload[i+2:])
-			}
-		}
-		t.Fatal("the server's SETTINGS name no MAX_CONCURRENT_STREAMS")
+	if got, err := grpclimit.ReadMaxStreams(e.addr); err != nil || got != 3 {
+		t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS = %d, %v; want 3", got, err)
 	}
 }
 
