@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -214,17 +217,83 @@ func TestBESRefusesOpenListenerWithoutKeys(t *testing.T) {
 
 // bazelTLSRC lets Debian's Bazel 4.2.3 speak TLS: its Netty finds no ALPN in
 // the JDK ("JDK provider does not support ALPN protocol") and needs
-// OpenSSL through netty-tcnative (package libnetty-tcnative-jni), whose
-// JNI library is outside the library path the Bazel client sets for its
-// server. A workspace rc file adds it.
+// OpenSSL through netty-tcnative (package libnetty-tcnative-jni). Netty
+// looks for libnetty_tcnative.so, Debian installs libnetty-tcnative.so,
+// and the library refuses to run under a name it does not expect (a
+// symbolic link resolves to the Debian name): a copy under Netty's name,
+// on the library path of the Bazel server, set in the workspace's rc file.
 func bazelTLSRC(t *testing.T, dir string) {
 	t.Helper()
 	libs, _ := filepath.Glob("/usr/lib/*/jni/libnetty-tcnative.so")
 	if len(libs) == 0 {
 		t.Skip("SKIPPED: no libnetty-tcnative.so -- Bazel over TLS did not run; apt-get install libnetty-tcnative-jni (scripts/deps.sh test does)")
 	}
-	rc := "startup --host_jvm_args=-Djava.library.path=/usr/share/bazel:" + filepath.Dir(libs[0]) + "\n"
-	if err := os.WriteFile(filepath.Join(dir, ".bazelrc"), []byte(rc), 0o644); err != nil {
+	lib, err := os.ReadFile(libs[0])
+	if err != nil {
 		t.Fatal(err)
+	}
+	jni := filepath.Join(t.TempDir(), "jni")
+	if err := os.MkdirAll(jni, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(jni, "libnetty_tcnative.so"), lib, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rc := "startup --host_jvm_args=-Djava.library.path=/usr/share/bazel:" + jni + "\n"
+	// The workspace is a directory of dir: the one whose WORKSPACE names it.
+	wss, _ := filepath.Glob(filepath.Join(dir, "*", "WORKSPACE"))
+	for _, ws := range wss {
+		if b, err := os.ReadFile(ws); err == nil && strings.Contains(string(b), "workspace(name") {
+			if err := os.WriteFile(filepath.Join(filepath.Dir(ws), ".bazelrc"), []byte(rc), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			return
+		}
+	}
+	t.Fatal("no generated WORKSPACE found")
+}
+
+// The same for the commits API's keys, over its HTTP API.
+func TestCommitsKeysReloadWithoutRestart(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tel := newTelemetry()
+	bb := testBackbone(t, tel)
+	keys := filepath.Join(t.TempDir(), "commits-keys")
+	const keyA, keyB = "alpha-key-0123456789", "bravo-key-0123456789"
+	replaceFile(t, keys, "*="+keyA+"\n")
+	var co commitsOptions
+	parseFlags(t, co.register, "-commits-listen", "127.0.0.1:0", "-commits-api-keys-file", keys)
+	ce, err := startCommits(ctx, co, "", bb, nil, tel, slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ce.stop(context.Background())
+	mux := http.NewServeMux()
+	ce.mount(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	n := 0
+	put := func(key string) int {
+		n++
+		req, _ := http.NewRequest("PUT", fmt.Sprintf("%s/v1/worlds/w/docs/d%d", srv.URL, n), strings.NewReader("v"))
+		req.Header.Set("Authorization", "Bearer "+key)
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	if c := put(keyA); c/100 != 2 {
+		t.Fatalf("key A at start: %d", c)
+	}
+	if c := put(keyB); c != http.StatusUnauthorized {
+		t.Fatalf("key B before it is added: %d", c)
+	}
+	replaceFile(t, keys, "*="+keyB+"\n")
+	poll(t, "key A refused", func() bool { return put(keyA) == http.StatusUnauthorized })
+	if c := put(keyB); c/100 != 2 {
+		t.Fatalf("key B after it was added: %d", c)
 	}
 }
