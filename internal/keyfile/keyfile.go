@@ -60,10 +60,11 @@ type Watcher struct {
 	log   *slog.Logger
 	m     *Metrics
 
-	mu     sync.Mutex // one read-and-apply at a time
-	stamp  stamp
-	digest [32]byte // of what was last applied: a touch alone changes nothing
-	poke   chan struct{}
+	mu      sync.Mutex // one read-and-apply at a time
+	stamp   stamp
+	digest  [32]byte // of what was last applied: a touch alone changes nothing
+	lastErr string   // reported already: a file missing for a minute is logged once
+	poke    chan struct{}
 }
 
 // stamp is what a cheap stat says about a file.
@@ -157,21 +158,25 @@ func (w *Watcher) check(force bool) error {
 		err = w.apply(b)
 	}
 	if err != nil {
-		// Keep the stamp: an unreadable or bad file is retried on its next
-		// change, without logging every second meanwhile.
-		if !w.stamp.same(st) || force {
+		// A bad file is read again only when it changes (its stamp is
+		// kept); a missing one every interval. Either is reported once
+		// until the error changes.
+		if msg := err.Error(); msg != w.lastErr || force {
+			w.lastErr = msg
 			w.log.Error("key file not reloaded; the previous keys stay in force", "file", w.path, "err", err)
 			if w.m != nil {
 				w.m.errors.WithLabelValues(w.path).Inc()
-				w.m.failing.WithLabelValues(w.path).Set(1)
 			}
+		}
+		if w.m != nil {
+			w.m.failing.WithLabelValues(w.path).Set(1)
 		}
 		if st.info != nil {
 			w.stamp = st
 		}
 		return err
 	}
-	w.stamp, w.digest = st, sha256.Sum256(b)
+	w.stamp, w.digest, w.lastErr = st, sha256.Sum256(b), ""
 	w.log.Info("key file reloaded", "file", w.path)
 	if w.m != nil {
 		w.m.reloads.WithLabelValues(w.path).Inc()
