@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a target needs when it is missing, from Debian's packages:
 #   run   - PostgreSQL binaries, unless a server answers on 127.0.0.1:5432 or DATABASE_URL is set
-#   test  - the above, plus Bazel (bazel-bootstrap) for the end-to-end tests and protoc
+#   test  - the above, plus Bazel (bazel-bootstrap, and libnetty-tcnative-jni for its TLS) for the
+#           end-to-end tests and protoc
 #   proto - protoc (protobuf-compiler)
 # Without root it only says what is missing.
 set -euo pipefail
@@ -14,6 +15,10 @@ case "${1:-run}" in
   run)   have_pg_server || have_pg_bins || need+=(postgresql) ;;
   test)  have_pg_server || have_pg_bins || need+=(postgresql)
          command -v bazel >/dev/null || need+=(bazel-bootstrap)
+         # Bazel 4.2.3 as Debian packs it speaks TLS (grpcs:// BES) only
+         # through OpenSSL: without this JNI library it fails with "JDK
+         # provider does not support ALPN protocol".
+         ls /usr/lib/*/jni/libnetty-tcnative.so >/dev/null 2>&1 || need+=(libnetty-tcnative-jni)
          command -v protoc >/dev/null || need+=(protobuf-compiler) ;;
   proto) command -v protoc >/dev/null || need+=(protobuf-compiler) ;;
   *) echo "usage: deps.sh run|test|proto" >&2; exit 2 ;;

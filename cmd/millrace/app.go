@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,8 +16,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	"github.com/millrace/millrace/internal/devdb"
+	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/netlimit"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/streams"
@@ -96,12 +100,13 @@ func openPool(ctx context.Context, o dbOptions, migrate bool, log *slog.Logger) 
 type telemetry struct {
 	reg *prometheus.Registry
 	sm  *streams.Metrics
+	kf  *keyfile.Metrics
 }
 
 func newTelemetry() *telemetry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return &telemetry{reg: reg, sm: streams.NewMetrics(reg)}
+	return &telemetry{reg: reg, sm: streams.NewMetrics(reg), kf: keyfile.NewMetrics(reg)}
 }
 
 // besEdge is a running BES gRPC server.
@@ -113,7 +118,7 @@ type besEdge struct {
 
 // startBES listens on o.listen and serves the BES edge on bb.
 func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *telemetry, log *slog.Logger) (*besEdge, error) {
-	cfg, err := o.config()
+	cfg, err := o.config(ctx, t, log)
 	if err != nil {
 		return nil, err
 	}
@@ -124,20 +129,52 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 	if err != nil {
 		return nil, fmt.Errorf("BES stream: %w", err)
 	}
-	srv := bes.New(cfg, bb.Publisher(), stream, bes.NewMetrics(t.reg), log.With("service", "bes"))
-	g := grpc.NewServer(srv.ServerOptions()...)
+	if err := bes.CheckExposure(o.listen, cfg.Keys.Len(), o.insecureOpen); err != nil {
+		return nil, err
+	}
+	if cfg.Keys.Len() == 0 && o.insecureOpen && !netlimit.IsLoopback(o.listen) {
+		log.Warn("BES edge open to every client: no API keys and --bes-insecure-open", "addr", o.listen)
+	}
+	m := bes.NewMetrics(t.reg)
+	srv := bes.New(cfg, bb.Publisher(), stream, m, log.With("service", "bes"))
+	opts := srv.ServerOptions()
+	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--bes-tls-cert", "--bes-tls-key")
+	if err != nil {
+		return nil, err
+	}
+	if creds != nil {
+		opts = append(opts, creds)
+	}
+	g := grpc.NewServer(opts...)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("BES listen: %w", err)
 	}
+	capped := netlimit.Wrap(lis, netlimit.Config{PerAddr: o.connsPerAddr, ExemptLoopback: true, OnRefuse: m.RefusedConnection})
 	e := &besEdge{grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
-	go func() { e.done <- g.Serve(lis) }()
-	log.Info("BES edge serving", "addr", lis.Addr().String(), "api_keys", cfg.Keys.Len(), "redaction", !cfg.NoRedaction)
+	go func() { e.done <- g.Serve(capped) }()
+	log.Info("BES edge serving", "addr", lis.Addr().String(), "api_keys", cfg.Keys.Len(), "tls", creds != nil, "redaction", !cfg.NoRedaction)
 	if cfg.NoRedaction {
 		log.Warn("BES redaction is off (MILLRACE_BES_REDACT=false): build events are stored with the secrets Bazel sent")
 	}
 	return e, nil
+}
+
+// serverTLS loads a PEM certificate and key for a gRPC server; both empty
+// is plaintext (nil). certFlag and keyFlag name the flags in errors.
+func serverTLS(cert, key, certFlag, keyFlag string) (grpc.ServerOption, error) {
+	if cert == "" && key == "" {
+		return nil, nil
+	}
+	if cert == "" || key == "" {
+		return nil, usageError{certFlag + " and " + keyFlag + " go together"}
+	}
+	pair, err := tls.LoadX509KeyPair(cert, key)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", certFlag, err)
+	}
+	return grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12})), nil
 }
 
 // stop stops accepting streams and lets open ones finish (their acks
@@ -163,9 +200,10 @@ func stopGRPC(ctx context.Context, g *grpc.Server) {
 type httpServer struct {
 	srv  *http.Server
 	addr net.Addr
+	lis  *netlimit.Listener
 }
 
-func startHTTP(addr string, t *telemetry, ready func(context.Context) error, mux *http.ServeMux, log *slog.Logger) (*httpServer, error) {
+func startHTTP(ctx context.Context, o httpOptions, t *telemetry, ready func(context.Context) error, mux *http.ServeMux, log *slog.Logger) (*httpServer, error) {
 	if mux == nil {
 		mux = http.NewServeMux()
 	}
@@ -180,18 +218,27 @@ func startHTTP(addr string, t *telemetry, ready func(context.Context) error, mux
 		}
 		fmt.Fprintln(w, "ready")
 	})
-	lis, err := net.Listen("tcp", addr)
+	h, err := o.guard(ctx, t, mux, log)
+	if err != nil {
+		return nil, err
+	}
+	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("HTTP listen: %w", err)
 	}
-	s := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	// No read or write timeout for whole requests: a reservation waits up
+	// to a minute for its placement and a document body may be large. A
+	// client still must send its headers promptly, may keep an idle
+	// connection only so long, and may hold only so many.
+	s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: o.idleTimeout, MaxHeaderBytes: 64 << 10}
+	capped := netlimit.Wrap(lis, netlimit.Config{Max: o.maxConns})
 	go func() {
-		if err := s.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("HTTP server stopped", "err", err)
 		}
 	}()
 	log.Info("HTTP serving", "addr", lis.Addr().String())
-	return &httpServer{srv: s, addr: lis.Addr()}, nil
+	return &httpServer{srv: s, addr: lis.Addr(), lis: capped}, nil
 }
 
 func (h *httpServer) stop(ctx context.Context) { h.srv.Shutdown(ctx) }

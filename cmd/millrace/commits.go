@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -11,9 +10,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/streams"
 )
@@ -33,21 +32,18 @@ func (o *commitsOptions) register(fs *flag.FlagSet) {
 	envString(fs, &o.tlsKey, "commits-tls-key", "MILLRACE_COMMITS_TLS_KEY", "", "PEM private key of --commits-tls-cert")
 	envString(fs, &o.keys, "commits-api-keys", "MILLRACE_COMMITS_API_KEYS", "", "commits API keys as world=key (one world) or *=key (every world), comma-separated")
 	envString(fs, &o.keysFile, "commits-api-keys-file", "MILLRACE_COMMITS_API_KEYS_FILE", "", "file of API key lines (added to --commits-api-keys)")
-	envInt(fs, &o.maxBody, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", commits.DefaultMaxBodyBytes, "largest document body")
-	envInt(fs, &o.cacheBytes, "commits-cache-bytes", "MILLRACE_COMMITS_CACHE_BYTES", commits.DefaultCacheBytes, "memory for decoded checkpoint objects (shards, history segments) kept to answer reads of folded versions")
+	envSize(fs, &o.maxBody, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", commits.DefaultMaxBodyBytes, "largest document body")
+	envSize(fs, &o.cacheBytes, "commits-cache-bytes", "MILLRACE_COMMITS_CACHE_BYTES", commits.DefaultCacheBytes, "memory for decoded checkpoint objects (shards, history segments) kept to answer reads of folded versions")
 	envInt(fs, &o.indexWorlds, "commits-index-worlds", "MILLRACE_COMMITS_INDEX_WORLDS", commits.DefaultIndexWorlds, "worlds List keeps open in memory (about 100 bytes plus the id per document); the least recently listed closes first")
 	envDuration(fs, &o.listWait, "commits-list-wait", "MILLRACE_COMMITS_LIST_WAIT", commits.DefaultListWait, "how long a List waits for an open world to catch up with the writes acknowledged before it")
 }
 
 // config reads the keys; devSecrets, when not empty, is where a
 // development key for every world is kept if none is configured.
-func (o *commitsOptions) config(devSecrets string, log *slog.Logger) (commits.Config, error) {
-	text, err := keyLines(o.keys, o.keysFile, devSecrets, "commits-api-keys", "*", "commits API key (every world)", log)
-	if err != nil {
-		return commits.Config{}, err
-	}
-	keys, err := commits.ParseKeys(text)
-	if err != nil {
+func (o *commitsOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (commits.Config, error) {
+	keys := &commits.Keys{}
+	src := keySource{inline: o.keys, file: o.keysFile, devSecrets: devSecrets, devFile: "commits-api-keys", devName: "*", what: "commits API keys"}
+	if err := loadKeys(ctx, t, src, commits.ParseKeys, keys, log); err != nil {
 		return commits.Config{}, err
 	}
 	return commits.Config{Keys: keys, MaxBodyBytes: o.maxBody, CacheBytes: o.cacheBytes,
@@ -67,7 +63,7 @@ type commitsEdge struct {
 // the log into (nil: versions folded out of the stream cannot be read).
 func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *streams.Backbone, bk *bucket.Bucket, t *telemetry, log *slog.Logger) (*commitsEdge, error) {
 	log = log.With("service", "commits")
-	cfg, err := o.config(devSecrets, log)
+	cfg, err := o.config(ctx, t, devSecrets, log)
 	if err != nil {
 		return nil, err
 	}
@@ -78,13 +74,13 @@ func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *
 	if err != nil {
 		return nil, err
 	}
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(o.maxBody + 64<<10)}
-	if o.tlsCert != "" || o.tlsKey != "" {
-		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("commits TLS certificate: %w", err)
-		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	opts := append(grpclimit.ServerOptions(grpclimit.Config{}), grpc.MaxRecvMsgSize(o.maxBody+64<<10))
+	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--commits-tls-cert", "--commits-tls-key")
+	if err != nil {
+		return nil, err
+	}
+	if creds != nil {
+		opts = append(opts, creds)
 	}
 	g := grpc.NewServer(opts...)
 	srv.Register(g)
@@ -94,7 +90,7 @@ func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *
 	}
 	e := &commitsEdge{srv: srv, grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
 	go func() { e.done <- g.Serve(lis) }()
-	log.Info("commits API serving", "addr", lis.Addr().String(), "tls", len(opts) > 1)
+	log.Info("commits API serving", "addr", lis.Addr().String(), "tls", creds != nil)
 	return e, nil
 }
 
@@ -131,14 +127,14 @@ before the call.`,
 				no       natsOptions
 				co       commitsOptions
 				bo       bucketOptions
-				httpAddr string
+				ho       httpOptions
 				shutdown time.Duration
 			)
 			lo.register(fs)
 			no.register(fs)
 			co.register(fs)
 			bo.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz")
 			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls in progress")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -153,7 +149,7 @@ before the call.`,
 					return err
 				}
 				defer bk.Close()
-				return runEdgeProcess(ctx, "millrace-commits", no, httpAddr, shutdown, log,
+				return runEdgeProcess(ctx, "millrace-commits", no, ho, shutdown, log,
 					func(ctx context.Context, bb *streams.Backbone, t *telemetry, mux *http.ServeMux) (servedEdge, error) {
 						e, err := startCommits(ctx, co, "", bb, bk, t, log)
 						if err == nil {

@@ -182,14 +182,14 @@ on --http-listen.`,
 				no       natsOptions
 				bo       bucketOptions
 				co       compactorOptions
-				httpAddr string
+				ho       httpOptions
 				shutdown time.Duration
 			)
 			lo.register(fs)
 			no.register(fs)
 			bo.register(fs)
 			co.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8087", "HTTP address: /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8087", "HTTP address: /metrics, /healthz, /readyz")
 			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second,
 				"how long shutdown lets passes in flight finish; a pass cut short is redone after the next start")
 			return func(ctx context.Context, args []string) error {
@@ -215,7 +215,7 @@ on --http-listen.`,
 					return err
 				}
 				defer bk.Close()
-				web, err := startHTTP(httpAddr, t, readiness(bb, nil), nil, log)
+				web, err := startHTTP(ctx, ho, t, readiness(bb, nil), nil, log)
 				if err != nil {
 					return err
 				}

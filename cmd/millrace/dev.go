@@ -62,7 +62,7 @@ type devOptions struct {
 	bucket    bucketOptions
 	compactor compactorOptions
 	kafka     kafkaOptions
-	http      string
+	http      httpOptions
 	shutdown  time.Duration
 }
 
@@ -80,7 +80,7 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.bucket.register(fs)
 	o.compactor.register(fs)
 	o.kafka.register(fs)
-	envString(fs, &o.http, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
+	o.http.register(fs, "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
 	envDuration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
 }
 
@@ -125,7 +125,7 @@ func runDev(ctx context.Context, o devOptions) error {
 		edge.stop(ctx)
 		return err
 	}
-	resvCfg, err := o.resv.config(devSecretsDir, log)
+	resvCfg, err := o.resv.config(ctx, t, devSecretsDir, log)
 	if err != nil {
 		edge.stop(ctx)
 		gw.stop(ctx)
@@ -167,7 +167,7 @@ func runDev(ctx context.Context, o devOptions) error {
 	registerConsole(mux, pool.Load)
 	api.register(nil, mux)
 	ce.mount(mux)
-	web, err := startHTTP(o.http, t, readiness(bb, pool.Load), mux, log)
+	web, err := startHTTP(ctx, o.http, t, readiness(bb, pool.Load), mux, log)
 	if err != nil {
 		edge.stop(ctx)
 		gw.stop(ctx)

@@ -46,7 +46,7 @@ func (o *kafkaOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.partitions, "kafka-partitions", "MILLRACE_KAFKA_PARTITIONS", 12, "partitions of created topics (-1: the brokers' default)")
 	envInt(fs, &o.replicationFactor, "kafka-replication-factor", "MILLRACE_KAFKA_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the brokers' default)")
 	envDuration(fs, &o.linger, "kafka-linger", "MILLRACE_KAFKA_LINGER", 10*time.Millisecond, "how long a partition's batch waits for more records before it is sent (a backlog fills batches sooner)")
-	envInt(fs, &o.batchMaxBytes, "kafka-batch-max-bytes", "MILLRACE_KAFKA_BATCH_MAX_BYTES", 1<<20, "largest batch per partition (keep under the brokers' message.max.bytes)")
+	envSize(fs, &o.batchMaxBytes, "kafka-batch-max-bytes", "MILLRACE_KAFKA_BATCH_MAX_BYTES", 1<<20, "largest batch per partition (keep under the brokers' message.max.bytes)")
 	envInt(fs, &o.maxBuffered, "kafka-max-buffered-records", "MILLRACE_KAFKA_MAX_BUFFERED_RECORDS", 50000, "records waiting for Kafka's ack before export pauses")
 	envString(fs, &o.compression, "kafka-compression", "MILLRACE_KAFKA_COMPRESSION", "lz4", "batch compression: none, gzip, snappy, lz4 or zstd")
 	envBool(fs, &o.tls, "kafka-tls", "MILLRACE_KAFKA_TLS", false, "connect to the brokers over TLS (implied by --kafka-tls-ca or --kafka-tls-cert)")
@@ -231,15 +231,15 @@ Run one exporter per stream and consumer name. Metrics (millrace_export_*,
 millrace_kafka_*) on --http-listen. See projectors/kafka/README.md.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo       logOptions
-				no       natsOptions
-				ko       kafkaOptions
-				httpAddr string
+				lo logOptions
+				no natsOptions
+				ko kafkaOptions
+				ho httpOptions
 			)
 			lo.register(fs)
 			no.register(fs)
 			ko.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8088", "HTTP address: /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8088", "HTTP address: /metrics, /healthz, /readyz")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"export kafka takes no arguments"}
@@ -258,7 +258,7 @@ millrace_kafka_*) on --http-listen. See projectors/kafka/README.md.`,
 				if err != nil {
 					return err
 				}
-				web, err := startHTTP(httpAddr, t, readiness(bb, nil), nil, log)
+				web, err := startHTTP(ctx, ho, t, readiness(bb, nil), nil, log)
 				if err != nil {
 					return err
 				}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	buildsproj "github.com/millrace/millrace/projectors/builds"
@@ -29,12 +31,37 @@ func envString(fs *flag.FlagSet, p *string, name, env, def, help string) {
 	fs.StringVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
 }
 
+// A value from the environment that does not parse is a mistake to stop
+// at, not one to run past with the default: MILLRACE_BUILDS_BATCH=1k once
+// ran with 1000. Each helper below parses the variable as its flag would
+// and records a failure against the flag set; run refuses to start while
+// envErrors reports one, naming the variable.
+var envFailures = struct {
+	sync.Mutex
+	m map[*flag.FlagSet][]error
+}{m: map[*flag.FlagSet][]error{}}
+
+func envFail(fs *flag.FlagSet, env, v, want string) {
+	envFailures.Lock()
+	defer envFailures.Unlock()
+	envFailures.m[fs] = append(envFailures.m[fs], fmt.Errorf("$%s=%q is not %s", env, v, want))
+}
+
+// envErrors is every environment variable of fs's flags that did not parse.
+func envErrors(fs *flag.FlagSet) error {
+	envFailures.Lock()
+	defer envFailures.Unlock()
+	err := errors.Join(envFailures.m[fs]...)
+	delete(envFailures.m, fs)
+	return err
+}
+
 func envInt(fs *flag.FlagSet, p *int, name, env string, def int, help string) {
 	if v, ok := os.LookupEnv(env); ok {
-		if n, err := strconv.Atoi(v); err == nil {
+		if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
 			def = n
 		} else {
-			fmt.Fprintf(os.Stderr, "millrace: ignoring $%s=%q: not a number\n", env, v)
+			envFail(fs, env, v, "a whole number")
 		}
 	}
 	fs.IntVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
@@ -42,10 +69,10 @@ func envInt(fs *flag.FlagSet, p *int, name, env string, def int, help string) {
 
 func envDuration(fs *flag.FlagSet, p *time.Duration, name, env string, def time.Duration, help string) {
 	if v, ok := os.LookupEnv(env); ok {
-		if d, err := time.ParseDuration(v); err == nil {
+		if d, err := time.ParseDuration(strings.TrimSpace(v)); err == nil {
 			def = d
 		} else {
-			fmt.Fprintf(os.Stderr, "millrace: ignoring $%s=%q: not a duration\n", env, v)
+			envFail(fs, env, v, "a duration (a number with a unit: 300ms, 30s, 5m)")
 		}
 	}
 	fs.DurationVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
@@ -53,13 +80,58 @@ func envDuration(fs *flag.FlagSet, p *time.Duration, name, env string, def time.
 
 func envBool(fs *flag.FlagSet, p *bool, name, env string, def bool, help string) {
 	if v, ok := os.LookupEnv(env); ok {
-		if b, err := strconv.ParseBool(v); err == nil {
+		if b, err := strconv.ParseBool(strings.TrimSpace(v)); err == nil {
 			def = b
 		} else {
-			fmt.Fprintf(os.Stderr, "millrace: ignoring $%s=%q: not true or false\n", env, v)
+			envFail(fs, env, v, "true or false")
 		}
 	}
 	fs.BoolVar(p, name, def, fmt.Sprintf("%s [$%s]", help, env))
+}
+
+// sizeValue is a flag of a byte count, written as a number with an
+// optional B, KiB, MiB, GiB or TiB suffix.
+type sizeValue struct{ p *int }
+
+func (v sizeValue) String() string {
+	if v.p == nil {
+		return "0"
+	}
+	return strconv.Itoa(*v.p)
+}
+
+func (v sizeValue) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*v.p = n
+	return nil
+}
+
+// parseSize reads a byte count like parseMemoryLimit, without "off".
+func parseSize(s string) (int, error) {
+	if strings.TrimSpace(s) == "off" {
+		return 0, fmt.Errorf("%q is not a size (a number with B, KiB, MiB, GiB or TiB)", s)
+	}
+	n, err := parseMemoryLimit(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is not a size (a number with B, KiB, MiB, GiB or TiB)", strings.TrimSpace(s))
+	}
+	return int(n), nil
+}
+
+// envSize is envInt for byte counts: 4MiB as well as 4194304.
+func envSize(fs *flag.FlagSet, p *int, name, env string, def int, help string) {
+	*p = def
+	if v, ok := os.LookupEnv(env); ok {
+		if n, err := parseSize(v); err == nil {
+			*p = n
+		} else {
+			envFail(fs, env, v, "a size (a number of bytes with an optional B, KiB, MiB, GiB or TiB)")
+		}
+	}
+	fs.Var(sizeValue{p}, name, fmt.Sprintf("%s (bytes; KiB, MiB, GiB suffixes allowed) [$%s]", help, env))
 }
 
 // parseMemoryLimit reads a size as GOMEMLIMIT does: a number of bytes with
@@ -136,7 +208,7 @@ func (o *natsOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.replicas, "nats-replicas", "MILLRACE_NATS_REPLICAS", 1, "replicas per stream (3 on a production cluster)")
 	envInt(fs, &o.retentionDays, "retention-raw-days", "RETENTION_RAW_DAYS", 30, "days the BES stream keeps raw build events")
 	envDuration(fs, &o.dupWindow, "nats-duplicate-window", "MILLRACE_NATS_DUPLICATE_WINDOW", streams.DefaultDuplicateWindow, "how long a resent event is recognised as a duplicate")
-	envInt(fs, &o.maxPayload, "nats-max-payload", "MILLRACE_NATS_MAX_PAYLOAD", streams.DefaultMaxPayload, "embedded server: largest message in bytes")
+	envSize(fs, &o.maxPayload, "nats-max-payload", "MILLRACE_NATS_MAX_PAYLOAD", streams.DefaultMaxPayload, "embedded server: largest message in bytes")
 	envString(fs, &o.creds, "nats-creds", "MILLRACE_NATS_CREDS", "", "--nats-url: NATS credentials file (user JWT and seed, as nsc makes them)")
 	envString(fs, &o.nkey, "nats-nkey", "MILLRACE_NATS_NKEY", "", "--nats-url: file holding a user nkey seed (SU...); for dev's embedded server from another process: <nats-dir>/auth/service.nk")
 	envString(fs, &o.tlsCA, "nats-tls-ca", "MILLRACE_NATS_TLS_CA", "", "--nats-url: PEM CA bundle the servers' certificates must chain to (turns TLS on)")
@@ -173,7 +245,7 @@ func (o *natsOptions) config() (streams.Config, error) {
 	} else {
 		d, err := time.ParseDuration(o.sync)
 		if err != nil || d <= 0 {
-			return c, usageError{fmt.Sprintf("nats sync %q: want a duration like 1s or \"always\"", o.sync)}
+			return c, usageError{fmt.Sprintf("--nats-sync ($MILLRACE_NATS_SYNC) %q: want a duration like 1s or \"always\"", o.sync)}
 		}
 		c.SyncInterval = d
 	}
@@ -196,33 +268,37 @@ func (o *dbOptions) register(fs *flag.FlagSet) {
 // besOptions configure the BES edge.
 type besOptions struct {
 	listen, keys, keysFile                          string
+	tlsCert, tlsKey                                 string
+	insecureOpen                                    bool
 	maxEventBytes, maxStreams, perProject, inFlight int
 	redact                                          redactOptions
+	perConn, connsPerAddr                           int
+	firstMessage, idle                              time.Duration
 }
 
 func (o *besOptions) register(fs *flag.FlagSet) {
 	envString(fs, &o.listen, "bes-listen", "MILLRACE_BES_LISTEN", "127.0.0.1:1985", "BES gRPC address (bazel --bes_backend=grpc://ADDR)")
 	envString(fs, &o.keys, "bes-api-keys", "MILLRACE_BES_API_KEYS", "", "API keys as project=key,project=key; empty accepts any client")
 	envString(fs, &o.keysFile, "bes-api-keys-file", "MILLRACE_BES_API_KEYS_FILE", "", "file of project=key lines (added to --bes-api-keys)")
-	envInt(fs, &o.maxEventBytes, "bes-max-event-bytes", "MILLRACE_BES_MAX_EVENT_BYTES", bes.DefaultMaxEventBytes, "largest build event accepted")
+	envSize(fs, &o.maxEventBytes, "bes-max-event-bytes", "MILLRACE_BES_MAX_EVENT_BYTES", bes.DefaultMaxEventBytes, "largest build event accepted")
 	envInt(fs, &o.maxStreams, "bes-max-streams", "MILLRACE_BES_MAX_STREAMS", bes.DefaultMaxStreams, "most build event streams open at once")
 	envInt(fs, &o.perProject, "bes-max-streams-per-project", "MILLRACE_BES_MAX_STREAMS_PER_PROJECT", 0, "most streams one project may hold open (0: half of --bes-max-streams)")
 	envInt(fs, &o.inFlight, "bes-max-in-flight", "MILLRACE_BES_MAX_IN_FLIGHT", bes.DefaultMaxInFlight, "events of one stream awaiting storage before the edge stops reading it")
 	o.redact.register(fs)
 	envBool(fs, &o.redact.on, "bes-redact", "MILLRACE_BES_REDACT", true, "redact secrets from build events before they are stored; false only to measure what redaction costs")
+	envString(fs, &o.tlsCert, "bes-tls-cert", "MILLRACE_BES_TLS_CERT", "", "PEM server certificate (chain) for the BES edge, with --bes-tls-key: Bazel then connects with --bes_backend=grpcs://HOST:PORT; empty serves plaintext")
+	envString(fs, &o.tlsKey, "bes-tls-key", "MILLRACE_BES_TLS_KEY", "", "PEM private key of --bes-tls-cert")
+	envBool(fs, &o.insecureOpen, "bes-insecure-open", "MILLRACE_BES_INSECURE_OPEN", false, "serve without API keys on an address other hosts can reach (refused otherwise): anyone who reaches the edge can publish as any project")
+	envInt(fs, &o.perConn, "bes-max-streams-per-conn", "MILLRACE_BES_MAX_STREAMS_PER_CONN", bes.DefaultMaxStreamsPerConn, "streams one client connection may hold open at once (a Bazel client holds one or two)")
+	envInt(fs, &o.connsPerAddr, "bes-max-conns-per-addr", "MILLRACE_BES_MAX_CONNS_PER_ADDR", 256, "connections one client IP may hold open (loopback clients, such as a local proxy, are exempt; 0: no cap)")
+	envDuration(fs, &o.firstMessage, "bes-first-message-timeout", "MILLRACE_BES_FIRST_MESSAGE_TIMEOUT", bes.DefaultFirstMessageTimeout, "how long a new stream may wait before its first event (which authenticates it)")
+	envDuration(fs, &o.idle, "bes-idle-timeout", "MILLRACE_BES_IDLE_TIMEOUT", bes.DefaultIdleTimeout, "a stream whose client sends nothing for this long is closed (Bazel resumes it)")
 }
 
-func (o *besOptions) config() (bes.Config, error) {
-	text := o.keys
-	if o.keysFile != "" {
-		b, err := os.ReadFile(o.keysFile)
-		if err != nil {
-			return bes.Config{}, fmt.Errorf("API keys file: %w", err)
-		}
-		text += "\n" + string(b)
-	}
-	keys, err := bes.ParseKeys(text)
-	if err != nil {
+func (o *besOptions) config(ctx context.Context, t *telemetry, log *slog.Logger) (bes.Config, error) {
+	keys := &bes.Keys{}
+	src := keySource{inline: o.keys, file: o.keysFile, what: "BES API keys"}
+	if err := loadKeys(ctx, t, src, bes.ParseKeys, keys, log); err != nil {
 		return bes.Config{}, err
 	}
 	r, err := o.redact.redactor()
@@ -237,6 +313,9 @@ func (o *besOptions) config() (bes.Config, error) {
 		Keys:                 keys,
 		Redactor:             r,
 		NoRedaction:          !o.redact.on,
+		FirstMessageTimeout:  o.firstMessage,
+		IdleTimeout:          o.idle,
+		MaxStreamsPerConn:    o.perConn,
 	}, nil
 }
 

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"flag"
+	"log/slog"
 	"strings"
 	"testing"
 )
@@ -29,7 +32,7 @@ func TestRedactOptions(t *testing.T) {
 	if err := fs.Parse([]string{"--bes-redact-pattern", "x{2} y", "--bes-redact-allow", "PATH,ROLE"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := o.config()
+	cfg, err := o.config(context.Background(), newTelemetry(), slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +55,56 @@ func TestRedactOptions(t *testing.T) {
 	var bad besOptions
 	bad.register(fs)
 	fs.Parse([]string{"--bes-redact-pattern", "a*"})
-	if _, err := bad.config(); err == nil || !strings.Contains(err.Error(), `"a*"`) {
+	if _, err := bad.config(context.Background(), newTelemetry(), slog.Default()); err == nil || !strings.Contains(err.Error(), `"a*"`) {
 		t.Fatalf("a pattern matching the empty string: %v", err)
+	}
+}
+
+// A variable that does not parse stops the command before it starts, and
+// the message names the variable; one that parses is taken.
+func TestBadEnvironmentFailsAtStart(t *testing.T) {
+	for _, c := range []struct {
+		cmd      []string
+		env, val string
+	}{
+		{[]string{"project", "builds"}, "MILLRACE_BUILDS_BATCH", "1k"},             // int
+		{[]string{"project", "builds"}, "MILLRACE_BUILDS_MAX_WAIT", "250"},         // duration without a unit
+		{[]string{"export", "kafka"}, "MILLRACE_KAFKA_CREATE_TOPICS", "yes"},       // bool
+		{[]string{"serve", "bes"}, "MILLRACE_BES_MAX_EVENT_BYTES", "4MB"},          // size
+		{[]string{"serve", "commits"}, "MILLRACE_COMMITS_MAX_BODY_BYTES", "lots"},  // size
+		{[]string{"serve", "bes"}, "MILLRACE_SHUTDOWN_TIMEOUT", "twenty seconds"},  // duration
+		{[]string{"project", "fleet"}, "MILLRACE_FLEET_PROJECTOR_BATCH", "1000.5"}, // int
+		{[]string{"serve", "fleet"}, "MILLRACE_FLEET_TLS_RESUMPTION", "enabled"},   // bool
+		{[]string{"serve", "fleet"}, "MILLRACE_FLEET_MEMORY_LIMIT", "1GB"},         // memory size
+	} {
+		t.Run(c.env, func(t *testing.T) {
+			t.Setenv(c.env, c.val)
+			var stdout, stderr bytes.Buffer
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel() // nothing may start: a command that got past the check ends at once
+			code := run(ctx, c.cmd, &stdout, &stderr)
+			if code != 2 || !strings.Contains(stderr.String(), c.env) || !strings.Contains(stderr.String(), c.val) {
+				t.Fatalf("%s=%s: exit %d, stderr %q; want exit 2 naming the variable and its value", c.env, c.val, code, stderr.String())
+			}
+		})
+	}
+}
+
+func TestEnvironmentSizes(t *testing.T) {
+	t.Setenv("MILLRACE_BES_MAX_EVENT_BYTES", "2MiB")
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	var o besOptions
+	o.register(fs)
+	if err := envErrors(fs); err != nil {
+		t.Fatal(err)
+	}
+	if o.maxEventBytes != 2<<20 {
+		t.Fatalf("MILLRACE_BES_MAX_EVENT_BYTES=2MiB gave %d", o.maxEventBytes)
+	}
+	if err := fs.Parse([]string{"-bes-max-event-bytes=512KiB"}); err != nil || o.maxEventBytes != 512<<10 {
+		t.Fatalf("-bes-max-event-bytes=512KiB gave %d, %v", o.maxEventBytes, err)
+	}
+	if err := fs.Parse([]string{"-bes-max-event-bytes=1k"}); err == nil {
+		t.Fatal("-bes-max-event-bytes=1k was accepted")
 	}
 }

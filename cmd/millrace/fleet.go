@@ -14,7 +14,6 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -22,9 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/millrace/millrace/internal/grpclimit"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
@@ -82,7 +81,7 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 
 // config loads the CA and TLS material. devSecrets, when not empty, is the
 // directory where a development join token is kept if none is configured.
-func (o *fleetOptions) config(devSecrets string, log *slog.Logger) (fleet.Config, error) {
+func (o *fleetOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (fleet.Config, error) {
 	var (
 		ca  *fleet.CA
 		err error
@@ -115,22 +114,9 @@ func (o *fleetOptions) config(devSecrets string, log *slog.Logger) (fleet.Config
 			return fleet.Config{}, fmt.Errorf("fleet server certificate: %w", err)
 		}
 	}
-	text := o.joinTokens
-	if o.joinTokensFile != "" {
-		b, err := os.ReadFile(o.joinTokensFile)
-		if err != nil {
-			return fleet.Config{}, fmt.Errorf("join tokens file: %w", err)
-		}
-		text += "\n" + string(b)
-	}
-	if strings.TrimSpace(text) == "" && devSecrets != "" {
-		if text, err = devSecret(devSecrets, "join-tokens", "default"); err != nil {
-			return fleet.Config{}, err
-		}
-		log.Info("development join token (pool default) in " + filepath.Join(devSecrets, "join-tokens"))
-	}
-	tokens, err := fleet.ParseJoinTokens(text)
-	if err != nil {
+	tokens := &fleet.JoinTokens{}
+	src := keySource{inline: o.joinTokens, file: o.joinTokensFile, devSecrets: devSecrets, devFile: "join-tokens", devName: "default", what: "join tokens"}
+	if err := loadKeys(ctx, t, src, fleet.ParseJoinTokens, tokens, log); err != nil {
 		return fleet.Config{}, err
 	}
 	id := o.gatewayID
@@ -194,28 +180,6 @@ func devSecret(dir, file, name string) (string, error) {
 	return line, nil
 }
 
-// keyLines returns the API key lines given inline and in file. When there
-// are none and devSecrets is set (millrace dev), it returns the line kept in
-// devSecrets/devFile, made with a random key for devName on first use.
-func keyLines(inline, file, devSecrets, devFile, devName, what string, log *slog.Logger) (string, error) {
-	text := inline
-	if file != "" {
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return "", fmt.Errorf("API keys file: %w", err)
-		}
-		text += "\n" + string(b)
-	}
-	if strings.TrimSpace(text) == "" && devSecrets != "" {
-		var err error
-		if text, err = devSecret(devSecrets, devFile, devName); err != nil {
-			return "", err
-		}
-		log.Info("development " + what + " in " + filepath.Join(devSecrets, devFile))
-	}
-	return text, nil
-}
-
 // reservationsOptions configure the reservations API.
 type reservationsOptions struct {
 	listen, tlsCert, tlsKey string
@@ -234,13 +198,10 @@ func (o *reservationsOptions) register(fs *flag.FlagSet) {
 	envDuration(fs, &o.maxWait, "fleet-max-wait", "MILLRACE_FLEET_MAX_WAIT", reservations.DefaultMaxWait, "longest wait for placement a Create may ask for")
 }
 
-func (o *reservationsOptions) config(devSecrets string, log *slog.Logger) (reservations.Config, error) {
-	text, err := keyLines(o.keys, o.keysFile, devSecrets, "api-keys", "dev", "reservation API key (owner dev)", log)
-	if err != nil {
-		return reservations.Config{}, err
-	}
-	keys, err := reservations.ParseKeys(text)
-	if err != nil {
+func (o *reservationsOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (reservations.Config, error) {
+	keys := &reservations.Keys{}
+	src := keySource{inline: o.keys, file: o.keysFile, devSecrets: devSecrets, devFile: "api-keys", devName: "dev", what: "reservation API keys"}
+	if err := loadKeys(ctx, t, src, reservations.ParseKeys, keys, log); err != nil {
 		return reservations.Config{}, err
 	}
 	return reservations.Config{Keys: keys, MaxPendingPerOwner: o.maxPending, MaxWait: o.maxWait}, nil
@@ -256,15 +217,14 @@ type reservationsGRPC struct {
 }
 
 func startReservationsGRPC(o reservationsOptions, l *lateReservations, log *slog.Logger) (*reservationsGRPC, error) {
-	var opts []grpc.ServerOption
-	if o.tlsCert != "" || o.tlsKey != "" {
-		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("reservations TLS certificate: %w", err)
-		}
-		opts = append(opts, grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})))
+	opts := append(grpclimit.ServerOptions(grpclimit.Config{}), grpc.MaxRecvMsgSize(reservations.MaxRequestBytes))
+	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--reservations-tls-cert", "--reservations-tls-key")
+	if err != nil {
+		return nil, err
 	}
-	opts = append(opts, grpc.MaxRecvMsgSize(reservations.MaxRequestBytes))
+	if creds != nil {
+		opts = append(opts, creds)
+	}
 	g := grpc.NewServer(opts...)
 	l.register(g, nil)
 	lis, err := net.Listen("tcp", o.listen)
@@ -273,7 +233,7 @@ func startReservationsGRPC(o reservationsOptions, l *lateReservations, log *slog
 	}
 	r := &reservationsGRPC{grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
 	go func() { r.done <- g.Serve(lis) }()
-	log.Info("reservations API serving", "addr", lis.Addr().String(), "tls", len(opts) > 1)
+	log.Info("reservations API serving", "addr", lis.Addr().String(), "tls", creds != nil)
 	return r, nil
 }
 
@@ -294,7 +254,7 @@ type fleetGateway struct {
 // registers more services on the same (TLS) server.
 func startFleet(ctx context.Context, o fleetOptions, devSecrets string, bb *streams.Backbone, t *telemetry, log *slog.Logger, extra ...func(*grpc.Server)) (*fleetGateway, error) {
 	log = log.With("service", "fleet")
-	cfg, err := o.config(devSecrets, log)
+	cfg, err := o.config(ctx, t, devSecrets, log)
 	if err != nil {
 		return nil, err
 	}

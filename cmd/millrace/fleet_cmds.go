@@ -34,14 +34,14 @@ a node whose gateway goes away re-homes through any other.`,
 				lo       logOptions
 				no       natsOptions
 				fo       fleetOptions
-				httpAddr string
+				ho       httpOptions
 				memLimit string
 				shutdown time.Duration
 			)
 			lo.register(fs)
 			no.register(fs)
 			fo.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8082", "HTTP address: /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8082", "HTTP address: /metrics, /healthz, /readyz")
 			envString(fs, &memLimit, "memory-limit", "MILLRACE_FLEET_MEMORY_LIMIT", "960MiB", "soft limit of the gateway's memory (Go's GOMEMLIMIT, which wins when set): about 50 KiB per session plus 30 MiB; off: none")
 			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for sessions to move away")
 			return func(ctx context.Context, args []string) error {
@@ -62,7 +62,7 @@ a node whose gateway goes away re-homes through any other.`,
 				if os.Getenv("GOMEMLIMIT") == "" {
 					n, err := parseMemoryLimit(memLimit)
 					if err != nil {
-						return usageError{"--memory-limit: " + err.Error()}
+						return usageError{"--memory-limit ($MILLRACE_FLEET_MEMORY_LIMIT): " + err.Error()}
 					}
 					if n > 0 {
 						debug.SetMemoryLimit(n)
@@ -72,7 +72,7 @@ a node whose gateway goes away re-homes through any other.`,
 				if err != nil {
 					return err
 				}
-				return runEdgeProcess(ctx, "millrace-fleet", no, httpAddr, shutdown, log,
+				return runEdgeProcess(ctx, "millrace-fleet", no, ho, shutdown, log,
 					func(ctx context.Context, bb *streams.Backbone, t *telemetry, _ *http.ServeMux) (servedEdge, error) {
 						return startFleet(ctx, fo, "", bb, t, log)
 					})
@@ -95,14 +95,14 @@ Every call needs an API key (authorization: Bearer KEY).`,
 				no       natsOptions
 				do       dbOptions
 				ro       reservationsOptions
-				httpAddr string
+				ho       httpOptions
 				shutdown time.Duration
 			)
 			lo.register(fs)
 			no.register(fs)
 			do.register(fs)
 			ro.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8083", "HTTP address: /v1/reservations, /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8083", "HTTP address: /v1/reservations, /metrics, /healthz, /readyz")
 			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls to finish")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -112,11 +112,11 @@ Every call needs an API key (authorization: Bearer KEY).`,
 				if err != nil {
 					return err
 				}
-				cfg, err := ro.config("", log)
+				t := newTelemetry()
+				cfg, err := ro.config(ctx, t, "", log)
 				if err != nil {
 					return err
 				}
-				t := newTelemetry()
 				bb, _, err := no.open(ctx, "millrace-reservations", t.sm)
 				if err != nil {
 					return err
@@ -138,7 +138,7 @@ Every call needs an API key (authorization: Bearer KEY).`,
 				}
 				mux := http.NewServeMux()
 				api.register(nil, mux)
-				web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), mux, log)
+				web, err := startHTTP(ctx, ho, t, readiness(bb, func() *pgxpool.Pool { return pool }), mux, log)
 				if err != nil {
 					rg.stop(ctx)
 					return err
@@ -168,17 +168,17 @@ liveness (healthy -> suspect -> unreachable as a node goes unheard). Several
 instances may run: one applies, the others stand by.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo       logOptions
-				no       natsOptions
-				do       dbOptions
-				po       fleetProjectorOptions
-				httpAddr string
+				lo logOptions
+				no natsOptions
+				do dbOptions
+				po fleetProjectorOptions
+				ho httpOptions
 			)
 			lo.register(fs)
 			no.register(fs)
 			do.register(fs)
 			po.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8084", "HTTP address: /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8084", "HTTP address: /metrics, /healthz, /readyz")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"project fleet takes no arguments"}
@@ -190,7 +190,7 @@ instances may run: one applies, the others stand by.`,
 				if _, err := po.projector(log, nil); err != nil {
 					return err // a bad configuration fails before anything starts
 				}
-				return runProjectorProcess(ctx, "millrace-project-fleet", no, do, httpAddr, log,
+				return runProjectorProcess(ctx, "millrace-project-fleet", no, do, ho, log,
 					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
 						proj, err := po.projector(log, t.reg)
 						if err != nil {
@@ -215,17 +215,17 @@ unreachable nodes and unconfirmed binds and places them again. Several
 instances may run: one places, the others stand by.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo       logOptions
-				no       natsOptions
-				do       dbOptions
-				po       placerOptions
-				httpAddr string
+				lo logOptions
+				no natsOptions
+				do dbOptions
+				po placerOptions
+				ho httpOptions
 			)
 			lo.register(fs)
 			no.register(fs)
 			do.register(fs)
 			po.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8085", "HTTP address: /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8085", "HTTP address: /metrics, /healthz, /readyz")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"project placer takes no arguments"}
@@ -238,7 +238,7 @@ instances may run: one places, the others stand by.`,
 				if err != nil {
 					return err
 				}
-				return runProjectorProcess(ctx, "millrace-placer", no, do, httpAddr, log,
+				return runProjectorProcess(ctx, "millrace-placer", no, do, ho, log,
 					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
 						return runPlacer(ctx, cfg, po, bb, pool, t, log)
 					})

@@ -15,6 +15,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/millrace/millrace/internal/keyfile"
 )
 
 // command is one subcommand: its flags are parsed into its own config, then
@@ -60,6 +62,15 @@ func main() {
 		debug.SetGCPercent(400)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// SIGHUP reads every key file again at once (they are also checked
+	// every second), for an operator revoking a leaked key.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			keyfile.ReloadAll()
+		}
+	}()
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
@@ -110,6 +121,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			break
 		}
 		positional, rest = append(positional, rest[0]), rest[1:]
+	}
+	if err := envErrors(fs); err != nil {
+		fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
+		return 2
 	}
 	if err := runFn(ctx, positional); err != nil {
 		var ue usageError

@@ -25,13 +25,13 @@ once stored. Several instances may run behind a balancer.`,
 				lo       logOptions
 				no       natsOptions
 				bo       besOptions
-				httpAddr string
+				ho       httpOptions
 				shutdown time.Duration
 			)
 			lo.register(fs)
 			no.register(fs)
 			bo.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8080", "HTTP address: /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8080", "HTTP address: /metrics, /healthz, /readyz")
 			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for open streams")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
@@ -41,7 +41,7 @@ once stored. Several instances may run behind a balancer.`,
 				if err != nil {
 					return err
 				}
-				return runEdgeProcess(ctx, "millrace-bes", no, httpAddr, shutdown, log,
+				return runEdgeProcess(ctx, "millrace-bes", no, ho, shutdown, log,
 					func(ctx context.Context, bb *streams.Backbone, t *telemetry, _ *http.ServeMux) (servedEdge, error) {
 						return startBES(ctx, bo, bb, t, log)
 					})
@@ -59,17 +59,17 @@ build output and hourly rollups. Several instances may run: one applies, the
 others stand by (a PostgreSQL advisory lock decides).`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo       logOptions
-				no       natsOptions
-				do       dbOptions
-				po       projectorOptions
-				httpAddr string
+				lo logOptions
+				no natsOptions
+				do dbOptions
+				po projectorOptions
+				ho httpOptions
 			)
 			lo.register(fs)
 			no.register(fs)
 			do.register(fs)
 			po.register(fs)
-			envString(fs, &httpAddr, "http-listen", "MILLRACE_HTTP_LISTEN", "127.0.0.1:8081", "HTTP address: /metrics, /healthz, /readyz")
+			ho.register(fs, "127.0.0.1:8081", "HTTP address: /metrics, /healthz, /readyz")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"project builds takes no arguments"}
@@ -78,7 +78,7 @@ others stand by (a PostgreSQL advisory lock decides).`,
 				if err != nil {
 					return err
 				}
-				return runProjectorProcess(ctx, "millrace-project-builds", no, do, httpAddr, log,
+				return runProjectorProcess(ctx, "millrace-project-builds", no, do, ho, log,
 					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
 						return streams.NewRunner(bb.JS, pool, builds.New(builds.Config{AbandonAfter: po.abandonAfter}),
 							withLogger(po.runnerConfig(), log), t.sm).Run(ctx)
@@ -98,9 +98,9 @@ type servedEdge interface {
 
 // runEdgeProcess is the body of a `serve` command: it opens the backbone as
 // client name, starts the edge (which may add its HTTP API to mux), serves
-// mux with /metrics, /healthz and /readyz on httpAddr, and runs until ctx
+// mux with /metrics, /healthz and /readyz on ho, and runs until ctx
 // ends or the edge's server stops; shutdown bounds the graceful stop.
-func runEdgeProcess(ctx context.Context, name string, no natsOptions, httpAddr string, shutdown time.Duration, log *slog.Logger,
+func runEdgeProcess(ctx context.Context, name string, no natsOptions, ho httpOptions, shutdown time.Duration, log *slog.Logger,
 	start func(context.Context, *streams.Backbone, *telemetry, *http.ServeMux) (servedEdge, error)) error {
 	t := newTelemetry()
 	bb, _, err := no.open(ctx, name, t.sm)
@@ -113,7 +113,7 @@ func runEdgeProcess(ctx context.Context, name string, no natsOptions, httpAddr s
 	if err != nil {
 		return err
 	}
-	web, err := startHTTP(httpAddr, t, readiness(bb, nil), mux, log)
+	web, err := startHTTP(ctx, ho, t, readiness(bb, nil), mux, log)
 	if err != nil {
 		edge.stop(ctx)
 		return err
@@ -133,9 +133,9 @@ func runEdgeProcess(ctx context.Context, name string, no natsOptions, httpAddr s
 
 // runProjectorProcess is the body of a `project` command: it opens the
 // backbone as client name, connects to PostgreSQL (waiting while it is
-// away), serves /metrics, /healthz and /readyz on httpAddr, and runs run
+// away), serves /metrics, /healthz and /readyz on ho, and runs run
 // until ctx ends.
-func runProjectorProcess(ctx context.Context, name string, no natsOptions, do dbOptions, httpAddr string, log *slog.Logger,
+func runProjectorProcess(ctx context.Context, name string, no natsOptions, do dbOptions, ho httpOptions, log *slog.Logger,
 	run func(context.Context, *streams.Backbone, *pgxpool.Pool, *telemetry) error) error {
 	t := newTelemetry()
 	bb, _, err := no.open(ctx, name, t.sm)
@@ -148,7 +148,7 @@ func runProjectorProcess(ctx context.Context, name string, no natsOptions, do db
 		return ctx.Err()
 	}
 	defer pool.Close()
-	web, err := startHTTP(httpAddr, t, readiness(bb, func() *pgxpool.Pool { return pool }), nil, log)
+	web, err := startHTTP(ctx, ho, t, readiness(bb, func() *pgxpool.Pool { return pool }), nil, log)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,13 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/millrace/millrace/internal/netlimit"
 
 	"github.com/millrace/millrace/services/bes/redact"
 )
@@ -36,6 +42,24 @@ type Config struct {
 	// NoRedaction stores events exactly as sent. It exists to measure what
 	// redaction costs; never set it where real builds arrive.
 	NoRedaction bool
+
+	// FirstMessageTimeout is how long a new stream may wait before its
+	// first request: a stream is authenticated by that request (Bazel 4
+	// sends its key as project_id), and until then it must not hold the
+	// server's resources for long. Past it the stream ends with
+	// DEADLINE_EXCEEDED. Default 20 s (Bazel sends at once).
+	FirstMessageTimeout time.Duration
+	// IdleTimeout ends a stream whose client has sent nothing for this
+	// long while the edge was waiting to read (DEADLINE_EXCEEDED; Bazel
+	// retries, resuming after the last acknowledged event). Time the edge
+	// spends waiting on the backbone does not count. Default 30 min, the
+	// builds projector's abandon time: a build silent that long is taken
+	// for abandoned anyway.
+	IdleTimeout time.Duration
+	// MaxStreamsPerConn caps the streams one client connection may hold
+	// open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). A Bazel client holds
+	// one or two. Default 100.
+	MaxStreamsPerConn int
 }
 
 // Defaults.
@@ -43,6 +67,10 @@ const (
 	DefaultMaxEventBytes = 4 << 20
 	DefaultMaxStreams    = 2000
 	DefaultMaxInFlight   = 1000
+
+	DefaultFirstMessageTimeout = 20 * time.Second
+	DefaultIdleTimeout         = 30 * time.Minute
+	DefaultMaxStreamsPerConn   = 100
 )
 
 func (c Config) withDefaults() Config {
@@ -64,6 +92,15 @@ func (c Config) withDefaults() Config {
 	if c.Redactor == nil {
 		c.Redactor = redact.MustNew(redact.Config{Allow: redact.DefaultAllow})
 	}
+	if c.FirstMessageTimeout <= 0 {
+		c.FirstMessageTimeout = DefaultFirstMessageTimeout
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxStreamsPerConn <= 0 {
+		c.MaxStreamsPerConn = DefaultMaxStreamsPerConn
+	}
 	return c
 }
 
@@ -80,10 +117,27 @@ func (c Config) Validate(maxPayload int64) error {
 	return nil
 }
 
+// ErrOpenWithoutKeys is returned by CheckExposure.
+var ErrOpenWithoutKeys = errors.New("bes: refusing to serve without API keys on an address other hosts can reach")
+
+// CheckExposure refuses an edge without API keys on anything but a
+// loopback address: without keys any host that reaches it may publish
+// build events as any project. insecureOpen is the operator saying that
+// is intended (a private network, a proxy that authenticates).
+func CheckExposure(listen string, keys int, insecureOpen bool) error {
+	if keys > 0 || insecureOpen || netlimit.IsLoopback(listen) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s accepts connections from other hosts and no key is configured, so anyone who reaches it could publish build events to any project; "+
+		"give keys (--bes-api-keys-file, $MILLRACE_BES_API_KEYS_FILE), listen on 127.0.0.1, or pass --bes-insecure-open ($MILLRACE_BES_INSECURE_OPEN=true) if this is intended",
+		ErrOpenWithoutKeys, listen)
+}
+
 // Keys maps API keys to projects. Keys are kept only as SHA-256 digests
 // and compared in constant time.
 type Keys struct {
-	entries []keyEntry
+	mu  sync.Mutex                 // serialises Add and Replace
+	set atomic.Pointer[[]keyEntry] // read without a lock: Replace swaps it whole
 }
 
 type keyEntry struct {
@@ -114,7 +168,7 @@ func ParseKeys(s string) (*Keys, error) {
 
 // Add gives project one more key.
 func (k *Keys) Add(project, key string) {
-	k.entries = append(k.entries, keyEntry{digest: sha256.Sum256([]byte(key)), project: project})
+	k.add(keyEntry{digest: sha256.Sum256([]byte(key)), project: project})
 }
 
 // Len is the number of keys.
@@ -122,14 +176,44 @@ func (k *Keys) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.entries)
+	return len(k.list())
+}
+
+func (k *Keys) list() []keyEntry {
+	if k == nil {
+		return nil
+	}
+	if p := k.set.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// add appends e to a copy, so that a reader holding the old list keeps it.
+func (k *Keys) add(e keyEntry) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	old := k.list()
+	n := append(old[:len(old):len(old)], e)
+	k.set.Store(&n)
+}
+
+// Replace makes k hold exactly the keys of from, at once: a request sees
+// either the old keys or the new ones, never a mix. It is how a file of
+// keys is reloaded while the server runs (a removed one is refused from the
+// next request on).
+func (k *Keys) Replace(from *Keys) {
+	n := slices.Clone(from.list())
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.set.Store(&n)
 }
 
 // Project returns the project a key belongs to.
 func (k *Keys) Project(key string) (string, bool) {
 	d := sha256.Sum256([]byte(key))
 	project, found := "", false
-	for _, e := range k.entries {
+	for _, e := range k.list() {
 		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
 			project, found = e.project, true
 		}

@@ -13,6 +13,7 @@ type Metrics struct {
 	streamsOpen prometheus.Gauge
 	ackSeconds  prometheus.Histogram
 	redacted    prometheus.Counter
+	connRefused *prometheus.CounterVec
 }
 
 // NewMetrics registers the edge's metrics with reg (nil: unregistered).
@@ -43,11 +44,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "millrace_bes_redacted_events_total",
 			Help: "Build events in which the edge replaced a secret before storing them.",
 		}),
+		connRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_bes_connections_refused_total",
+			Help: "Client connections closed as soon as accepted, by the cap they met (max, per_addr).",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.events, m.bytes, m.rejections, m.streamsOpen, m.ackSeconds, m.redacted)
+		reg.MustRegister(m.events, m.bytes, m.rejections, m.streamsOpen, m.ackSeconds, m.redacted, m.connRefused)
 	}
 	return m
+}
+
+// RefusedConnection counts a connection closed at accept (see
+// internal/netlimit), reason being the cap it met.
+func (m *Metrics) RefusedConnection(reason string) {
+	m.connRefused.WithLabelValues(reason).Inc()
 }
 
 func (m *Metrics) rejected(what string, code codes.Code) {

@@ -8,12 +8,12 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -23,6 +23,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
 )
@@ -45,6 +46,10 @@ type Server struct {
 	mu         sync.Mutex
 	open       int
 	perProject map[string]int
+	// unauthenticated counts streams waiting for their first request; it
+	// is capped at MaxStreams too, so that streams that never say who they
+	// are cannot pile up behind the first-message deadline.
+	unauthenticated int
 }
 
 // New makes the edge. stream is the BES stream, used to find where a
@@ -61,15 +66,13 @@ func (s *Server) Register(g *grpc.Server) { buildpb.RegisterPublishBuildEventSer
 
 // ServerOptions are the gRPC options the edge needs: a receive limit a
 // little above the event limit, so that an oversized event reaches the
-// handler and gets a clear INVALID_ARGUMENT rather than a transport error.
+// handler and gets a clear INVALID_ARGUMENT rather than a transport error;
+// the streams one connection may hold; the handshake deadline and the
+// keepalive every millrace server has (which finds clients that vanished
+// without closing their streams).
 func (s *Server) ServerOptions() []grpc.ServerOption {
-	return []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(s.cfg.MaxEventBytes + 64<<10),
-		grpc.MaxConcurrentStreams(uint32(s.cfg.MaxStreams + 100)),
-		// Find clients that vanished without closing their streams.
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: time.Minute, Timeout: 20 * time.Second}),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	}
+	return append(grpclimit.ServerOptions(grpclimit.Config{MaxStreamsPerConn: uint32(s.cfg.MaxStreamsPerConn)}),
+		grpc.MaxRecvMsgSize(s.cfg.MaxEventBytes+64<<10))
 }
 
 // MaxIDBytes bounds project, build and invocation ids: they become subject
@@ -113,6 +116,23 @@ func (s *Server) authorize(ctx context.Context, projectID string) (string, error
 	}
 	return "", status.Error(codes.Unauthenticated,
 		"millrace: this server requires an API key: pass it as --project_id=KEY (Bazel 4) or --bes_header="+APIKeyHeader+"=KEY")
+}
+
+// enter counts a stream that has not authenticated yet; leave undoes it.
+func (s *Server) enter() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.unauthenticated >= s.cfg.MaxStreams {
+		return status.Errorf(codes.ResourceExhausted, "millrace: %d streams are waiting to send their first event; retry later", s.unauthenticated)
+	}
+	s.unauthenticated++
+	return nil
+}
+
+func (s *Server) leave() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unauthenticated--
 }
 
 func (s *Server) acquire(project string) error {
@@ -237,10 +257,25 @@ func (s *Server) PublishBuildToolEventStream(stream buildpb.PublishBuildEvent_Pu
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
 
-	first, err := stream.Recv()
+	// A key in the headers is checked before anything is read: a client
+	// with a wrong one holds nothing. Bazel 4 sends its key in the first
+	// request instead, which must come within FirstMessageTimeout.
+	if err := s.preauthorize(ctx); err != nil {
+		s.m.rejected("stream", status.Code(err))
+		return err
+	}
+	if err := s.enter(); err != nil {
+		s.m.rejected("stream", codes.ResourceExhausted)
+		return err
+	}
+	first, err := s.recvFirst(stream)
+	s.leave()
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil
+		}
+		if status.Code(err) == codes.DeadlineExceeded {
+			s.m.rejected("stream", codes.DeadlineExceeded)
 		}
 		return err
 	}
@@ -271,29 +306,98 @@ func (s *Server) PublishBuildToolEventStream(stream buildpb.PublishBuildEvent_Pu
 		recvDone <- ts.receive(ctx, stream, first, acks)
 	}()
 
-	select {
-	case err := <-recvDone:
-		if err != nil {
+	idle := time.NewTimer(s.cfg.IdleTimeout)
+	defer idle.Stop()
+	for {
+		select {
+		case err := <-recvDone:
+			if err != nil {
+				cancel()
+				<-ackDone
+				s.m.rejected("stream", status.Code(err))
+				return err
+			}
+			// The client half-closed: finish acking what it sent.
+			return <-ackDone
+		case err := <-ackDone:
+			if err == nil {
+				err = <-recvDone
+			}
+			// A failed store ends the stream; the receiving goroutine sees the
+			// cancelled context and exits.
+			return err
+		case <-idle.C:
+			waiting := ts.waitingSince.Load()
+			if waiting == 0 || time.Since(time.Unix(0, waiting)) < s.cfg.IdleTimeout {
+				// Busy, or the client sent meanwhile: look again one timeout
+				// after the edge last began to wait.
+				next := s.cfg.IdleTimeout
+				if waiting != 0 {
+					next -= time.Since(time.Unix(0, waiting))
+				}
+				idle.Reset(max(next, time.Millisecond))
+				continue
+			}
+			// Returning ends the stream, which unblocks the receiver.
 			cancel()
 			<-ackDone
-			s.m.rejected("stream", status.Code(err))
-			return err
+			s.m.rejected("stream", codes.DeadlineExceeded)
+			return status.Errorf(codes.DeadlineExceeded,
+				"millrace: the stream of invocation %s sent nothing for %s; closed (the client may resume it)", ts.streamID.GetInvocationId(), s.cfg.IdleTimeout)
 		}
-		// The client half-closed: finish acking what it sent.
-		return <-ackDone
-	case err := <-ackDone:
-		if err == nil {
-			err = <-recvDone
-		}
-		// A failed store ends the stream; the receiving goroutine sees the
-		// cancelled context and exits.
+	}
+}
+
+// preauthorize refuses a stream whose headers carry a key that is not
+// valid, before its first request is read.
+func (s *Server) preauthorize(ctx context.Context) error {
+	if s.cfg.Keys.Len() == 0 {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	if v := md.Get(APIKeyHeader); len(v) > 0 && v[0] != "" {
+		_, err := s.authorize(ctx, "")
 		return err
+	}
+	return nil
+}
+
+// recvFirst reads a stream's first request, or gives up after
+// FirstMessageTimeout. When it gives up the handler returns, which ends
+// the stream and with it the Recv still waiting.
+func (s *Server) recvFirst(stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer) (*buildpb.PublishBuildToolEventStreamRequest, error) {
+	type received struct {
+		req *buildpb.PublishBuildToolEventStreamRequest
+		err error
+	}
+	ch := make(chan received, 1)
+	go func() {
+		req, err := stream.Recv()
+		ch <- received{req, err}
+	}()
+	t := time.NewTimer(s.cfg.FirstMessageTimeout)
+	defer t.Stop()
+	select {
+	case r := <-ch:
+		return r.req, r.err
+	case <-t.C:
+		return nil, status.Errorf(codes.DeadlineExceeded, "millrace: no build event within %s of opening the stream", s.cfg.FirstMessageTimeout)
 	}
 }
 
 // sendAcks waits for each event to be stored, in order, and acks it.
 func (s *Server) sendAcks(ctx context.Context, stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer, acks <-chan inflight) error {
-	for in := range acks {
+	for {
+		var in inflight
+		select {
+		case i, ok := <-acks:
+			if !ok {
+				return nil
+			}
+			in = i
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		}
 		if _, err := in.future.Wait(ctx); err != nil {
 			if ctx.Err() != nil {
 				return status.FromContextError(ctx.Err()).Err()
@@ -307,7 +411,6 @@ func (s *Server) sendAcks(ctx context.Context, stream buildpb.PublishBuildEvent_
 		}
 		s.m.ackSeconds.Observe(time.Since(in.received).Seconds())
 	}
-	return nil
 }
 
 // toolStream checks one stream's requests.
@@ -322,6 +425,10 @@ type toolStream struct {
 	msgIDPrefix string
 	next        int64 // sequence expected next
 	finished    bool
+	// waitingSince is when the edge began to wait for the client's next
+	// request (UnixNano), 0 while it is busy with one: the idle timeout
+	// counts only the client's silence.
+	waitingSince atomic.Int64
 }
 
 // start checks the first request and finds where the stream stands: a
@@ -413,7 +520,9 @@ func (t *toolStream) receive(ctx context.Context, stream buildpb.PublishBuildEve
 		case <-ctx.Done():
 			return status.FromContextError(ctx.Err()).Err()
 		}
+		t.waitingSince.Store(time.Now().UnixNano())
 		req, err = stream.Recv()
+		t.waitingSince.Store(0)
 		if errors.Is(err, io.EOF) {
 			return nil
 		}

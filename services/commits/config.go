@@ -10,6 +10,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/millrace/millrace/bucket/commitlog"
+	"slices"
+	"sync"
+	"sync/atomic"
 )
 
 // Config of the commits edge. The zero value takes the defaults; Keys is
@@ -92,7 +95,8 @@ func (c Config) Validate() error {
 
 // Keys are API keys, each for one world or for all of them.
 type Keys struct {
-	entries []keyEntry
+	mu  sync.Mutex                 // serialises Add and Replace
+	set atomic.Pointer[[]keyEntry] // read without a lock: Replace swaps it whole
 }
 
 type keyEntry struct {
@@ -133,12 +137,12 @@ func (k *Keys) Add(world, key string) error {
 		return fmt.Errorf("commits: the API key of world %q is shorter than 16 characters", world)
 	}
 	d := sha256.Sum256([]byte(key))
-	for _, e := range k.entries {
+	for _, e := range k.list() {
 		if e.digest == d {
 			return fmt.Errorf("commits: the API key of world %q is given twice", world)
 		}
 	}
-	k.entries = append(k.entries, keyEntry{digest: d, world: world})
+	k.add(keyEntry{digest: d, world: world})
 	return nil
 }
 
@@ -147,7 +151,37 @@ func (k *Keys) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.entries)
+	return len(k.list())
+}
+
+func (k *Keys) list() []keyEntry {
+	if k == nil {
+		return nil
+	}
+	if p := k.set.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// add appends e to a copy, so that a reader holding the old list keeps it.
+func (k *Keys) add(e keyEntry) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	old := k.list()
+	n := append(old[:len(old):len(old)], e)
+	k.set.Store(&n)
+}
+
+// Replace makes k hold exactly the keys of from, at once: a request sees
+// either the old keys or the new ones, never a mix. It is how a file of
+// keys is reloaded while the server runs (a removed one is refused from the
+// next request on).
+func (k *Keys) Replace(from *Keys) {
+	n := slices.Clone(from.list())
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.set.Store(&n)
 }
 
 // allows reports whether key may use world, and whether it is a key at
@@ -158,7 +192,7 @@ func (k *Keys) allows(key, world string) (known, allowed bool) {
 		return false, false
 	}
 	d := sha256.Sum256([]byte(key))
-	for _, e := range k.entries {
+	for _, e := range k.list() {
 		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
 			known = true
 			if e.world == "*" || e.world == world {

@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -299,7 +302,8 @@ func (c Config) Validate() error {
 // JoinTokens maps join tokens to pools. Tokens are kept only as SHA-256
 // digests and compared in constant time.
 type JoinTokens struct {
-	entries []tokenEntry
+	mu  sync.Mutex                   // serialises Add and Replace
+	set atomic.Pointer[[]tokenEntry] // read without a lock: Replace swaps it whole
 }
 
 type tokenEntry struct {
@@ -336,7 +340,7 @@ func (k *JoinTokens) Add(pool, token string) error {
 	if len(token) < 16 {
 		return fmt.Errorf("fleet: the join token of pool %q is shorter than 16 characters", pool)
 	}
-	k.entries = append(k.entries, tokenEntry{digest: sha256.Sum256([]byte(token)), pool: pool})
+	k.add(tokenEntry{digest: sha256.Sum256([]byte(token)), pool: pool})
 	return nil
 }
 
@@ -345,7 +349,37 @@ func (k *JoinTokens) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.entries)
+	return len(k.list())
+}
+
+func (k *JoinTokens) list() []tokenEntry {
+	if k == nil {
+		return nil
+	}
+	if p := k.set.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// add appends e to a copy, so that a reader holding the old list keeps it.
+func (k *JoinTokens) add(e tokenEntry) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	old := k.list()
+	n := append(old[:len(old):len(old)], e)
+	k.set.Store(&n)
+}
+
+// Replace makes k hold exactly the tokens of from, at once: a request sees
+// either the old tokens or the new ones, never a mix. It is how a file of
+// tokens is reloaded while the server runs (a removed one is refused from the
+// next request on).
+func (k *JoinTokens) Replace(from *JoinTokens) {
+	n := slices.Clone(from.list())
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.set.Store(&n)
 }
 
 // Pool returns the pool a token admits to. Every entry is compared, so the
@@ -356,7 +390,7 @@ func (k *JoinTokens) Pool(token string) (string, bool) {
 	}
 	d := sha256.Sum256([]byte(token))
 	pool, found := "", false
-	for _, e := range k.entries {
+	for _, e := range k.list() {
 		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
 			pool, found = e.pool, true
 		}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 	"unicode"
 )
@@ -98,7 +100,8 @@ func (c Config) Validate() error {
 // Keys maps API keys to owners, each key optionally limited to pools. Keys
 // are kept only as SHA-256 digests and compared in constant time.
 type Keys struct {
-	entries []keyEntry
+	mu  sync.Mutex                 // serialises Add and Replace
+	set atomic.Pointer[[]keyEntry] // read without a lock: Replace swaps it whole
 }
 
 type keyEntry struct {
@@ -166,7 +169,7 @@ func (k *Keys) Add(owner, key string, pools ...string) error {
 		}
 	}
 	d := sha256.Sum256([]byte(key))
-	for _, e := range k.entries {
+	for _, e := range k.list() {
 		if e.digest == d {
 			return fmt.Errorf("reservations: the API key of owner %q is given twice", owner)
 		}
@@ -177,7 +180,7 @@ func (k *Keys) Add(owner, key string, pools ...string) error {
 		slices.Sort(ps)
 		ps = slices.Compact(ps)
 	}
-	k.entries = append(k.entries, keyEntry{digest: d, owner: owner, pools: ps})
+	k.add(keyEntry{digest: d, owner: owner, pools: ps})
 	return nil
 }
 
@@ -186,7 +189,37 @@ func (k *Keys) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.entries)
+	return len(k.list())
+}
+
+func (k *Keys) list() []keyEntry {
+	if k == nil {
+		return nil
+	}
+	if p := k.set.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// add appends e to a copy, so that a reader holding the old list keeps it.
+func (k *Keys) add(e keyEntry) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	old := k.list()
+	n := append(old[:len(old):len(old)], e)
+	k.set.Store(&n)
+}
+
+// Replace makes k hold exactly the keys of from, at once: a request sees
+// either the old keys or the new ones, never a mix. It is how a file of
+// keys is reloaded while the server runs (a removed one is refused from the
+// next request on).
+func (k *Keys) Replace(from *Keys) {
+	n := slices.Clone(from.list())
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.set.Store(&n)
 }
 
 // principal is who a key acts for.
@@ -212,7 +245,7 @@ func (k *Keys) lookup(key string) (principal, bool) {
 	d := sha256.Sum256([]byte(key))
 	var p principal
 	found := false
-	for _, e := range k.entries {
+	for _, e := range k.list() {
 		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
 			p, found = principal{owner: e.owner, pools: e.pools}, true
 		}

@@ -1,0 +1,122 @@
+package keyfile
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// waitFor polls cond until it holds or a generous deadline passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// writeFile replaces path the way operators and secret mounts do: a new
+// file renamed into place.
+func writeFile(t *testing.T, path, text string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestWatcherAppliesChangesAndKeepsKeysOnBadFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, path, "a\n")
+	var cur atomic.Pointer[string]
+	apply := func(b []byte) error {
+		s := strings.TrimSpace(string(b))
+		if strings.Contains(s, "bad") {
+			return errors.New("does not parse")
+		}
+		cur.Store(&s)
+		return nil
+	}
+	reg := prometheus.NewRegistry()
+	m := NewMetrics(reg)
+	w, err := New(path, apply, m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := *cur.Load(); got != "a" {
+		t.Fatalf("applied %q at start", got)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx, 20*time.Millisecond)
+
+	writeFile(t, path, "a\nb\n")
+	waitFor(t, "the added key", func() bool { return *cur.Load() == "a\nb" })
+
+	// In place, same size: the modification time and content still tell.
+	os.WriteFile(path, []byte("c\nb\n"), 0o600)
+	waitFor(t, "the edited key", func() bool { return *cur.Load() == "c\nb" })
+
+	writeFile(t, path, "bad\n")
+	waitFor(t, "the error counted", func() bool { return testutil.ToFloat64(m.errors.WithLabelValues(path)) == 1 })
+	if got := *cur.Load(); got != "c\nb" {
+		t.Fatalf("a bad file replaced the keys with %q", got)
+	}
+	if testutil.ToFloat64(m.failing.WithLabelValues(path)) != 1 {
+		t.Fatal("failing gauge not set")
+	}
+	os.Remove(path)
+	if err := w.Reload(); err == nil {
+		t.Fatal("Reload of a missing file reported no error")
+	}
+	if got := *cur.Load(); got != "c\nb" {
+		t.Fatalf("a missing file replaced the keys with %q", got)
+	}
+	writeFile(t, path, "d\n")
+	waitFor(t, "recovery", func() bool { return *cur.Load() == "d" })
+	if testutil.ToFloat64(m.failing.WithLabelValues(path)) != 0 {
+		t.Fatal("failing gauge not cleared")
+	}
+}
+
+// ReloadAll (SIGHUP) applies a change at once, well inside one interval.
+func TestReloadAll(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	writeFile(t, path, "a")
+	var cur atomic.Pointer[string]
+	w, err := New(path, func(b []byte) error { s := string(b); cur.Store(&s); return nil }, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx, time.Hour)
+	writeFile(t, path, "b")
+	// Run registers itself when it starts: poke until it has.
+	waitFor(t, "the reload", func() bool { ReloadAll(); return *cur.Load() == "b" })
+}
+
+func TestNewFailsOnBadFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	if _, err := New(path, func([]byte) error { return nil }, nil, nil); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: %v", err)
+	}
+	writeFile(t, path, "x")
+	if _, err := New(path, func([]byte) error { return errors.New("no") }, nil, nil); err == nil || !strings.Contains(err.Error(), path) {
+		t.Fatalf("bad file: %v", err)
+	}
+}

@@ -1,0 +1,129 @@
+package netlimit
+
+import (
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// serve accepts on l and answers each connection with one byte, then
+// holds it until the client closes.
+func serve(l net.Listener) {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			c.Write([]byte{1})
+			io.Copy(io.Discard, c)
+		}()
+	}
+}
+
+// dial connects and reports whether the server answered (true) or closed
+// the connection at once (false).
+func dial(t *testing.T, addr string) (net.Conn, bool) {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var b [1]byte
+	_, err = io.ReadFull(c, b[:])
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) && !isReset(err) {
+		t.Fatalf("read: %v", err)
+	}
+	return c, err == nil
+}
+
+func isReset(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op)
+}
+
+func TestPerAddrAndMax(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	refused := map[string]int{}
+	l := Wrap(inner, Config{Max: 3, PerAddr: 2, OnRefuse: func(r string) { mu.Lock(); refused[r]++; mu.Unlock() }})
+	defer l.Close()
+	go serve(l)
+	addr := inner.Addr().String()
+
+	a, ok := dial(t, addr)
+	if !ok {
+		t.Fatal("first connection refused")
+	}
+	b, ok := dial(t, addr)
+	if !ok {
+		t.Fatal("second connection refused")
+	}
+	c, ok := dial(t, addr)
+	if ok {
+		t.Fatal("third connection from one address accepted over PerAddr 2")
+	}
+	c.Close()
+	a.Close()
+	// The freed slot is given back once the server side has closed too.
+	deadline := time.Now().Add(10 * time.Second)
+	for l.Open() != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections held after one closed", l.Open())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	d, ok := dial(t, addr)
+	if !ok {
+		t.Fatal("connection refused after one closed")
+	}
+	b.Close()
+	d.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	if refused["per_addr"] != 1 {
+		t.Fatalf("refusals %v, want one per_addr", refused)
+	}
+}
+
+func TestMaxAndLoopbackExempt(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := Wrap(inner, Config{Max: 2, PerAddr: 1, ExemptLoopback: true})
+	defer l.Close()
+	go serve(l)
+	addr := inner.Addr().String()
+	a, ok := dial(t, addr)
+	b, ok2 := dial(t, addr)
+	if !ok || !ok2 {
+		t.Fatal("loopback clients were held to PerAddr")
+	}
+	c, ok := dial(t, addr)
+	if ok {
+		t.Fatal("a third connection was accepted over Max 2")
+	}
+	a.Close()
+	b.Close()
+	c.Close()
+}
+
+func TestIsLoopback(t *testing.T) {
+	for addr, want := range map[string]bool{
+		"127.0.0.1:1": true, "localhost:1": true, "[::1]:1": true, "127.1.2.3:1": true,
+		":1": false, "0.0.0.0:1": false, "[::]:1": false, "10.0.0.1:1": false, "example.com:1": false,
+	} {
+		if got := IsLoopback(addr); got != want {
+			t.Errorf("IsLoopback(%q) = %v", addr, got)
+		}
+	}
+}

@@ -1,0 +1,149 @@
+package bes
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/millrace/millrace/internal/grpclimit"
+)
+
+func (e *edge) unauthenticatedStreams() int {
+	e.srv.mu.Lock()
+	defer e.srv.mu.Unlock()
+	return e.srv.unauthenticated
+}
+
+// A stream that never sends its first request ends with DEADLINE_EXCEEDED
+// after FirstMessageTimeout, and it holds no stream slot meanwhile.
+func TestFirstMessageDeadline(t *testing.T) {
+	_, e := newTest(t, Config{MaxStreams: 2, MaxStreamsPerProject: 2, FirstMessageTimeout: 300 * time.Millisecond})
+	ctx := testCtx(t)
+	silent, err := e.client.PublishBuildToolEventStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the silent stream to be waiting", func() bool { return e.unauthenticatedStreams() == 1 })
+	// Both slots are free for streams that say who they are.
+	held, err := e.client.PublishBuildToolEventStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := defaultIDs()
+	other.invocation = "held"
+	if err := held.Send(toolReq(other, 1)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the held stream to be open", func() bool { return e.openStreams() == 1 })
+	if r := publish(ctx, t, e.client, invocation(defaultIDs(), 1, 2, true)); r.err != nil {
+		t.Fatalf("a complete invocation beside a silent stream: %v", r.err)
+	}
+	held.CloseSend()
+	if r := readAcks(held); r.err != nil {
+		t.Fatal(r.err)
+	}
+	_, err = silent.Recv()
+	wantCode(t, err, codes.DeadlineExceeded, "no build event within")
+	eventually(t, "the silent stream to be gone", func() bool { return e.unauthenticatedStreams() == 0 })
+}
+
+// Streams that have not said who they are count against MaxStreams on
+// their own: they cannot pile up behind the deadline.
+func TestUnauthenticatedStreamsCapped(t *testing.T) {
+	_, e := newTest(t, Config{MaxStreams: 1, FirstMessageTimeout: time.Hour})
+	ctx := testCtx(t)
+	if _, err := e.client.PublishBuildToolEventStream(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the silent stream to be waiting", func() bool { return e.unauthenticatedStreams() == 1 })
+	second, err := e.client.PublishBuildToolEventStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = second.Recv()
+	wantCode(t, err, codes.ResourceExhausted, "waiting to send their first event")
+}
+
+// A wrong key in the headers is refused before the first request is read:
+// the client hears UNAUTHENTICATED without sending anything.
+func TestBadHeaderKeyRefusedBeforeFirstMessage(t *testing.T) {
+	keys, err := ParseKeys("alpha=" + alphaKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, e := newTest(t, Config{Keys: keys, FirstMessageTimeout: time.Hour})
+	ctx := metadata.AppendToOutgoingContext(testCtx(t), APIKeyHeader, "not-the-key-at-all-0000")
+	st, err := e.client.PublishBuildToolEventStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Recv()
+	wantCode(t, err, codes.Unauthenticated)
+	if n := e.unauthenticatedStreams(); n != 0 {
+		t.Fatalf("%d unauthenticated streams held", n)
+	}
+}
+
+// A stream whose client stops sending is closed after IdleTimeout with
+// DEADLINE_EXCEEDED, after every event it sent was acknowledged.
+func TestIdleTimeout(t *testing.T) {
+	b, e := newTest(t, Config{IdleTimeout: 300 * time.Millisecond})
+	ctx := testCtx(t)
+	id := defaultIDs()
+	st, err := e.client.PublishBuildToolEventStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range invocation(id, 1, 3, false) {
+		if err := st.Send(req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := readAcks(st)
+	wantCode(t, r.err, codes.DeadlineExceeded, "sent nothing for")
+	checkAcks(t, id, r.acks, 1, 3)
+	checkExactlyOnce(t, b, "bes."+testProject+"."+testInvocation, 3)
+	eventually(t, "the stream's slot to be released", func() bool { return e.openStreams() == 0 })
+}
+
+// The edge tells each client connection how many streams it may open at
+// once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): a client waits for a
+// stream to end before opening more, and one that does not wait has its
+// extra streams refused by the transport.
+func TestMaxStreamsPerConnAdvertised(t *testing.T) {
+	_, e := newTest(t, Config{MaxStreamsPerConn: 3})
+	if got, err := grpclimit.ReadMaxStreams(e.addr); err != nil || got != 3 {
+		t.Fatalf("SETTINGS_MAX_CONCURRENT_STREAMS = %d, %v; want 3", got, err)
+	}
+}
+
+func TestCheckExposure(t *testing.T) {
+	for _, c := range []struct {
+		listen   string
+		keys     int
+		insecure bool
+		ok       bool
+	}{
+		{"127.0.0.1:1985", 0, false, true},
+		{"localhost:1985", 0, false, true},
+		{"[::1]:1985", 0, false, true},
+		{":1985", 0, false, false},
+		{"0.0.0.0:1985", 0, false, false},
+		{"10.1.2.3:1985", 0, false, false},
+		{"[::]:1985", 0, false, false},
+		{"ci.example.com:1985", 0, false, false},
+		{":1985", 1, false, true},
+		{":1985", 0, true, true},
+	} {
+		err := CheckExposure(c.listen, c.keys, c.insecure)
+		if (err == nil) != c.ok {
+			t.Errorf("CheckExposure(%q, %d keys, insecure %v) = %v, want ok %v", c.listen, c.keys, c.insecure, err, c.ok)
+		}
+		if err != nil && !errors.Is(err, ErrOpenWithoutKeys) {
+			t.Errorf("error %v is not ErrOpenWithoutKeys", err)
+		}
+	}
+}
