@@ -5,14 +5,11 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
+	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/netlimit"
-
 	"github.com/millrace/millrace/services/bes/redact"
 )
 
@@ -136,8 +133,7 @@ func CheckExposure(listen string, keys int, insecureOpen bool) error {
 // Keys maps API keys to projects. Keys are kept only as SHA-256 digests
 // and compared in constant time.
 type Keys struct {
-	mu  sync.Mutex                 // serialises Add and Replace
-	set atomic.Pointer[[]keyEntry] // read without a lock: Replace swaps it whole
+	entries keyfile.Set[keyEntry] // read without a lock: a reload swaps it whole
 }
 
 type keyEntry struct {
@@ -176,38 +172,23 @@ func (k *Keys) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.list())
+	return k.entries.Len()
 }
 
 func (k *Keys) list() []keyEntry {
 	if k == nil {
 		return nil
 	}
-	if p := k.set.Load(); p != nil {
-		return *p
-	}
-	return nil
+	return k.entries.List()
 }
 
-// add appends e to a copy, so that a reader holding the old list keeps it.
-func (k *Keys) add(e keyEntry) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	old := k.list()
-	n := append(old[:len(old):len(old)], e)
-	k.set.Store(&n)
-}
+func (k *Keys) add(e keyEntry) { k.entries.Add(e) }
 
 // Replace makes k hold exactly the keys of from, at once: a request sees
 // either the old keys or the new ones, never a mix. It is how a file of
 // keys is reloaded while the server runs (a removed one is refused from the
 // next request on).
-func (k *Keys) Replace(from *Keys) {
-	n := slices.Clone(from.list())
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.set.Store(&n)
-}
+func (k *Keys) Replace(from *Keys) { k.entries.Replace(&from.entries) }
 
 // Project returns the project a key belongs to.
 func (k *Keys) Project(key string) (string, bool) {

@@ -10,9 +10,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/millrace/millrace/bucket/commitlog"
-	"slices"
-	"sync"
-	"sync/atomic"
+	"github.com/millrace/millrace/internal/keyfile"
 )
 
 // Config of the commits edge. The zero value takes the defaults; Keys is
@@ -95,8 +93,7 @@ func (c Config) Validate() error {
 
 // Keys are API keys, each for one world or for all of them.
 type Keys struct {
-	mu  sync.Mutex                 // serialises Add and Replace
-	set atomic.Pointer[[]keyEntry] // read without a lock: Replace swaps it whole
+	entries keyfile.Set[keyEntry] // read without a lock: a reload swaps it whole
 }
 
 type keyEntry struct {
@@ -151,38 +148,23 @@ func (k *Keys) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.list())
+	return k.entries.Len()
 }
 
 func (k *Keys) list() []keyEntry {
 	if k == nil {
 		return nil
 	}
-	if p := k.set.Load(); p != nil {
-		return *p
-	}
-	return nil
+	return k.entries.List()
 }
 
-// add appends e to a copy, so that a reader holding the old list keeps it.
-func (k *Keys) add(e keyEntry) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	old := k.list()
-	n := append(old[:len(old):len(old)], e)
-	k.set.Store(&n)
-}
+func (k *Keys) add(e keyEntry) { k.entries.Add(e) }
 
 // Replace makes k hold exactly the keys of from, at once: a request sees
 // either the old keys or the new ones, never a mix. It is how a file of
 // keys is reloaded while the server runs (a removed one is refused from the
 // next request on).
-func (k *Keys) Replace(from *Keys) {
-	n := slices.Clone(from.list())
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.set.Store(&n)
-}
+func (k *Keys) Replace(from *Keys) { k.entries.Replace(&from.entries) }
 
 // allows reports whether key may use world, and whether it is a key at
 // all. Every entry is compared, so the time taken does not tell which one

@@ -7,11 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/millrace/millrace/internal/keyfile"
 )
 
 // Config of a fleet gateway. The zero value takes the defaults, except CA
@@ -302,8 +301,7 @@ func (c Config) Validate() error {
 // JoinTokens maps join tokens to pools. Tokens are kept only as SHA-256
 // digests and compared in constant time.
 type JoinTokens struct {
-	mu  sync.Mutex                   // serialises Add and Replace
-	set atomic.Pointer[[]tokenEntry] // read without a lock: Replace swaps it whole
+	entries keyfile.Set[tokenEntry] // read without a lock: a reload swaps it whole
 }
 
 type tokenEntry struct {
@@ -349,38 +347,23 @@ func (k *JoinTokens) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.list())
+	return k.entries.Len()
 }
 
 func (k *JoinTokens) list() []tokenEntry {
 	if k == nil {
 		return nil
 	}
-	if p := k.set.Load(); p != nil {
-		return *p
-	}
-	return nil
+	return k.entries.List()
 }
 
-// add appends e to a copy, so that a reader holding the old list keeps it.
-func (k *JoinTokens) add(e tokenEntry) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	old := k.list()
-	n := append(old[:len(old):len(old)], e)
-	k.set.Store(&n)
-}
+func (k *JoinTokens) add(e tokenEntry) { k.entries.Add(e) }
 
 // Replace makes k hold exactly the tokens of from, at once: a request sees
 // either the old tokens or the new ones, never a mix. It is how a file of
 // tokens is reloaded while the server runs (a removed one is refused from the
 // next request on).
-func (k *JoinTokens) Replace(from *JoinTokens) {
-	n := slices.Clone(from.list())
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.set.Store(&n)
-}
+func (k *JoinTokens) Replace(from *JoinTokens) { k.entries.Replace(&from.entries) }
 
 // Pool returns the pool a token admits to. Every entry is compared, so the
 // time taken says nothing about which one matched.

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 	"unicode"
+
+	"github.com/millrace/millrace/internal/keyfile"
 )
 
 // Config of the reservations API. The zero value takes the defaults, except
@@ -100,8 +100,7 @@ func (c Config) Validate() error {
 // Keys maps API keys to owners, each key optionally limited to pools. Keys
 // are kept only as SHA-256 digests and compared in constant time.
 type Keys struct {
-	mu  sync.Mutex                 // serialises Add and Replace
-	set atomic.Pointer[[]keyEntry] // read without a lock: Replace swaps it whole
+	entries keyfile.Set[keyEntry] // read without a lock: a reload swaps it whole
 }
 
 type keyEntry struct {
@@ -189,38 +188,23 @@ func (k *Keys) Len() int {
 	if k == nil {
 		return 0
 	}
-	return len(k.list())
+	return k.entries.Len()
 }
 
 func (k *Keys) list() []keyEntry {
 	if k == nil {
 		return nil
 	}
-	if p := k.set.Load(); p != nil {
-		return *p
-	}
-	return nil
+	return k.entries.List()
 }
 
-// add appends e to a copy, so that a reader holding the old list keeps it.
-func (k *Keys) add(e keyEntry) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	old := k.list()
-	n := append(old[:len(old):len(old)], e)
-	k.set.Store(&n)
-}
+func (k *Keys) add(e keyEntry) { k.entries.Add(e) }
 
 // Replace makes k hold exactly the keys of from, at once: a request sees
 // either the old keys or the new ones, never a mix. It is how a file of
 // keys is reloaded while the server runs (a removed one is refused from the
 // next request on).
-func (k *Keys) Replace(from *Keys) {
-	n := slices.Clone(from.list())
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	k.set.Store(&n)
-}
+func (k *Keys) Replace(from *Keys) { k.entries.Replace(&from.entries) }
 
 // principal is who a key acts for.
 type principal struct {
