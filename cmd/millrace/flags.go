@@ -272,7 +272,7 @@ type besOptions struct {
 	insecureOpen                                    bool
 	maxEventBytes, maxStreams, perProject, inFlight int
 	redact                                          redactOptions
-	perConn, connsPerAddr                           int
+	perConn, connsPerAddr, pendingPerAddr           int
 	firstMessage, idle                              time.Duration
 }
 
@@ -291,6 +291,7 @@ func (o *besOptions) register(fs *flag.FlagSet) {
 	envBool(fs, &o.insecureOpen, "bes-insecure-open", "MILLRACE_BES_INSECURE_OPEN", false, "serve without API keys on an address other hosts can reach (refused otherwise): anyone who reaches the edge can publish as any project")
 	envInt(fs, &o.perConn, "bes-max-streams-per-conn", "MILLRACE_BES_MAX_STREAMS_PER_CONN", bes.DefaultMaxStreamsPerConn, "streams one client connection may hold open at once (a Bazel client holds one or two)")
 	envInt(fs, &o.connsPerAddr, "bes-max-conns-per-addr", "MILLRACE_BES_MAX_CONNS_PER_ADDR", 256, "connections one client IP may hold open (loopback clients, such as a local proxy, are exempt; 0: no cap)")
+	envInt(fs, &o.pendingPerAddr, "bes-max-pending-per-addr", "MILLRACE_BES_MAX_PENDING_PER_ADDR", bes.DefaultMaxPendingPerAddr, "streams one client IP may hold before their first request (streams with a valid key in their headers do not count)")
 	envDuration(fs, &o.firstMessage, "bes-first-message-timeout", "MILLRACE_BES_FIRST_MESSAGE_TIMEOUT", bes.DefaultFirstMessageTimeout, "how long a new stream may wait before its first event (which authenticates it)")
 	envDuration(fs, &o.idle, "bes-idle-timeout", "MILLRACE_BES_IDLE_TIMEOUT", bes.DefaultIdleTimeout, "a stream whose client sends nothing for this long is closed (Bazel resumes it)")
 }
@@ -316,6 +317,7 @@ func (o *besOptions) config(ctx context.Context, t *telemetry, log *slog.Logger)
 		FirstMessageTimeout:  o.firstMessage,
 		IdleTimeout:          o.idle,
 		MaxStreamsPerConn:    o.perConn,
+		MaxPendingPerAddr:    o.pendingPerAddr,
 	}, nil
 }
 

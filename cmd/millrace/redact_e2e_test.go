@@ -27,7 +27,8 @@ import (
 // TestBazelSecretsNeverAtRest: a real Bazel build whose command line and
 // environment carry secrets (a --remote_header, --action_env, --test_env,
 // --repo_env, --host_action_env and --build_metadata values, URL
-// credentials, a GitHub token in the client environment) leaves none of
+// credentials, a GitHub token in the client environment, the edge's API
+// key sent as --project_id) leaves none of
 // them in any file of the JetStream store, any table of the database
 // (pg_dump, and the console output decompressed) or any Kafka record; the
 // flags' and variables' names are all still there.
@@ -39,17 +40,22 @@ func TestBazelSecretsNeverAtRest(t *testing.T) {
 	}
 	defer k.Close()
 	db := testenv.Database(t)
-	dev := newDev(t, db)
-	dev.env = append(dev.env, "MILLRACE_KAFKA_BROKERS="+strings.Join(k.ListenAddrs(), ","), "MILLRACE_KAFKA_PARTITIONS=1")
-	dev.start()
-
 	// Unique per run, so that nothing else on the machine can match.
 	tag := fmt.Sprintf("%x", time.Now().UnixNano())
 	secret := func(n int) string { return fmt.Sprintf("SECRET%d-%s", n, tag) }
 	ghToken := "ghp_" + strings.Repeat("Z", 28) + tag[:8]
-	secrets := []string{secret(1), secret(2), secret(3), secret(4), secret(5), secret(6), secret(7), ghToken}
+	// The edge's API key: Bazel 4 sends it as --project_id, which is also
+	// on its command line in the events.
+	apiKey := "KEY-" + tag + "-" + tag
+	secrets := []string{secret(1), secret(2), secret(3), secret(4), secret(5), secret(6), secret(7), ghToken, apiKey}
+
+	dev := newDev(t, db)
+	dev.env = append(dev.env, "MILLRACE_KAFKA_BROKERS="+strings.Join(k.ListenAddrs(), ","), "MILLRACE_KAFKA_PARTITIONS=1",
+		"MILLRACE_BES_API_KEYS=e2e="+apiKey)
+	dev.start()
 
 	run := newBazelRun(t, 6, dev.besAddr)
+	run.project, run.opt.ProjectID = "e2e", apiKey
 	run.opt.Extra = []string{
 		"--remote_header=Authorization=Bearer " + secret(1),
 		"--action_env=TOKEN=" + secret(2),

@@ -57,6 +57,14 @@ type Config struct {
 	// open (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS). A Bazel client holds
 	// one or two. Default 100.
 	MaxStreamsPerConn int
+	// MaxPendingPerAddr caps the streams one client address may hold
+	// before their first request (the key of a Bazel 4 client), so that one
+	// host's silent streams cannot fill the MaxStreams of them the edge
+	// allows and lock every other client out. A Bazel client sends its
+	// first request at once, so even a proxy for many builds rarely holds
+	// more than a few. Streams with a valid key in their headers are
+	// authenticated already and not counted. Default 64.
+	MaxPendingPerAddr int
 }
 
 // Defaults.
@@ -68,6 +76,7 @@ const (
 	DefaultFirstMessageTimeout = 20 * time.Second
 	DefaultIdleTimeout         = 30 * time.Minute
 	DefaultMaxStreamsPerConn   = 100
+	DefaultMaxPendingPerAddr   = 64
 )
 
 func (c Config) withDefaults() Config {
@@ -97,6 +106,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxStreamsPerConn <= 0 {
 		c.MaxStreamsPerConn = DefaultMaxStreamsPerConn
+	}
+	if c.MaxPendingPerAddr <= 0 {
+		c.MaxPendingPerAddr = DefaultMaxPendingPerAddr
 	}
 	return c
 }

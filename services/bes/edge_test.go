@@ -147,3 +147,40 @@ func TestCheckExposure(t *testing.T) {
 		}
 	}
 }
+
+// One client address cannot fill the edge's cap of streams waiting for
+// their first request: past MaxPendingPerAddr its new streams are refused,
+// and a stream with a valid key in its headers is not counted at all, so
+// it gets through while the cap is full.
+func TestPendingStreamsCappedPerAddress(t *testing.T) {
+	keys, err := ParseKeys("alpha=" + alphaKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, e := newTest(t, Config{Keys: keys, MaxStreams: 10, MaxPendingPerAddr: 2, FirstMessageTimeout: time.Hour})
+	ctx := testCtx(t)
+	for i := 0; i < 2; i++ {
+		if _, err := e.client.PublishBuildToolEventStream(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "two silent streams waiting", func() bool { return e.unauthenticatedStreams() == 2 })
+	third, err := e.client.PublishBuildToolEventStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = third.Recv()
+	wantCode(t, err, codes.ResourceExhausted, "your address")
+
+	// The same address with its key in the headers: authenticated before
+	// its first request, so its build goes through.
+	id := ids{build: "b-key", invocation: "inv-key", project: "alpha"}
+	r := publish(metadata.AppendToOutgoingContext(ctx, APIKeyHeader, alphaKey), t, e.client, invocation(id, 1, 3, true))
+	if r.err != nil {
+		t.Fatalf("a stream with a valid header key: %v", r.err)
+	}
+	checkAcks(t, id, r.acks, 1, 4)
+	if n := e.unauthenticatedStreams(); n != 2 {
+		t.Fatalf("%d streams counted as waiting, want the 2 silent ones", n)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
@@ -48,8 +50,11 @@ type Server struct {
 	perProject map[string]int
 	// unauthenticated counts streams waiting for their first request; it
 	// is capped at MaxStreams too, so that streams that never say who they
-	// are cannot pile up behind the first-message deadline.
+	// are cannot pile up behind the first-message deadline, and per client
+	// address (pendingByAddr) at MaxPendingPerAddr, so that one host's
+	// cannot fill that cap for everyone.
 	unauthenticated int
+	pendingByAddr   map[string]int
 }
 
 // New makes the edge. stream is the BES stream, used to find where a
@@ -118,21 +123,44 @@ func (s *Server) authorize(ctx context.Context, projectID string) (string, error
 		"millrace: this server requires an API key: pass it as --project_id=KEY (Bazel 4) or --bes_header="+APIKeyHeader+"=KEY")
 }
 
-// enter counts a stream that has not authenticated yet; leave undoes it.
-func (s *Server) enter() error {
+// enter counts a stream of the client at addr that has not authenticated
+// yet; leave undoes it.
+func (s *Server) enter(addr string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.unauthenticated >= s.cfg.MaxStreams {
 		return status.Errorf(codes.ResourceExhausted, "millrace: %d streams are waiting to send their first event; retry later", s.unauthenticated)
 	}
+	if s.pendingByAddr[addr] >= s.cfg.MaxPendingPerAddr {
+		return status.Errorf(codes.ResourceExhausted, "millrace: your address holds %d streams that have not sent their first event; retry later", s.pendingByAddr[addr])
+	}
+	if s.pendingByAddr == nil {
+		s.pendingByAddr = map[string]int{}
+	}
 	s.unauthenticated++
+	s.pendingByAddr[addr]++
 	return nil
 }
 
-func (s *Server) leave() {
+func (s *Server) leave(addr string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.unauthenticated--
+	if s.pendingByAddr[addr]--; s.pendingByAddr[addr] <= 0 {
+		delete(s.pendingByAddr, addr)
+	}
+}
+
+// clientAddr is the IP a stream comes from ("" when unknown).
+func clientAddr(ctx context.Context) string {
+	p, ok := peer.FromContext(ctx)
+	if !ok || p.Addr == nil {
+		return ""
+	}
+	if host, _, err := net.SplitHostPort(p.Addr.String()); err == nil {
+		return host
+	}
+	return p.Addr.String()
 }
 
 func (s *Server) acquire(project string) error {
@@ -260,16 +288,22 @@ func (s *Server) PublishBuildToolEventStream(stream buildpb.PublishBuildEvent_Pu
 	// A key in the headers is checked before anything is read: a client
 	// with a wrong one holds nothing. Bazel 4 sends its key in the first
 	// request instead, which must come within FirstMessageTimeout.
-	if err := s.preauthorize(ctx); err != nil {
+	authed, err := s.preauthorize(ctx)
+	if err != nil {
 		s.m.rejected("stream", status.Code(err))
 		return err
 	}
-	if err := s.enter(); err != nil {
-		s.m.rejected("stream", codes.ResourceExhausted)
-		return err
+	addr := clientAddr(ctx)
+	if !authed {
+		if err := s.enter(addr); err != nil {
+			s.m.rejected("stream", codes.ResourceExhausted)
+			return err
+		}
 	}
 	first, err := s.recvFirst(stream)
-	s.leave()
+	if !authed {
+		s.leave(addr)
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return nil
@@ -349,17 +383,19 @@ func (s *Server) PublishBuildToolEventStream(stream buildpb.PublishBuildEvent_Pu
 }
 
 // preauthorize refuses a stream whose headers carry a key that is not
-// valid, before its first request is read.
-func (s *Server) preauthorize(ctx context.Context) error {
+// valid, before its first request is read. It reports whether they carry a
+// valid one: such a stream is authenticated and does not count among the
+// streams waiting to say who they are.
+func (s *Server) preauthorize(ctx context.Context) (bool, error) {
 	if s.cfg.Keys.Len() == 0 {
-		return nil
+		return false, nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	if v := md.Get(APIKeyHeader); len(v) > 0 && v[0] != "" {
 		_, err := s.authorize(ctx, "")
-		return err
+		return err == nil, err
 	}
-	return nil
+	return false, nil
 }
 
 // recvFirst reads a stream's first request, or gives up after

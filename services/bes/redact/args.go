@@ -13,6 +13,7 @@ const (
 	flagHeader                    // NAME=VALUE: VALUE always goes
 	flagEnv                       // NAME=VALUE: VALUE goes unless NAME is allowed; NAME alone stays
 	flagOverride                  // --default_override=N:command=OPTION: OPTION is an argument
+	flagSecret                    // the whole value goes (--project_id: Bazel 4 sends the edge's API key in it)
 )
 
 // classify names the class of a flag, given without its dashes.
@@ -22,6 +23,8 @@ func classify(name string) flagClass {
 		return flagEnv
 	case "default_override":
 		return flagOverride
+	case "project_id":
+		return flagSecret
 	}
 	if strings.HasSuffix(name, "_header") {
 		return flagHeader // remote_header, bes_header, remote_cache_header, remote_exec_header, remote_downloader_header
@@ -36,6 +39,8 @@ func classifyBytes(name []byte) flagClass {
 		return flagEnv
 	case "default_override":
 		return flagOverride
+	case "project_id":
+		return flagSecret
 	}
 	if bytes.HasSuffix(name, []byte("_header")) {
 		return flagHeader
@@ -46,6 +51,11 @@ func classifyBytes(name []byte) flagClass {
 // value redacts the value of a flag of class c.
 func (r *Redactor) value(c flagClass, v string) string {
 	switch c {
+	case flagSecret:
+		if v == "" {
+			return v
+		}
+		return Marker
 	case flagHeader:
 		if name, _, ok := strings.Cut(v, "="); ok {
 			return name + "=" + Marker

@@ -154,7 +154,7 @@ func (r *Redactor) scan(b []byte) uint8 {
 		rest := b[i:]
 		switch b[i] {
 		case 'g':
-			if len(rest) > 4 && rest[1] == 'h' && rest[3] == '_' || bytes.HasPrefix(rest, []byte("github_pat_")) || bytes.HasPrefix(rest, []byte("glpat-")) {
+			if len(rest) > 4 && rest[1] == 'h' && rest[3] == '_' || bytes.HasPrefix(rest, []byte("github_pat_")) || isGitLabToken(rest) {
 				m |= mToken
 			}
 		case 'x':
@@ -203,11 +203,29 @@ func (r *Redactor) scan(b []byte) uint8 {
 	return m
 }
 
+// gitLabPrefixes are GitLab's token prefixes (personal, runner,
+// deploy, pipeline trigger, feed, CI job, SCIM, agent, incoming mail,
+// OAuth application secrets), each followed by '-'.
+var gitLabPrefixes = [][]byte{[]byte("glpat-"), []byte("glrt-"), []byte("gldt-"), []byte("glptt-"), []byte("glft-"),
+	[]byte("glcbt-"), []byte("glsoat-"), []byte("glagent-"), []byte("glimt-"), []byte("gloas-")}
+
+func isGitLabToken(b []byte) bool {
+	if len(b) < 5 || b[1] != 'l' {
+		return false
+	}
+	for _, p := range gitLabPrefixes {
+		if bytes.HasPrefix(b, p) {
+			return true
+		}
+	}
+	return false
+}
+
 // tokenRE matches the built-in token shapes. Each alternative needs one of
 // the anchors scan looks for.
 var tokenRE = regexp.MustCompile(`gh[pousr]_[A-Za-z0-9]{20,}` +
 	`|github_pat_[A-Za-z0-9_]{20,}` +
-	`|glpat-[A-Za-z0-9_-]{20,}` +
+	`|gl(?:pat|rt|dt|ptt|ft|cbt|soat|agent|imt|oas)-[A-Za-z0-9_-]{20,}` +
 	`|xox[abprs]-[A-Za-z0-9-]{10,}` +
 	`|(?:AKIA|ASIA)[A-Z0-9]{16}` +
 	`|AIza[0-9A-Za-z_-]{35}` +
@@ -284,7 +302,7 @@ func redactPEM(s string) string {
 			break
 		}
 		// The header line: -----BEGIN <label>-----, a private key's label
-		// ends in "PRIVATE KEY".
+		// ends in "PRIVATE KEY" (PGP: "PRIVATE KEY BLOCK").
 		j := strings.Index(s[i+len(pemBegin):], pemDash)
 		if j < 0 {
 			break
@@ -293,7 +311,7 @@ func redactPEM(s string) string {
 		label := s[i+len(pemBegin) : i+len(pemBegin)+j]
 		b.WriteString(s[:headerEnd])
 		s = s[headerEnd:]
-		if !strings.HasSuffix(label, "PRIVATE KEY") {
+		if !strings.HasSuffix(label, "PRIVATE KEY") && !strings.HasSuffix(label, "PRIVATE KEY BLOCK") {
 			continue
 		}
 		k := strings.Index(s, pemEnd)

@@ -50,6 +50,7 @@ func TestArg(t *testing.T) {
 		{"--default_override=0:build=--remote_header=Authorization=Bearer X", "--default_override=0:build=--remote_header=Authorization=" + Marker},
 		{"--default_override=0:build=--action_env=A=B", "--default_override=0:build=--action_env=A=" + Marker},
 		{"--define=K=" + awsKey, "--define=K=" + Marker},
+		{"--project_id=alpha-0123456789abcdef", "--project_id=" + Marker}, // Bazel 4 sends the edge's API key here
 		{"--keep_going", "--keep_going"},
 		{"--override_repository=x=/tmp/x", "--override_repository=x=/tmp/x"},
 		{"//pkg:target", "//pkg:target"},
@@ -68,8 +69,8 @@ func TestArg(t *testing.T) {
 func TestArgTwoWords(t *testing.T) {
 	r := MustNew(Config{})
 	var st argState
-	in := []string{"--remote_header", "Authorization=Bearer SECRET1", "--action_env", "T=SECRET2", "--action_env", "NAME", "--keep_going", "//..."}
-	want := []string{"--remote_header", "Authorization=" + Marker, "--action_env", "T=" + Marker, "--action_env", "NAME", "--keep_going", "//..."}
+	in := []string{"--remote_header", "Authorization=Bearer SECRET1", "--action_env", "T=SECRET2", "--action_env", "NAME", "--project_id", "KEY", "--keep_going", "//..."}
+	want := []string{"--remote_header", "Authorization=" + Marker, "--action_env", "T=" + Marker, "--action_env", "NAME", "--project_id", Marker, "--keep_going", "//..."}
 	for i, a := range in {
 		if got := r.arg(a, &st); got != want[i] {
 			t.Errorf("arg %d %q = %q, want %q", i, a, got, want[i])
@@ -85,6 +86,9 @@ func TestText(t *testing.T) {
 		{"gho_Ab12Cd34Ef56Gh78Ij90Kl12", Marker},
 		{"ghs_Ab12Cd34Ef56Gh78Ij90Kl12", Marker},
 		{glToken, Marker},
+		{"runner glrt-Ab12Cd34Ef56Gh78Ij90Kl, deploy gldt-Ab12Cd34Ef56Gh78Ij90Kl", "runner " + Marker + ", deploy " + Marker},
+		{"-----BEGIN PGP PRIVATE KEY BLOCK-----\nlQOYBF\n-----END PGP PRIVATE KEY BLOCK-----",
+			"-----BEGIN PGP PRIVATE KEY BLOCK-----" + Marker + "-----END PGP PRIVATE KEY BLOCK-----"},
 		{"slack=" + slackToken, "slack=" + Marker},
 		{"xoxp-1234567890-abcdefghijkl", Marker},
 		{awsKey + "," + awsTempKey, Marker + "," + Marker},
@@ -269,5 +273,36 @@ func TestBuildEventUnchangedIsNotCopied(t *testing.T) {
 		if out, changed := r.BuildEvent(bad); changed || !bytes.Equal(out, bad) {
 			t.Errorf("malformed %x came back changed", bad)
 		}
+	}
+}
+
+// bazel run announces the command it will exec, with the client's
+// environment: values go unless their names are allowed, argv is a command
+// line like any other.
+func TestExecRequestRedacted(t *testing.T) {
+	r := MustNew(Config{Allow: DefaultAllow})
+	env := func(name, value string) []byte { return msgField(3, str(1, name), str(2, value)) }
+	ev := msgField(29,
+		str(1, "/home/ci/ws"),
+		str(2, "bazel-bin/tool"), str(2, "--token="+ghToken), str(2, "--remote_header=Authorization=Bearer SECRET1"),
+		env("GH_TOKEN", "SECRET2"), env("PATH", "/usr/bin:/bin"), env("AWS_KEY", awsKey),
+		str(4, "UNSET_ME"))
+	out, changed := r.BuildEvent(ev)
+	if !changed {
+		t.Fatal("nothing redacted")
+	}
+	for _, sec := range []string{ghToken, "SECRET1", "SECRET2", awsKey} {
+		if bytes.Contains(out, []byte(sec)) {
+			t.Errorf("%q survived: %q", sec, out)
+		}
+	}
+	for _, keep := range []string{"/home/ci/ws", "bazel-bin/tool", "--token=", "--remote_header=Authorization=", "GH_TOKEN", "/usr/bin:/bin", "AWS_KEY", "UNSET_ME"} {
+		if !bytes.Contains(out, []byte(keep)) {
+			t.Errorf("%q is gone: %q", keep, out)
+		}
+	}
+	var be bep.BuildEvent
+	if err := proto.Unmarshal(out, &be); err != nil {
+		t.Fatalf("output does not decode: %v", err)
 	}
 }

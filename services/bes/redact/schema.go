@@ -97,5 +97,9 @@ var (
 		17: sub(msg(map[int]field{4: {kind: kTextKV}})),              // Configuration.make_variable
 		22: sub(commandLine),                                         // structured_command_line
 		26: sub(msg(map[int]field{1: {kind: kSecretKV}})),            // BuildMetadata.metadata
+		// ExecRequestConstructed (bazel run): working_directory, argv, and
+		// environment_variable, name (1) / value (2) pairs of the client's
+		// environment, whose values go unless the name is allowed.
+		29: sub(msg(map[int]field{1: text, 2: arg, 3: {kind: kSecretKV}})),
 	})
 )
