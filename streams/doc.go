@@ -47,6 +47,6 @@
 // consumer reading its world has acknowledged it. A failed pass leaves its
 // world's versions unacknowledged. Pinned by
 // TestFoldRunnerPassErrorDoesNotBlockOthers, TestFoldRunnerRestart,
-// TestFoldWithholdsWhatAnExportHasNotAcked and TestStrandedVersionsSwept
-// (projectors/compactor).
+// TestFoldWithholdsWhatAnExportHasNotAcked and, in projectors/compactor,
+// TestStrandedVersionsSwept.
 package streams

@@ -610,7 +610,11 @@ func (r *Runner) deadLetter(ctx context.Context, m *message, reason error) error
 		msg.Header[k] = v
 	}
 	msg.Header.Set(envelope.MsgID, "dead/"+r.name+"/"+strconv.FormatUint(m.seq, 10))
-	msg.Header.Set(envelope.Reason, reason.Error())
+	// A reason is the projector's error text, which may quote the message:
+	// bounded, so that the dead letter itself always fits the backbone's
+	// max payload (a letter that can never be stored would hold the
+	// projection at this message for good).
+	msg.Header.Set(envelope.Reason, truncate(reason.Error(), 4096))
 	msg.Header.Set(envelope.Consumer, r.name)
 	msg.Header.Set(envelope.Origin, r.cfg.Stream+":"+strconv.FormatUint(m.seq, 10)+":"+m.Subject())
 	msg.Data = m.Data()

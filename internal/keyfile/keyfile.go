@@ -102,16 +102,31 @@ func New(path string, apply func([]byte) error, m *Metrics, log *slog.Logger) (*
 	return w, nil
 }
 
+// read returns the file and its stamp. An editor or a script that
+// truncates a file and then writes it can be caught half way: the file is
+// read again until it is the same before and after the read (and as long as
+// its size says), a few times, so that half a key file is never applied.
+// Replacing the file by a rename is atomic and needs none of this.
 func (w *Watcher) read() (stamp, []byte, error) {
-	fi, err := os.Stat(w.path)
-	if err != nil {
-		return stamp{}, nil, err
+	for attempt := 0; ; attempt++ {
+		fi, err := os.Stat(w.path)
+		if err != nil {
+			return stamp{}, nil, err
+		}
+		b, err := os.ReadFile(w.path)
+		if err != nil {
+			return stamp{}, nil, err
+		}
+		st := stamp{info: fi, size: fi.Size(), mod: fi.ModTime()}
+		after, err := os.Stat(w.path)
+		if err == nil && int64(len(b)) == st.size && st.same(stamp{info: after, size: after.Size(), mod: after.ModTime()}) {
+			return st, b, nil
+		}
+		if attempt == 4 {
+			return stamp{}, nil, fmt.Errorf("the file kept changing while it was read")
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
-	b, err := os.ReadFile(w.path)
-	if err != nil {
-		return stamp{}, nil, err
-	}
-	return stamp{info: fi, size: fi.Size(), mod: fi.ModTime()}, b, nil
 }
 
 // Run checks the file every interval (DefaultInterval if 0) and when
