@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -101,7 +103,10 @@ func streamsPurgeBESCommand() command {
 project's builds, for events stored before the edge redacted secrets (JetStream
 cannot rewrite a stored message). The projected rows stay (scrub them with
 builds scrub); a replay of the builds projection can no longer rebuild these
-builds. Without --yes it only counts the messages.`,
+builds. Each message is erased, not only purged: a purge marks messages
+deleted but leaves their bytes in the store's blocks until JetStream compacts
+them, so each one is overwritten in place (JetStream's secure delete), with
+progress on standard error. Without --yes it only counts the messages.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo      logOptions
@@ -146,12 +151,61 @@ builds. Without --yes it only counts the messages.`,
 						streams.StreamBES, n, filter, len(info.State.Subjects))
 					return nil
 				}
-				if err := s.Purge(ctx, jetstream.WithPurgeSubject(filter)); err != nil {
-					return fmt.Errorf("purge %s: %w", filter, err)
+				erased, err := eraseSubjects(ctx, s, filter, n, os.Stderr)
+				if err != nil {
+					return fmt.Errorf("erase %s (%d messages erased): %w", filter, erased, err)
 				}
-				fmt.Printf("streams purge-bes: deleted %d messages on %s (%d invocations)\n", n, filter, len(info.State.Subjects))
+				fmt.Printf("streams purge-bes: deleted %d messages on %s (%d invocations), their bytes overwritten\n", erased, filter, len(info.State.Subjects))
 				return nil
 			}
 		},
 	}
+}
+
+// eraseSubjects deletes every message of s on filter with JetStream's
+// secure delete, which overwrites the message's bytes in its block: a
+// plain purge leaves them on disk until the block is compacted, which a
+// block shared with other projects' messages may never be. It reads the
+// sequences headers-only, then erases them, reporting progress about once
+// a second on progress; total is what the caller counted, for the display.
+func eraseSubjects(ctx context.Context, s jetstream.Stream, filter string, total uint64, progress io.Writer) (uint64, error) {
+	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, HeadersOnly: true})
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", filter, err)
+	}
+	var seqs []uint64
+	for {
+		batch, err := cons.FetchNoWait(1000)
+		if err != nil {
+			return 0, fmt.Errorf("read %s: %w", filter, err)
+		}
+		n, left := 0, uint64(0)
+		for m := range batch.Messages() {
+			md, err := m.Metadata()
+			if err != nil {
+				return 0, err
+			}
+			seqs = append(seqs, md.Sequence.Stream)
+			n, left = n+1, md.NumPending
+		}
+		if err := batch.Error(); err != nil {
+			return 0, fmt.Errorf("read %s: %w", filter, err)
+		}
+		if n == 0 || left == 0 {
+			break
+		}
+	}
+	var erased uint64
+	last := time.Now()
+	for _, seq := range seqs {
+		if err := s.SecureDeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return erased, fmt.Errorf("erase message %d: %w", seq, err)
+		}
+		erased++
+		if time.Since(last) >= time.Second {
+			fmt.Fprintf(progress, "streams purge-bes: erased %d of %d messages\n", erased, max(total, uint64(len(seqs))))
+			last = time.Now()
+		}
+	}
+	return erased, nil
 }

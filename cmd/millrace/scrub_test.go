@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -125,7 +127,7 @@ func TestStreamsPurgeBESCommand(t *testing.T) {
 	}
 	for _, subj := range []string{streams.BESSubject("alpha", "i1"), streams.BESSubject("alpha", "i1"), streams.BESSubject("alpha", "i2"),
 		streams.BESSubject("alpha-2", "i3"), streams.BESSubject("beta", "i1")} {
-		if _, err := js.Publish(ctx, subj, []byte("--remote_header=Authorization=Bearer OLD")); err != nil {
+		if _, err := js.Publish(ctx, subj, []byte("--remote_header=Authorization=Bearer OLD["+subj+"]")); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -159,6 +161,21 @@ func TestStreamsPurgeBESCommand(t *testing.T) {
 	}
 	if n := count("alpha"); n != 0 {
 		t.Fatalf("alpha keeps %d messages", n)
+	}
+	// Not only gone from the stream: gone from the store's files, although
+	// the block they were in still holds other projects' messages (a plain
+	// purge leaves their bytes there).
+	if err := filepath.WalkDir(ns.JetStreamConfig().StoreDir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if bytes.Contains(b, []byte("OLD[bes.alpha.")) {
+			t.Errorf("%s still holds alpha's purged secret", p)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
 	}
 	if count("alpha-2") != 1 || count("beta") != 1 {
 		t.Fatalf("other projects lost messages: alpha-2 %d, beta %d", count("alpha-2"), count("beta"))
