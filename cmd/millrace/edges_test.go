@@ -297,3 +297,48 @@ func TestCommitsKeysReloadWithoutRestart(t *testing.T) {
 		t.Fatalf("key B after it was added: %d", c)
 	}
 }
+
+// Join tokens and reservation API keys reload from their files like the
+// other keys: the gateway and the API hold the very sets the watcher swaps.
+func TestJoinTokensAndReservationKeysReload(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	tel := newTelemetry()
+	dir := t.TempDir()
+	tokens, keys := filepath.Join(dir, "join-tokens"), filepath.Join(dir, "api-keys")
+	const tokA, tokB = "prod=token-a-0123456789abcdef", "prod=token-b-0123456789abcdef"
+	replaceFile(t, tokens, tokA+"\n")
+	replaceFile(t, keys, "ci=resv-key-a-0123456789\n")
+
+	var fo fleetOptions
+	parseFlags(t, fo.register, "-fleet-ca-dir", filepath.Join(dir, "ca"), "-fleet-join-tokens-file", tokens)
+	fc, err := fo.config(ctx, tel, "", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := func(line string) string {
+		_, tok, _ := strings.Cut(line, "=")
+		p, _ := fc.JoinTokens.Pool(tok)
+		return p
+	}
+	if pool(tokA) != "prod" || pool(tokB) != "" {
+		t.Fatalf("at start: token A admits to %q, token B to %q", pool(tokA), pool(tokB))
+	}
+	replaceFile(t, tokens, tokB+"\n")
+	poll(t, "token A refused", func() bool { return pool(tokA) == "" })
+	if pool(tokB) != "prod" {
+		t.Fatal("token B not admitted after it was added")
+	}
+
+	var ro reservationsOptions
+	parseFlags(t, ro.register, "-fleet-api-keys-file", keys)
+	rc, err := ro.config(ctx, tel, "", slog.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rc.Keys.Len() != 1 {
+		t.Fatalf("%d reservation keys at start", rc.Keys.Len())
+	}
+	replaceFile(t, keys, "ci=resv-key-b-0123456789\nops=resv-key-c-0123456789\n")
+	poll(t, "the reservation keys reloaded", func() bool { return rc.Keys.Len() == 2 })
+}
