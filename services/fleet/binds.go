@@ -28,7 +28,16 @@ type bindTable struct {
 	// last BindWindow was placed on: a report or claim from another node
 	// is refused (foreign).
 	placedOn map[string]placement
+	// released are the allocations of the Released decisions read in the
+	// last BindWindow: a node whose Hello says it holds one is told to
+	// unbind it before anything else (reconciliation).
+	released map[string]releasedAlloc
 	count    int
+}
+
+type releasedAlloc struct {
+	reservation, reason string
+	expires             time.Time
 }
 
 type placement struct {
@@ -47,6 +56,7 @@ func newBindTable() bindTable {
 		pendingNode: map[string]nodeKey{},
 		boundBy:     map[string][]*session{},
 		placedOn:    map[string]placement{},
+		released:    map[string]releasedAlloc{},
 	}
 }
 
@@ -125,6 +135,11 @@ func (t *bindTable) expire(now time.Time) {
 	for id, p := range t.placedOn {
 		if !p.expires.After(now) {
 			delete(t.placedOn, id)
+		}
+	}
+	for id, r := range t.released {
+		if !r.expires.After(now) {
+			delete(t.released, id)
 		}
 	}
 	for key, m := range t.pending {
@@ -251,6 +266,11 @@ func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
 	case *fleetpb.PlacementDecision_Released:
 		s.m.decisions.WithLabelValues("released").Inc()
 		s.mu.Lock()
+		if expires := stored.Add(s.cfg.BindWindow); expires.After(s.now()) {
+			for _, id := range b.Released.GetAllocationIds() {
+				s.binds.released[id] = releasedAlloc{reservation: d.GetReservationId(), reason: b.Released.GetReason(), expires: expires}
+			}
+		}
 		for _, id := range b.Released.GetAllocationIds() {
 			// The node the bind was pending for, and every node here that
 			// holds the allocation: each is told once.
@@ -275,6 +295,35 @@ func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
 		n := s.binds.count
 		s.mu.Unlock()
 		s.m.pendingBinds.Set(float64(n))
+	case *fleetpb.PlacementDecision_UnbindAgain:
+		// The placer has not seen these unbinds confirmed: tell the node
+		// each was placed on (whether or not it claims it: one that lost
+		// it answers UNBOUND at once) and every holder here.
+		s.m.decisions.WithLabelValues("unbind_again").Inc()
+		s.mu.Lock()
+		for _, a := range b.UnbindAgain.GetAllocations() {
+			if CheckID("allocation id", a.GetId()) != nil || CheckID("node id", a.GetNodeId()) != nil {
+				continue
+			}
+			keys := []nodeKey{{pool: d.GetPool(), node: a.GetNodeId()}}
+			for _, holder := range s.binds.boundBy[a.GetId()] {
+				if !slices.Contains(keys, holder.key) {
+					keys = append(keys, holder.key)
+				}
+			}
+			for _, key := range keys {
+				if sess := s.sessions[key]; sess != nil && sess.established {
+					if sess.send(unbindCommand(d.GetReservationId(), a.GetId(), b.UnbindAgain.GetReason())) {
+						s.m.binds.WithLabelValues("unbind").Inc()
+					}
+				}
+			}
+		}
+		s.mu.Unlock()
+	case *fleetpb.PlacementDecision_Freed:
+		s.m.decisions.WithLabelValues("freed").Inc()
+	case *fleetpb.PlacementDecision_Unfenced:
+		s.m.decisions.WithLabelValues("unfenced").Inc()
 	case *fleetpb.PlacementDecision_Failed:
 		s.m.decisions.WithLabelValues("failed").Inc()
 	default:
@@ -306,7 +355,31 @@ func (s *Server) allocationReport(sess *session, r *fleetpb.AllocationReport) (r
 	default:
 		delete(sess.held, id)
 		s.binds.unhold(id, sess)
+		s.binds.drop(sess.key, id)
 	}
-	s.binds.drop(sess.key, id)
+	// A bound allocation's bind is kept until its release or the end of
+	// BindWindow: a node that reconnects without it (it lost it) is sent
+	// the Bind again (reconcile).
 	return ""
+}
+
+// reconcileLocked compares what a node's Hello says it holds with what
+// this gateway knows of the control plane's decisions (s.mu held): every
+// held allocation that was released is unbound at once, before any bind
+// is sent, so that the node drops what it must before it is given
+// anything new; every bind placed on the node in BindWindow that it does
+// not hold is sent (pendingFor, after this). The placer covers what is
+// older than BindWindow: UnbindAgain for releases the node has not
+// confirmed, and fences for nodes that were unreachable.
+func (s *Server) reconcileLocked(sess *session) {
+	for _, id := range sess.heldLocked() {
+		r, ok := s.binds.released[id]
+		if !ok {
+			continue
+		}
+		if sess.send(unbindCommand(r.reservation, id, r.reason)) {
+			s.m.binds.WithLabelValues("unbind").Inc()
+			s.m.reconciled.WithLabelValues("unbind").Inc()
+		}
+	}
 }
