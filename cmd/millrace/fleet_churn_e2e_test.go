@@ -48,23 +48,73 @@ func TestFleetChurnNoConflicts(t *testing.T) {
 			t.Fatalf("%s: %v", name, err)
 		}
 		t.Logf("%s: binds received %d, conflicts %d, unbinds %d", name, rep.Binds.Received, rep.Binds.Conflicts, rep.Binds.Unbinds)
+		traceConflicts(t, db, rep.Binds.ConflictSamples)
 		return rep
 	}
 	// Crashes shorter than the grace, and a storm.
 	short := run("short", 2*time.Second, 8*time.Second, nil)
 	// Crashes longer than the grace (the nodes are fenced), and the whole
 	// control plane killed with SIGKILL and started again.
+	restarted := make(chan time.Time, 1)
+	loadStart := time.Now()
 	long := run("long", 9*time.Second, 0, func() {
 		time.Sleep(10 * time.Second) // the point in the load at which to crash; nothing waits on it
 		dev.kill()
 		dev.start()
+		restarted <- time.Now()
 	})
+	loadEnd := time.Now()
 	for name, r := range map[string]*fleetsim.Report{"short": short, "long": long} {
 		if r.Binds.Received == 0 || r.Binds.Unbinds == 0 {
 			t.Errorf("%s: no churn (%d binds, %d unbinds)", name, r.Binds.Received, r.Binds.Unbinds)
 		}
+		if r.Crash.Started == 0 || r.Crash.Resumed == 0 {
+			t.Errorf("%s: no crashes (%+v)", name, r.Crash)
+		}
 		if r.Binds.Conflicts != 0 {
 			t.Errorf("%s: %d Binds met a GPU held for another allocation", name, r.Binds.Conflicts)
 		}
+	}
+	if short.Storm == nil || short.Storm.Rehome.Count == 0 {
+		t.Errorf("short: no storm re-homes (%+v)", short.Storm)
+	}
+	// The kill -9 happened during the load, not after it.
+	select {
+	case at := <-restarted:
+		if !at.Before(loadEnd) {
+			t.Errorf("control plane restarted at %s, after the load (%s to %s)", at, loadStart, loadEnd)
+		}
+	default:
+		t.Error("the control plane was not killed and restarted")
+	}
+	// The long crashes outlasted the grace: nodes were declared
+	// unreachable and their released allocations freed with a fence.
+	pool := testPool(t, db)
+	if n := count(t, pool, `select count(*) from fleet_allocations where pool = 'churn' and node_id like 'long-%' and free_reason = 'node_unreachable'`); n == 0 {
+		t.Error("long: no allocation was freed as node_unreachable: the crashes did not outlast the grace")
+	}
+}
+
+// traceConflicts logs each sampled conflict with what the decisions say of
+// both allocations, to find how the node came to be told to bind it.
+func traceConflicts(t *testing.T, db string, cs []fleetsim.Conflict) {
+	if len(cs) == 0 {
+		return
+	}
+	pool := testPool(t, db)
+	row := func(id string) string {
+		var s string
+		err := pool.QueryRow(context.Background(), `select format('%s on %s/%s gpus %s placed %s released %s (%s) freed %s (%s) report %s at %s',
+				a.id, a.pool, a.node_id, a.gpu_indices, a.placed_at::time, a.released_at::time, a.release_reason,
+				a.freed_at::time, a.free_reason, r.state, r.reported_at::time)
+			from fleet_allocations a left join fleet_allocation_reports r on r.allocation_id = a.id where a.id = $1`, id).Scan(&s)
+		if err != nil {
+			return id + ": " + err.Error()
+		}
+		return s
+	}
+	for _, c := range cs {
+		t.Logf("conflict at %s on %s GPU %d: bind %s, held %s (bound at %s)\n  bound: %s\n  held:  %s",
+			c.At.UTC().Format("15:04:05.000"), c.Node, c.GPU, c.Bound, c.Held, c.HeldSince.UTC().Format("15:04:05.000"), row(c.Bound), row(c.Held))
 	}
 }

@@ -163,13 +163,25 @@ func (s *Server) expireBinds(now time.Time) {
 // BindWindow ago (so that a gateway that just started knows the recent
 // decisions) until ctx ends. Every gateway reads every decision and
 // delivers those for the nodes it holds.
+//
+// Binds wait until the reader has caught up with the stream's head as of
+// the start (see Server.caughtUp, catchUp).
 func (s *Server) consumeDecisions(ctx context.Context) {
 	start := time.Now().Add(-s.cfg.BindWindow)
+	headKnown := false
 	for {
-		cons, err := s.js.OrderedConsumer(ctx, streams.StreamFleetPlace, jetstream.OrderedConsumerConfig{
-			DeliverPolicy: jetstream.DeliverByStartTimePolicy,
-			OptStartTime:  &start,
-		})
+		var err error
+		if !headKnown {
+			err = s.readHead(ctx, start)
+			headKnown = err == nil
+		}
+		var cons jetstream.Consumer
+		if err == nil {
+			cons, err = s.js.OrderedConsumer(ctx, streams.StreamFleetPlace, jetstream.OrderedConsumerConfig{
+				DeliverPolicy: jetstream.DeliverByStartTimePolicy,
+				OptStartTime:  &start,
+			})
+		}
 		var cc jetstream.ConsumeContext
 		if err == nil {
 			cc, err = cons.Consume(s.decisionMsg, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -193,23 +205,77 @@ func (s *Server) consumeDecisions(ctx context.Context) {
 	}
 }
 
+// readHead notes the last sequence of FLEET_PLACE, the head the reader
+// must reach before binds are sent; with nothing stored since start (the
+// window holds no decision), the gateway is caught up at once.
+func (s *Server) readHead(ctx context.Context, start time.Time) error {
+	st, err := s.js.Stream(ctx, streams.StreamFleetPlace)
+	if err != nil {
+		return err
+	}
+	state := st.CachedInfo().State
+	s.mu.Lock()
+	s.decisionsHead = state.LastSeq
+	s.mu.Unlock()
+	if state.LastSeq == 0 || state.LastTime.Before(start) {
+		s.catchUp()
+	}
+	return nil
+}
+
 func (s *Server) decisionMsg(msg jetstream.Msg) {
 	stored := time.Now()
+	var seq uint64
 	if meta, err := msg.Metadata(); err == nil {
-		stored = meta.Timestamp
+		stored, seq = meta.Timestamp, meta.Sequence.Stream
 	}
 	d := &fleetpb.PlacementDecision{}
 	if err := proto.Unmarshal(msg.Data(), d); err != nil {
 		s.m.decisions.WithLabelValues("invalid").Inc()
 		s.log.Warn("placement decision does not decode; skipped", "subject", msg.Subject(), "err", err)
+	} else {
+		if d.GetPool() == "" {
+			if pool, _, ok := streams.FleetSubjectPool(msg.Subject()); ok {
+				d.Pool = pool
+			}
+		}
+		if s.decisionHook != nil {
+			s.decisionHook(d)
+		}
+		s.applyDecision(d, stored)
+	}
+	s.mu.Lock()
+	reached := !s.caughtUp && seq >= s.decisionsHead && s.decisionsHead > 0
+	s.mu.Unlock()
+	if reached {
+		s.catchUp()
+	}
+}
+
+// catchUp marks the decisions read up to the head: every node connected
+// here is sent the binds placed on it that it lacks, held back until now.
+func (s *Server) catchUp() {
+	s.mu.Lock()
+	if s.caughtUp {
+		s.mu.Unlock()
 		return
 	}
-	if d.GetPool() == "" {
-		if pool, _, ok := streams.FleetSubjectPool(msg.Subject()); ok {
-			d.Pool = pool
+	s.caughtUp = true
+	now, sent := s.now(), 0
+	for _, sess := range s.sessions {
+		if !sess.established {
+			continue
+		}
+		for _, c := range s.binds.pendingFor(sess.key, sess.held, now) {
+			if sess.send(c) {
+				sent++
+				s.m.binds.WithLabelValues("bind").Inc()
+				s.m.reconciled.WithLabelValues("bind").Inc()
+			}
 		}
 	}
-	s.applyDecision(d, stored)
+	s.mu.Unlock()
+	s.log.Info("placement decisions read up to the head; binds are sent", "stream", streams.StreamFleetPlace, "binds_held_back", sent)
 }
 
 func bindCommand(reservation string, a *fleetpb.Allocation) *fleetpb.GatewayMessage {
@@ -250,8 +316,8 @@ func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
 			s.binds.add(key, a.GetId(), cmd, expires)
 			s.binds.placedOn[a.GetId()] = placement{key: key, expires: expires}
 			sess := s.sessions[key]
-			if sess == nil || !sess.established {
-				continue // sent when (if) the node connects here
+			if sess == nil || !sess.established || !s.caughtUp {
+				continue // sent when (if) the node connects here, or at catchUp
 			}
 			if _, held := sess.held[a.GetId()]; held {
 				continue

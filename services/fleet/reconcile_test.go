@@ -82,3 +82,50 @@ func TestUnbindAgainReachesTheNode(t *testing.T) {
 		t.Fatalf("command %v, want the Unbind of a1", cmd)
 	}
 }
+
+// TestBindsWaitForTheHead: a gateway that starts reads the window's
+// decisions in order, Placed before its Released. A node that connects
+// meanwhile is not sent the bind of an allocation whose release is still
+// to be read (its GPUs may have been freed and booked again): binds wait
+// until the reader has reached the stream's head as of the start.
+func TestBindsWaitForTheHead(t *testing.T) {
+	b := newBackbone(t)
+	b.publishDecision(t, placed("d1", "p", "r1", alloc("gone", "n1", 0)))
+	b.publishDecision(t, released("d2", "p", "r1", "cancelled", "gone"))
+	b.publishDecision(t, placed("d3", "p", "r3", alloc("live", "n1", 0)))
+
+	atRelease, resume := make(chan struct{}), make(chan struct{})
+	hook := func(s *Server) {
+		s.decisionHook = func(d *fleetpb.PlacementDecision) {
+			if d.GetReleased() != nil {
+				close(atRelease)
+				<-resume
+			}
+		}
+	}
+	gw := startGateway(t, b, Config{}, hook)
+	<-atRelease // "gone" is read as placed on n1, its release not yet
+	c := openSession(t, gw.nodeConn(t, nil, "n1", "p"), helloMsg(testHello("n1", "p")))
+	c.welcome()
+	eventually(t, "the session established", func() bool {
+		gw.srv.mu.Lock()
+		defer gw.srv.mu.Unlock()
+		sess := gw.srv.sessions[nodeKey{pool: "p", node: "n1"}]
+		return sess != nil && sess.established
+	})
+	close(resume)
+	// The Unbind of gone may come (it was pending for n1 when its release
+	// was read: the node answers UNBOUND); its Bind must not.
+	for {
+		cmd := c.nextCommand()
+		if cmd.GetBind() != nil {
+			if cmd.GetAllocationId() != "live" {
+				t.Fatalf("bind %v, want only the Bind of live (gone was released before the node connected)", cmd)
+			}
+			break
+		}
+	}
+	if extra := c.sync(); len(extra) != 0 {
+		t.Fatalf("more messages: %v", extra)
+	}
+}
