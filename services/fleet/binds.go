@@ -421,11 +421,13 @@ func (s *Server) allocationReport(sess *session, r *fleetpb.AllocationReport) (r
 	default:
 		delete(sess.held, id)
 		s.binds.unhold(id, sess)
+		s.binds.drop(sess.key, id)
 	}
-	// Not kept once BOUND: a gateway that restarted reads the window's
-	// Placed decisions before their Released ones, and a bind resent to a
-	// node that lacks it meanwhile could meet GPUs freed and booked again.
-	s.binds.drop(sess.key, id)
+	// A bound allocation's bind is kept until its release or the end of
+	// BindWindow: a node that reconnects without it (it lost it) is sent
+	// the Bind again (reconcile). Safe because no bind is sent before the
+	// reader has reached the head (caughtUp): a release stored before the
+	// Hello has been read, and its GPUs stay booked until it is freed.
 	return ""
 }
 

@@ -8,8 +8,8 @@ import (
 
 // TestHelloReconciled: a node reconnecting is reconciled with the
 // decisions: an allocation its Hello lists that was released is unbound
-// before anything is bound; one placed on it that it lacks is bound; one
-// it holds and that is live is left.
+// before anything is bound; one placed on it that it lacks (pending, or
+// bound and then lost) is bound; one it holds and that is live is left.
 func TestHelloReconciled(t *testing.T) {
 	b := newBackbone(t)
 	gw := startGateway(t, b, Config{})
@@ -48,15 +48,15 @@ func TestHelloReconciled(t *testing.T) {
 		t.Fatalf("first command %v, want the Unbind of the released allocation it holds", first)
 	}
 	var binds []string
-	for range 1 {
+	for range 2 {
 		cmd := c.nextCommand()
 		if cmd.GetBind() == nil {
 			t.Fatalf("command %v, want a Bind", cmd)
 		}
 		binds = append(binds, cmd.GetAllocationId())
 	}
-	if binds[0] != "new" {
-		t.Errorf("binds %v, want [new] (kept is held; gone is released)", binds)
+	if binds[0] != "lost" || binds[1] != "new" {
+		t.Errorf("binds %v, want [lost new] (kept is held; gone is released)", binds)
 	}
 	if extra := c.sync(); len(extra) != 0 {
 		t.Fatalf("more messages: %v", extra)
