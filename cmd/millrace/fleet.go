@@ -419,6 +419,7 @@ type placerOptions struct {
 	maxWait                    time.Duration
 	bindTimeout, pendingTimout time.Duration
 	sweepEvery                 time.Duration
+	unbindRetry                time.Duration
 }
 
 func (o *placerOptions) register(fs *flag.FlagSet) {
@@ -426,6 +427,7 @@ func (o *placerOptions) register(fs *flag.FlagSet) {
 	envDuration(fs, &o.maxWait, "placer-max-wait", "MILLRACE_PLACER_MAX_WAIT", 20*time.Millisecond, "how long requests may gather before the placer plans them (adds to the time to place)")
 	envDuration(fs, &o.bindTimeout, "placer-bind-timeout", "MILLRACE_PLACER_BIND_TIMEOUT", placer.DefaultBindTimeout, "an allocation its node has not confirmed within this is released and placed again")
 	envDuration(fs, &o.pendingTimout, "placer-pending-timeout", "MILLRACE_PLACER_PENDING_TIMEOUT", placer.DefaultPendingTimeout, "a reservation that found no capacity within this fails")
+	envDuration(fs, &o.unbindRetry, "placer-unbind-retry", "MILLRACE_PLACER_UNBIND_RETRY", placer.DefaultUnbindRetry, "how often the nodes are asked again to unbind a released allocation they have not confirmed (its GPUs are not bookable until they do)")
 	envDuration(fs, &o.sweepEvery, "placer-sweep-every", "MILLRACE_PLACER_SWEEP_EVERY", time.Second, "how often an idle placer retries pending reservations and applies its release policies")
 }
 
@@ -433,6 +435,7 @@ func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {
 	cfg := placer.Config{
 		BindTimeout:    o.bindTimeout,
 		PendingTimeout: o.pendingTimout,
+		UnbindRetry:    o.unbindRetry,
 		Subject:        streams.FleetPlaceSubject,
 		Logger:         log.With("projector", placer.ConsumerName),
 	}

@@ -77,6 +77,21 @@ type sim struct {
 	marks        map[string]mark
 	gw           []GatewayProcess
 	goroutines   int
+	conflicts    []Conflict
+}
+
+// maxConflictSamples bounds Binds.ConflictSamples.
+const maxConflictSamples = 32
+
+// conflict counts a Bind that met a GPU held for another allocation and
+// keeps the first few.
+func (s *sim) conflict(c Conflict) {
+	s.bindConflicts.Add(1)
+	s.mu.Lock()
+	if len(s.conflicts) < maxConflictSamples {
+		s.conflicts = append(s.conflicts, c)
+	}
+	s.mu.Unlock()
 }
 
 func (s *sim) newRand(stream uint64) *rand.Rand { return rand.New(rand.NewPCG(s.seed, stream)) }
@@ -688,6 +703,7 @@ func (s *sim) fill(rep *Report, storm *Storm, loadEnd time.Time) {
 		Created: s.resvCreated.Load(), Skipped: s.resvSkipped.Load(), Cancelled: s.resvCancelled.Load(),
 		CreateErrors: s.createErrors, CancelErrors: s.cancelErrors, CreateTime: s.createTime.Summary(),
 	}
+	rep.Binds.ConflictSamples = s.conflicts
 	rep.Gateways = s.gw
 	rep.Simulator.PeakGoroutines = s.goroutines
 	var base, atPeak int64

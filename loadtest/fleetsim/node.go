@@ -43,6 +43,7 @@ type node struct {
 	outage        int
 	crashed       bool
 	resumedAt     time.Time
+	boundAt       map[string]time.Time // allocation -> when the node bound it
 }
 
 func newNode(s *sim, idx int, id string, m Model, gpus int) *node {
@@ -154,17 +155,24 @@ func (n *node) bind(_ context.Context, cmd *fleetpb.Command) error {
 			continue
 		}
 		if b.GetWholeNode() || h.WholeNode {
-			n.s.bindConflicts.Add(1)
+			n.conflict(-1, cmd.GetAllocationId(), h.ID)
 			return fmt.Errorf("node %s is held by allocation %s", n.id, h.ID)
 		}
 		for _, g := range h.GPUIndices {
 			if want[g] {
-				n.s.bindConflicts.Add(1)
+				n.conflict(int32(g), cmd.GetAllocationId(), h.ID)
 				return fmt.Errorf("GPU %d of node %s is held by allocation %s", g, n.id, h.ID)
 			}
 		}
 	}
 	return nil
+}
+
+func (n *node) conflict(gpu int32, bound, held string) {
+	n.mu.Lock()
+	since := n.boundAt[held]
+	n.mu.Unlock()
+	n.s.conflict(Conflict{At: time.Now(), Node: n.id, GPU: gpu, Bound: bound, Held: held, HeldSince: since})
 }
 
 // crash suspends the node; resume ends it.
@@ -245,6 +253,13 @@ func (n *node) Refused(e agent.RefusedEvent) { n.s.count(&n.s.refusals, e.Code) 
 func (n *node) Bound(e agent.BoundEvent) {
 	if e.Repeat {
 		n.s.bindRepeats.Add(1)
+	} else {
+		n.mu.Lock()
+		if n.boundAt == nil {
+			n.boundAt = map[string]time.Time{}
+		}
+		n.boundAt[e.Allocation.ID] = e.At
+		n.mu.Unlock()
 	}
 	n.s.match.bound(e.ID, e.At)
 }

@@ -169,6 +169,21 @@ type Binds struct {
 	Conflicts int64 `json:"conflicts"`
 	Invalid   int64 `json:"invalid"` // GPU indices the node does not have
 	Unbinds   int64 `json:"unbinds"`
+	// ConflictSamples are the first conflicts, to trace them in the
+	// decisions (FLEET_PLACE, fleet_allocations).
+	ConflictSamples []Conflict `json:"conflict_samples,omitempty"`
+}
+
+// Conflict is one Bind that met a GPU held for another allocation.
+type Conflict struct {
+	At   time.Time `json:"at"`
+	Node string    `json:"node"`
+	GPU  int32     `json:"gpu"` // -1: a whole-node bind or holder
+	// Bound is the allocation of the Bind; Held the one the node holds,
+	// which it bound at HeldSince.
+	Bound     string    `json:"bound"`
+	Held      string    `json:"held"`
+	HeldSince time.Time `json:"held_since"`
 }
 
 // GatewayProcess is one gateway process's resident set (VmRSS, from

@@ -246,7 +246,7 @@ func (p *Placer) renewNodes(ctx context.Context, tx pgx.Tx, keys map[nodeKey]boo
 func (x *index) forget(n *node) {
 	pi := x.pool(n.pool)
 	pi.removeNode(n)
-	if len(n.booked) == 0 {
+	if len(n.booked) == 0 && n.fences == 0 {
 		delete(x.nodes, n.key())
 		return
 	}

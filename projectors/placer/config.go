@@ -31,6 +31,7 @@ const (
 	DefaultRounds         = 3
 	DefaultReloadEvery    = 10 * time.Minute
 	DefaultSweepOverdue   = 10 * time.Second
+	DefaultUnbindRetry    = 10 * time.Second
 )
 
 // Config configures the placer. The zero value is the default.
@@ -63,6 +64,11 @@ type Config struct {
 	// the last sweep is older than this. Zero means DefaultSweepOverdue
 	// (10s); negative leaves sweeping to the runner alone.
 	SweepOverdue time.Duration
+	// UnbindRetry is how often the gateways are asked again (UnbindAgain)
+	// to unbind an allocation that was released, or fences its node, and
+	// whose node, connected, has not confirmed it. Its GPUs are not
+	// bookable until then. Zero means DefaultUnbindRetry (10s).
+	UnbindRetry time.Duration
 	// Now is the clock that stamps the decisions Apply makes (Sweep uses
 	// the time the runner passes). Nil means time.Now.
 	Now func() time.Time
@@ -88,6 +94,9 @@ func (c Config) Validate() error {
 	if c.Rounds < 0 {
 		errs = append(errs, fmt.Errorf("placer: Rounds %d is negative", c.Rounds))
 	}
+	if c.UnbindRetry < 0 {
+		errs = append(errs, fmt.Errorf("placer: UnbindRetry %v is negative", c.UnbindRetry))
+	}
 	d := c.withDefaults()
 	if d.PendingTimeout < d.BindTimeout {
 		errs = append(errs, fmt.Errorf("placer: PendingTimeout %v is shorter than BindTimeout %v", d.PendingTimeout, d.BindTimeout))
@@ -110,6 +119,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.SweepOverdue == 0 {
 		c.SweepOverdue = DefaultSweepOverdue
+	}
+	if c.UnbindRetry == 0 {
+		c.UnbindRetry = DefaultUnbindRetry
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -37,10 +37,16 @@ func ApplyDecision(ctx context.Context, tx pgx.Tx, d *fleetpb.PlacementDecision)
 //     placement of the reservation, a GPU booked already, an allocation id
 //     used already) is rejected: exactly the rows it did insert are deleted
 //     again, and its index in ds is returned.
-//   - Released marks its allocations released (released_at, reason),
-//     deletes their bookings and ends the placement they belong to; with
-//     requeued the placement row is deleted so that the reservation can
-//     be placed again. Releasing what is released already is a no-op.
+//   - Released marks its allocations released (released_at, reason) and
+//     ends the placement they belong to; with requeued the placement row
+//     is deleted so that the reservation can be placed again. Their
+//     bookings stay (the allocations are "releasing") until a Freed
+//     decision: a GPU is bookable again only once its node confirmed the
+//     unbind or was fenced. Releasing what is released already is a no-op.
+//   - Freed sets freed_at of released allocations, deletes their bookings
+//     and records a fence (fleet_fences) for each allocation it fences;
+//     Unfenced deletes fences. Freeing what is freed is a no-op.
+//   - UnbindAgain writes nothing: it is a message to the gateways.
 //   - Failed records the failure unless the reservation has a placement
 //     (then it is rejected).
 //
@@ -61,6 +67,12 @@ func ApplyDecisions(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecis
 			err = applyReleased(ctx, tx, ds[start:end])
 		case kindFailed:
 			rej, err = applyFailed(ctx, tx, ds[start:end])
+		case kindFreed:
+			err = applyFreed(ctx, tx, ds[start:end])
+		case kindUnfenced:
+			err = applyUnfenced(ctx, tx, ds[start:end])
+		case kindUnbindAgain:
+			// a message to the gateways: no rows
 		default:
 			err = fmt.Errorf("decision %s has no body", ds[start].GetDecisionId())
 		}
@@ -82,6 +94,9 @@ const (
 	kindPlaced
 	kindReleased
 	kindFailed
+	kindFreed
+	kindUnbindAgain
+	kindUnfenced
 )
 
 func kindOf(d *fleetpb.PlacementDecision) decisionKind {
@@ -92,6 +107,12 @@ func kindOf(d *fleetpb.PlacementDecision) decisionKind {
 		return kindReleased
 	case *fleetpb.PlacementDecision_Failed:
 		return kindFailed
+	case *fleetpb.PlacementDecision_Freed:
+		return kindFreed
+	case *fleetpb.PlacementDecision_UnbindAgain:
+		return kindUnbindAgain
+	case *fleetpb.PlacementDecision_Unfenced:
+		return kindUnfenced
 	}
 	return kindNone
 }
@@ -289,7 +310,6 @@ const (
 	sqlReleaseAllocations = `update fleet_allocations a set released_at = u.at, release_reason = u.reason
 		from unnest($1::text[], $2::timestamptz[], $3::text[]) as u(id, at, reason)
 		where a.id = u.id and a.released_at is null`
-	sqlReleaseBookings   = `delete from fleet_bookings b using unnest($1::text[]) as u(id) where b.allocation_id = u.id`
 	sqlRequeuePlacements = `delete from fleet_placements p using unnest($1::text[], $2::text[]) as u(rid, aid)
 		where p.reservation_id = u.rid
 		  and p.decision_id = (select a.decision_id from fleet_allocations a where a.id = u.aid)`
@@ -338,7 +358,6 @@ func applyReleased(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecisi
 	}
 	batch := &pgx.Batch{}
 	batch.Queue(sqlReleaseAllocations, aID, aAt, aReason)
-	batch.Queue(sqlReleaseBookings, aID)
 	if len(rqRid) > 0 {
 		batch.Queue(sqlRequeuePlacements, rqRid, rqAid)
 	}
@@ -346,6 +365,89 @@ func applyReleased(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecisi
 		batch.Queue(sqlEndPlacements, endRid, endAid, endAt, endWhy)
 	}
 	return tx.SendBatch(ctx, batch).Close()
+}
+
+const (
+	// Only released allocations are freed, once: a Freed replayed before
+	// its Released (it never is: the placer publishes them in order) or
+	// twice changes nothing.
+	sqlFreeAllocations = `update fleet_allocations a set freed_at = u.at, free_reason = u.reason
+		from unnest($1::text[], $2::timestamptz[], $3::text[]) as u(id, at, reason)
+		where a.id = u.id and a.released_at is not null and a.freed_at is null
+		returning a.id`
+	sqlFreeBookings = `delete from fleet_bookings b using unnest($1::text[]) as u(id) where b.allocation_id = u.id`
+	sqlInsertFences = `insert into fleet_fences (pool, node_id, allocation_id, fenced_at)
+		select a.pool, a.node_id, a.id, u.at from unnest($1::text[], $2::timestamptz[]) as u(id, at)
+		join fleet_allocations a on a.id = u.id
+		on conflict do nothing`
+	sqlDeleteFences = `delete from fleet_fences f using unnest($1::text[], $2::text[], $3::text[]) as u(pool, node, id)
+		where f.pool = u.pool and f.node_id = u.node and f.allocation_id = u.id`
+)
+
+// applyFreed writes a run of Freed decisions: the allocations' GPUs
+// become bookable, and the fenced ones fence their node.
+func applyFreed(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecision) error {
+	var (
+		id, reason []string
+		at         []time.Time
+		fID        []string
+		fAt        []time.Time
+		seen       = map[string]bool{}
+	)
+	for _, d := range ds {
+		f := d.GetFreed()
+		for _, a := range f.GetAllocationIds() {
+			if !seen[a] {
+				seen[a] = true
+				id, at, reason = append(id, a), append(at, pgTime(d)), append(reason, f.GetReason())
+			}
+		}
+		for _, a := range f.GetFenced() {
+			fID, fAt = append(fID, a), append(fAt, pgTime(d))
+		}
+	}
+	rows, err := tx.Query(ctx, sqlFreeAllocations, id, at, reason)
+	if err != nil {
+		return err
+	}
+	freed, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	if len(freed) == 0 {
+		return nil
+	}
+	isFreed := make(map[string]bool, len(freed))
+	for _, a := range freed {
+		isFreed[a] = true
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(sqlFreeBookings, freed)
+	// A fence only with the freeing that made it, so that a duplicate
+	// Freed does not fence again a node that has been unfenced since.
+	fID2, fAt2 := fID[:0:0], fAt[:0:0]
+	for i, a := range fID {
+		if isFreed[a] {
+			fID2, fAt2 = append(fID2, a), append(fAt2, fAt[i])
+		}
+	}
+	if len(fID2) > 0 {
+		batch.Queue(sqlInsertFences, fID2, fAt2)
+	}
+	return tx.SendBatch(ctx, batch).Close()
+}
+
+// applyUnfenced writes a run of Unfenced decisions.
+func applyUnfenced(ctx context.Context, tx pgx.Tx, ds []*fleetpb.PlacementDecision) error {
+	var pool, node, id []string
+	for _, d := range ds {
+		u := d.GetUnfenced()
+		for _, a := range u.GetAllocationIds() {
+			pool, node, id = append(pool, d.GetPool()), append(node, u.GetNodeId()), append(id, a)
+		}
+	}
+	_, err := tx.Exec(ctx, sqlDeleteFences, pool, node, id)
+	return err
 }
 
 const sqlInsertFailures = `insert into fleet_failures (reservation_id, decision_id, failed_at, reason)
@@ -650,7 +752,7 @@ func (*Decisions) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Messa
 
 // Reset empties the tables written from FLEET_PLACE (projection.Resetter).
 func (*Decisions) Reset(ctx context.Context, tx pgx.Tx) error {
-	if _, err := tx.Exec(ctx, "truncate fleet_allocations, fleet_bookings, fleet_placements, fleet_failures"); err != nil {
+	if _, err := tx.Exec(ctx, "truncate fleet_allocations, fleet_bookings, fleet_placements, fleet_failures, fleet_fences"); err != nil {
 		return fmt.Errorf("placer: reset decisions: %w", err)
 	}
 	return nil
@@ -666,7 +768,7 @@ type Querier interface {
 
 // DigestTables are the tables the placer's projections write, in the
 // order Digest reports them (the outbox is not among them).
-var DigestTables = []string{"fleet_reservations", "fleet_allocations", "fleet_bookings", "fleet_placements", "fleet_failures"}
+var DigestTables = []string{"fleet_reservations", "fleet_allocations", "fleet_bookings", "fleet_placements", "fleet_failures", "fleet_fences"}
 
 var digestOrder = map[string]string{
 	"fleet_reservations": `id collate "C"`,
@@ -674,6 +776,7 @@ var digestOrder = map[string]string{
 	"fleet_bookings":     `pool collate "C", node_id collate "C", gpu_index`,
 	"fleet_placements":   `reservation_id collate "C"`,
 	"fleet_failures":     `reservation_id collate "C"`,
+	"fleet_fences":       `pool collate "C", node_id collate "C", allocation_id collate "C"`,
 }
 
 // Digest returns, per table of DigestTables, the md5 of all its rows

@@ -203,8 +203,33 @@ func checkDecision(d *fleetpb.PlacementDecision) error {
 			}
 		}
 	case *fleetpb.PlacementDecision_Failed:
+	case *fleetpb.PlacementDecision_Freed:
+		ids := body.Freed.GetAllocationIds()
+		if len(ids) == 0 {
+			return fmt.Errorf("freed decision %s has no allocations", d.GetDecisionId())
+		}
+		for _, id := range append(ids[:len(ids):len(ids)], body.Freed.GetFenced()...) {
+			if id == "" {
+				return fmt.Errorf("freed decision %s names an empty allocation id", d.GetDecisionId())
+			}
+		}
+		for _, id := range body.Freed.GetFenced() {
+			if !slices.Contains(ids, id) {
+				return fmt.Errorf("freed decision %s fences allocation %s that it does not free", d.GetDecisionId(), id)
+			}
+		}
+	case *fleetpb.PlacementDecision_UnbindAgain:
+		for _, a := range body.UnbindAgain.GetAllocations() {
+			if a.GetId() == "" || a.GetNodeId() == "" {
+				return fmt.Errorf("unbind-again decision %s has an allocation without id or node", d.GetDecisionId())
+			}
+		}
+	case *fleetpb.PlacementDecision_Unfenced:
+		if body.Unfenced.GetNodeId() == "" || len(body.Unfenced.GetAllocationIds()) == 0 {
+			return fmt.Errorf("unfenced decision %s names no node or no allocation", d.GetDecisionId())
+		}
 	default:
-		return fmt.Errorf("decision %s is neither placed, released nor failed", d.GetDecisionId())
+		return fmt.Errorf("decision %s is neither placed, released, freed, unbind-again, unfenced nor failed", d.GetDecisionId())
 	}
 	return nil
 }

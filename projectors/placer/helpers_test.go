@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -143,11 +144,12 @@ func (e *env) reportAs(pool, node, allocID, state string) {
 // shortID is an allocation id without its random part:
 // "<reservation>/<generation>/<n>".
 func shortID(id string) string {
-	if i := strings.LastIndexByte(id, '.'); i > 0 && len(id)-i == 33 {
-		return id[:i]
-	}
-	return id
+	return randomPart.ReplaceAllString(id, "")
 }
+
+// randomPart is the random tail of an allocation id, wherever it is in a
+// decision id ("<allocation>/freed").
+var randomPart = regexp.MustCompile(`\.[0-9a-f]{32}`)
 
 func shortIDs(ids []string) []string {
 	out := make([]string, len(ids))
@@ -346,6 +348,18 @@ func (e *env) decisions() []string {
 			out = append(out, fmt.Sprintf("%s released %s requeued=%t %v", d.GetDecisionId(), rel.GetReason(), rel.GetRequeued(), shortIDs(rel.GetAllocationIds())))
 		case d.GetFailed() != nil:
 			out = append(out, d.GetDecisionId()+" failed "+d.GetFailed().GetReason())
+		case d.GetFreed() != nil:
+			f := d.GetFreed()
+			out = append(out, fmt.Sprintf("%s freed %s %v fenced=%v", shortID(d.GetDecisionId()), f.GetReason(), shortIDs(f.GetAllocationIds()), shortIDs(f.GetFenced())))
+		case d.GetUnfenced() != nil:
+			u := d.GetUnfenced()
+			out = append(out, fmt.Sprintf("%s unfenced %s %v", shortID(d.GetDecisionId()), u.GetNodeId(), shortIDs(u.GetAllocationIds())))
+		case d.GetUnbindAgain() != nil:
+			var parts []string
+			for _, a := range d.GetUnbindAgain().GetAllocations() {
+				parts = append(parts, a.GetNodeId()+":"+shortID(a.GetId()))
+			}
+			out = append(out, fmt.Sprintf("%s unbind-again %s", d.GetReservationId(), strings.Join(parts, " ")))
 		}
 	}
 	return out
@@ -445,9 +459,13 @@ func (e *env) checkInvariants() {
 		{"live allocation GPU without its booking", `select a.id, g from fleet_allocations a, unnest(a.gpu_indices) g
 			where a.released_at is null and not exists (select 1 from fleet_bookings b
 				where b.pool = a.pool and b.node_id = a.node_id and b.gpu_index = g and b.allocation_id = a.id and b.reservation_id = a.reservation_id)`},
-		{"booking without a live allocation", `select b.node_id, b.gpu_index from fleet_bookings b
-			where not exists (select 1 from fleet_allocations a where a.id = b.allocation_id and a.released_at is null
+		{"booking without a live or releasing allocation", `select b.node_id, b.gpu_index from fleet_bookings b
+			where not exists (select 1 from fleet_allocations a where a.id = b.allocation_id and a.freed_at is null
 				and a.pool = b.pool and a.node_id = b.node_id and b.gpu_index = any(a.gpu_indices))`},
+		{"releasing allocation GPU without its booking", `select a.id, g from fleet_allocations a, unnest(a.gpu_indices) g
+			where a.released_at is not null and a.freed_at is null and not exists (select 1 from fleet_bookings b
+				where b.pool = a.pool and b.node_id = a.node_id and b.gpu_index = g and b.allocation_id = a.id)`},
+		{"freed before released", `select id from fleet_allocations where freed_at is not null and released_at is null`},
 		{"reservation with live allocations of two placements", `select reservation_id from fleet_allocations
 			where released_at is null group by 1 having count(distinct decision_id) > 1`},
 		{"live allocation without its live placement", `select a.id from fleet_allocations a

@@ -76,6 +76,10 @@ type node struct {
 	gpus      []device // by index
 	booked    map[int32]struct{}
 	free      int // healthy GPUs not booked
+	// fences counts allocations freed while the node was unreachable that
+	// it has not confirmed it dropped (fleet_fences): nothing new is
+	// placed on it until they are none.
+	fences int
 
 	cls     *class // set while filed in a class bucket
 	bucket  int
@@ -85,7 +89,17 @@ type node struct {
 
 func (n *node) key() nodeKey { return nodeKey{n.pool, n.id} }
 
-func (n *node) placeable() bool { return n.state == "healthy" && n.connected && len(n.gpus) > 0 }
+func (n *node) placeable() bool {
+	return n.state == "healthy" && n.connected && n.fences == 0 && len(n.gpus) > 0
+}
+
+// fence changes the node's fence count by d.
+func (x *index) fence(n *node, d int) {
+	pi := x.pool(n.pool)
+	pi.unfile(n)
+	n.fences = max(n.fences+d, 0)
+	pi.file(n)
+}
 
 func (n *node) isBooked(g int32) bool {
 	_, ok := n.booked[g]
@@ -391,6 +405,7 @@ const (
 		from unnest($1::text[], $2::text[]) as u(pool, id)
 		join fleet_devices d on d.pool = u.pool and d.node_id = u.id order by d.pool, d.node_id, d.gpu_index`
 	sqlLoadBookings = `select pool, node_id, gpu_index from fleet_bookings`
+	sqlLoadFences   = `select pool, node_id, count(*) from fleet_fences group by pool, node_id`
 	sqlNodeBookings = `select b.pool, b.node_id, b.gpu_index from unnest($1::text[], $2::text[]) as u(pool, id)
 		join fleet_bookings b on b.pool = u.pool and b.node_id = u.id`
 	sqlLockNodes = `select n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev
@@ -470,10 +485,23 @@ func loadIndex(ctx context.Context, tx pgx.Tx) (*index, error) {
 	if err != nil {
 		return nil, fmt.Errorf("placer: load bookings: %w", err)
 	}
+	rows, err = tx.Query(ctx, sqlLoadFences)
+	if err != nil {
+		return nil, fmt.Errorf("placer: load fences: %w", err)
+	}
+	fences := map[nodeKey]int{}
+	var fk nodeKey
+	var fn int
+	if _, err := pgx.ForEachRow(rows, []any{&fk.pool, &fk.id, &fn}, func() error {
+		fences[fk] = fn
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("placer: load fences: %w", err)
+	}
 	var maxRev int64
 	for _, r := range nodes {
 		n := &node{id: r.id, pool: r.pool, labels: parseLabels(r.labels), state: r.state,
-			connected: r.connected, rev: r.rev, gpus: devs[r.key()]}
+			connected: r.connected, rev: r.rev, gpus: devs[r.key()], fences: fences[r.key()]}
 		if b := booked[r.key()]; len(b) > 0 {
 			n.booked = make(map[int32]struct{}, len(b))
 			for _, g := range b {
@@ -552,7 +580,7 @@ func (x *index) view() map[string]string {
 	out := make(map[string]string, len(x.nodes))
 	for k, n := range x.nodes {
 		var b strings.Builder
-		fmt.Fprintf(&b, "pool=%s state=%s connected=%t free=%d placeable=%t", n.pool, n.state, n.connected, n.free, n.placeable())
+		fmt.Fprintf(&b, "pool=%s state=%s connected=%t free=%d fences=%d placeable=%t", n.pool, n.state, n.connected, n.free, n.fences, n.placeable())
 		for _, k := range slices.Sorted(maps.Keys(n.labels)) {
 			fmt.Fprintf(&b, " %s=%s", k, n.labels[k])
 		}

@@ -39,6 +39,12 @@ type Placer struct {
 	// sweep's transaction commits.
 	bindFrom, nextBindFrom   time.Time
 	lastSweep, nextLastSweep time.Time
+
+	// unbindAsked is when the gateways were last asked to unbind each
+	// allocation that is releasing or fences its node (its Released, or
+	// its last UnbindAgain), as far as this process knows; it only paces
+	// UnbindAgain and is rebuilt from nothing after a restart.
+	unbindAsked map[string]time.Time
 }
 
 var (
@@ -202,6 +208,9 @@ func (p *Placer) run(ctx context.Context, tx pgx.Tx, w *work, sweep bool) error 
 			return err
 		}
 		if err := p.release(ctx, tx, w, rels); err != nil {
+			return err
+		}
+		if err := p.confirm(ctx, tx, w); err != nil {
 			return err
 		}
 	}
@@ -371,8 +380,10 @@ func (p *Placer) release(ctx context.Context, tx pgx.Tx, w *work, rels []release
 		gen := generation(as[0].decision)
 		ids := make([]string, len(as))
 		for i, a := range as {
+			// The GPUs stay booked (releasing) until the node confirms
+			// the unbind or is fenced (confirm): a node that has not
+			// carried the release out still runs the workload on them.
 			ids[i] = a.id
-			p.idx.unbook(p.idx.nodeOf(nodeKey{a.pool, a.node}), a.gpus)
 		}
 		ds = append(ds, &fleetpb.PlacementDecision{
 			DecisionId: r.rid + "/release/" + strconv.Itoa(gen), ReservationId: r.rid, Pool: as[0].pool, At: timestamppb.New(w.now),

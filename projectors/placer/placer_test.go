@@ -123,6 +123,8 @@ func TestWholeNodes(t *testing.T) {
 	// A failed GPU makes a node not whole.
 	e.setGPU("n4", 3, "failed")
 	e.apply(p, e.cancel("g", "p"))
+	e.report("g/1/0", "unbound")
+	e.sweep(p)
 	e.apply(p, e.request("w1", "p", 0, wholeNodes(1)))
 	if got := e.liveOf("w1"); !slices.Equal(got, []string{"n3:[0 1 2 3]"}) {
 		t.Errorf("w1 on %v, want n3", got)
@@ -155,13 +157,16 @@ func TestCancel(t *testing.T) {
 	if err := e.pool.QueryRow(context.Background(), `select ended_at is not null and end_reason = 'cancelled' from fleet_placements where reservation_id = 'placed'`).Scan(&ended); err != nil || !ended {
 		t.Errorf("placement not ended: %v", err)
 	}
-	// The GPUs are free again; a second cancel and a resent request are no-ops.
+	// The GPUs are free again once the node has confirmed the unbind; a
+	// second cancel and a resent request are no-ops.
+	e.report("placed/1/0", "unbound")
+	e.sweep(p)
 	e.apply(p, e.cancel("placed", "p"), e.request("placed", "p", 1), e.request("next", "p", 4))
 	if got := e.liveOf("next"); !slices.Equal(got, []string{"n1:[0 1 2 3]"}) {
 		t.Errorf("next on %v", got)
 	}
-	if n := len(e.decisions()); n != 4 {
-		t.Errorf("%d decisions, want 4: %q", n, e.decisions())
+	if n := len(e.decisions()); n != 5 {
+		t.Errorf("%d decisions, want 5: %q", n, e.decisions())
 	}
 	e.checkInvariants()
 	e.checkIndex(p)
@@ -204,6 +209,7 @@ func TestRepairUnreachable(t *testing.T) {
 	e.setNode("n1", "unreachable", false)
 	e.setNode("n2", "healthy", true)
 	e.apply(p, e.cancel("w", "p"))
+	e.report("w/1/0", "unbound")
 	e.advance(time.Second)
 	e.sweep(p)
 	if got := e.liveOf("r"); !slices.Equal(got, []string{"n2:[0 1 2 3]"}) {
@@ -270,6 +276,9 @@ func TestBindTimeoutAndFailure(t *testing.T) {
 	if !slices.Contains(d, "slow/release/1 released bind_timeout requeued=true [slow/1/0]") {
 		t.Errorf("no bind timeout: %q", d)
 	}
+	// Its GPUs are bookable again once the node answered the Unbind.
+	e.report("slow/1/0", "unbound")
+	e.sweep(p)
 	// Placed again (on the same node: it is the only room).
 	if got := e.liveOf("slow"); len(got) != 1 {
 		t.Fatalf("slow on %v", got)
@@ -394,6 +403,8 @@ func TestRestartRebuildsQueue(t *testing.T) {
 	// A new process: its queue comes from the tables, in request order.
 	q := e.placer(Config{})
 	e.apply(q, e.cancel("a", "p"))
+	e.report("a/2/0", "unbound")
+	e.sweep(q)
 	if got := e.liveOf("b"); !slices.Equal(got, []string{"n2:[0 1 2 3]"}) {
 		t.Errorf("b on %v, want n2 (before c, in request order)", got)
 	}
@@ -489,6 +500,8 @@ func TestGuardRejectsStalePlans(t *testing.T) {
 	// A node that turned unhealthy after c's index read it (its rev hidden
 	// from c's refresh): the FOR SHARE re-check refuses it.
 	e.apply(a, e.cancel("ra", "p"))
+	e.report("ra/1/0", "unbound")
+	e.sweep(a)
 	c := e.placer(Config{})
 	e.sweep(c)
 	e.setNode("n1", "unreachable", false)

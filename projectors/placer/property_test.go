@@ -186,6 +186,23 @@ func property(t *testing.T, seed uint64, steps int) {
 			fleet.mutate(e, rng)
 		case op < 72:
 			fleet.add(e, rng, fmt.Sprintf("n%02d", len(fleet.ids)))
+		case op < 80:
+			// A node answers an Unbind: of an allocation releasing, or
+			// one that fences its node.
+			var ids []string
+			rows, err := e.pool.Query(context.Background(), `select id from fleet_allocations
+				where released_at is not null and (freed_at is null or id in (select allocation_id from fleet_fences))
+				order by id`)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids, err = pgx.CollectRows(rows, pgx.RowTo[string])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ids) > 0 {
+				e.report(ids[rng.IntN(len(ids))], "unbound")
+			}
 		case op < 88:
 			if live := e.live(); len(live) > 0 {
 				a := live[rng.IntN(len(live))]
@@ -222,11 +239,18 @@ func property(t *testing.T, seed uint64, steps int) {
 			counts["released "+d.GetReleased().GetReason()]++
 		case d.GetFailed() != nil:
 			counts["failed"]++
+		case d.GetFreed() != nil:
+			counts["freed "+d.GetFreed().GetReason()]++
+		case d.GetUnfenced() != nil:
+			counts["unfenced"]++
 		}
 	}
 	t.Logf("%d reservations; decisions %v", len(ids), counts)
 	if counts["placed"] == 0 || counts["released node_unreachable"]+counts["released bind_timeout"]+counts["released bind_failed"] == 0 {
 		t.Errorf("the run did not exercise placement and repair: %v", counts)
+	}
+	if counts["freed unbound"] == 0 || counts["freed node_unreachable"] == 0 {
+		t.Errorf("the run did not exercise release completion and fences: %v", counts)
 	}
 	live := e.digest()
 	if got := e.replay(1 + int(seed)*5); !mapsEqual(got, live) {

@@ -2681,6 +2681,9 @@ type PlacementDecision struct {
 	//	*PlacementDecision_Placed
 	//	*PlacementDecision_Released
 	//	*PlacementDecision_Failed
+	//	*PlacementDecision_Freed
+	//	*PlacementDecision_UnbindAgain
+	//	*PlacementDecision_Unfenced
 	Body          isPlacementDecision_Body `protobuf_oneof:"body"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2778,6 +2781,33 @@ func (x *PlacementDecision) GetFailed() *Failed {
 	return nil
 }
 
+func (x *PlacementDecision) GetFreed() *Freed {
+	if x != nil {
+		if x, ok := x.Body.(*PlacementDecision_Freed); ok {
+			return x.Freed
+		}
+	}
+	return nil
+}
+
+func (x *PlacementDecision) GetUnbindAgain() *UnbindAgain {
+	if x != nil {
+		if x, ok := x.Body.(*PlacementDecision_UnbindAgain); ok {
+			return x.UnbindAgain
+		}
+	}
+	return nil
+}
+
+func (x *PlacementDecision) GetUnfenced() *Unfenced {
+	if x != nil {
+		if x, ok := x.Body.(*PlacementDecision_Unfenced); ok {
+			return x.Unfenced
+		}
+	}
+	return nil
+}
+
 type isPlacementDecision_Body interface {
 	isPlacementDecision_Body()
 }
@@ -2794,11 +2824,29 @@ type PlacementDecision_Failed struct {
 	Failed *Failed `protobuf:"bytes,12,opt,name=failed,proto3,oneof"`
 }
 
+type PlacementDecision_Freed struct {
+	Freed *Freed `protobuf:"bytes,13,opt,name=freed,proto3,oneof"`
+}
+
+type PlacementDecision_UnbindAgain struct {
+	UnbindAgain *UnbindAgain `protobuf:"bytes,14,opt,name=unbind_again,json=unbindAgain,proto3,oneof"`
+}
+
+type PlacementDecision_Unfenced struct {
+	Unfenced *Unfenced `protobuf:"bytes,15,opt,name=unfenced,proto3,oneof"`
+}
+
 func (*PlacementDecision_Placed) isPlacementDecision_Body() {}
 
 func (*PlacementDecision_Released) isPlacementDecision_Body() {}
 
 func (*PlacementDecision_Failed) isPlacementDecision_Body() {}
+
+func (*PlacementDecision_Freed) isPlacementDecision_Body() {}
+
+func (*PlacementDecision_UnbindAgain) isPlacementDecision_Body() {}
+
+func (*PlacementDecision_Unfenced) isPlacementDecision_Body() {}
 
 // Placed books GPUs for a reservation.
 type Placed struct {
@@ -2845,9 +2893,12 @@ func (x *Placed) GetAllocations() []*Allocation {
 	return nil
 }
 
-// Released frees allocations. reason: "cancelled", "node_unreachable",
-// "bind_timeout", "bind_failed". requeued says the reservation goes back to
-// PENDING to be placed again (the repair policy) rather than ending.
+// Released ends allocations: the gateways tell their nodes to unbind them.
+// reason: "cancelled", "node_unreachable", "bind_timeout", "bind_failed",
+// "node_lost". requeued says the reservation goes back to PENDING to be
+// placed again (the repair policy) rather than ending. The allocations'
+// GPUs stay booked ("releasing") until a Freed decision: a release is done
+// when the node has carried it out.
 type Released struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	AllocationIds []string               `protobuf:"bytes,1,rep,name=allocation_ids,json=allocationIds,proto3" json:"allocation_ids,omitempty"`
@@ -2908,6 +2959,183 @@ func (x *Released) GetRequeued() bool {
 	return false
 }
 
+// Freed makes released allocations' GPUs bookable again. reason:
+// "unbound" (the node the allocation was placed on reported UNBOUND or
+// FAILED after the release) or "node_unreachable" (the node was declared
+// unreachable: it is fenced, nothing new is placed on it until it has
+// confirmed the unbind of every fenced allocation; see Unfenced).
+type Freed struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AllocationIds []string               `protobuf:"bytes,1,rep,name=allocation_ids,json=allocationIds,proto3" json:"allocation_ids,omitempty"`
+	Reason        string                 `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	// fenced lists the allocations of allocation_ids the node has not
+	// confirmed: they fence their node.
+	Fenced        []string `protobuf:"bytes,3,rep,name=fenced,proto3" json:"fenced,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Freed) Reset() {
+	*x = Freed{}
+	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Freed) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Freed) ProtoMessage() {}
+
+func (x *Freed) ProtoReflect() protoreflect.Message {
+	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Freed.ProtoReflect.Descriptor instead.
+func (*Freed) Descriptor() ([]byte, []int) {
+	return file_millrace_fleet_v1_fleet_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *Freed) GetAllocationIds() []string {
+	if x != nil {
+		return x.AllocationIds
+	}
+	return nil
+}
+
+func (x *Freed) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *Freed) GetFenced() []string {
+	if x != nil {
+		return x.Fenced
+	}
+	return nil
+}
+
+// UnbindAgain asks the gateways to tell nodes again to unbind allocations
+// released earlier and not yet confirmed (a node that reconnected, a
+// gateway that restarted, a fenced node back). It changes no rows.
+type UnbindAgain struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// allocations carry id and node_id (the node to tell).
+	Allocations   []*Allocation `protobuf:"bytes,1,rep,name=allocations,proto3" json:"allocations,omitempty"`
+	Reason        string        `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnbindAgain) Reset() {
+	*x = UnbindAgain{}
+	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnbindAgain) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnbindAgain) ProtoMessage() {}
+
+func (x *UnbindAgain) ProtoReflect() protoreflect.Message {
+	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnbindAgain.ProtoReflect.Descriptor instead.
+func (*UnbindAgain) Descriptor() ([]byte, []int) {
+	return file_millrace_fleet_v1_fleet_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *UnbindAgain) GetAllocations() []*Allocation {
+	if x != nil {
+		return x.Allocations
+	}
+	return nil
+}
+
+func (x *UnbindAgain) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+// Unfenced lifts the fence of a node's allocations: the node confirmed
+// their unbind.
+type Unfenced struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	AllocationIds []string               `protobuf:"bytes,2,rep,name=allocation_ids,json=allocationIds,proto3" json:"allocation_ids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Unfenced) Reset() {
+	*x = Unfenced{}
+	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Unfenced) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Unfenced) ProtoMessage() {}
+
+func (x *Unfenced) ProtoReflect() protoreflect.Message {
+	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Unfenced.ProtoReflect.Descriptor instead.
+func (*Unfenced) Descriptor() ([]byte, []int) {
+	return file_millrace_fleet_v1_fleet_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *Unfenced) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *Unfenced) GetAllocationIds() []string {
+	if x != nil {
+		return x.AllocationIds
+	}
+	return nil
+}
+
 // Failed ends a reservation that could not be placed.
 type Failed struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -2918,7 +3146,7 @@ type Failed struct {
 
 func (x *Failed) Reset() {
 	*x = Failed{}
-	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[38]
+	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2930,7 +3158,7 @@ func (x *Failed) String() string {
 func (*Failed) ProtoMessage() {}
 
 func (x *Failed) ProtoReflect() protoreflect.Message {
-	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[38]
+	mi := &file_millrace_fleet_v1_fleet_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2943,7 +3171,7 @@ func (x *Failed) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Failed.ProtoReflect.Descriptor instead.
 func (*Failed) Descriptor() ([]byte, []int) {
-	return file_millrace_fleet_v1_fleet_proto_rawDescGZIP(), []int{38}
+	return file_millrace_fleet_v1_fleet_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *Failed) GetReason() string {
@@ -3156,7 +3384,7 @@ const file_millrace_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x04spec\x18\x01 \x01(\v2\".millrace.fleet.v1.ReservationSpecR\x04spec\x12\x1d\n" +
 	"\n" +
 	"request_id\x18\x02 \x01(\tR\trequestId\"\x16\n" +
-	"\x14ReservationCancelled\"\xc8\x02\n" +
+	"\x14ReservationCancelled\"\xfa\x03\n" +
 	"\x11PlacementDecision\x12\x1f\n" +
 	"\vdecision_id\x18\x01 \x01(\tR\n" +
 	"decisionId\x12%\n" +
@@ -3166,14 +3394,27 @@ const file_millrace_fleet_v1_fleet_proto_rawDesc = "" +
 	"\x06placed\x18\n" +
 	" \x01(\v2\x19.millrace.fleet.v1.PlacedH\x00R\x06placed\x129\n" +
 	"\breleased\x18\v \x01(\v2\x1b.millrace.fleet.v1.ReleasedH\x00R\breleased\x123\n" +
-	"\x06failed\x18\f \x01(\v2\x19.millrace.fleet.v1.FailedH\x00R\x06failedB\x06\n" +
+	"\x06failed\x18\f \x01(\v2\x19.millrace.fleet.v1.FailedH\x00R\x06failed\x120\n" +
+	"\x05freed\x18\r \x01(\v2\x18.millrace.fleet.v1.FreedH\x00R\x05freed\x12C\n" +
+	"\funbind_again\x18\x0e \x01(\v2\x1e.millrace.fleet.v1.UnbindAgainH\x00R\vunbindAgain\x129\n" +
+	"\bunfenced\x18\x0f \x01(\v2\x1b.millrace.fleet.v1.UnfencedH\x00R\bunfencedB\x06\n" +
 	"\x04body\"I\n" +
 	"\x06Placed\x12?\n" +
 	"\vallocations\x18\x01 \x03(\v2\x1d.millrace.fleet.v1.AllocationR\vallocations\"e\n" +
 	"\bReleased\x12%\n" +
 	"\x0eallocation_ids\x18\x01 \x03(\tR\rallocationIds\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x1a\n" +
-	"\brequeued\x18\x03 \x01(\bR\brequeued\" \n" +
+	"\brequeued\x18\x03 \x01(\bR\brequeued\"^\n" +
+	"\x05Freed\x12%\n" +
+	"\x0eallocation_ids\x18\x01 \x03(\tR\rallocationIds\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06fenced\x18\x03 \x03(\tR\x06fenced\"f\n" +
+	"\vUnbindAgain\x12?\n" +
+	"\vallocations\x18\x01 \x03(\v2\x1d.millrace.fleet.v1.AllocationR\vallocations\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"J\n" +
+	"\bUnfenced\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12%\n" +
+	"\x0eallocation_ids\x18\x02 \x03(\tR\rallocationIds\" \n" +
 	"\x06Failed\x12\x16\n" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason*j\n" +
 	"\tGpuHealth\x12\x1a\n" +
@@ -3216,7 +3457,7 @@ func file_millrace_fleet_v1_fleet_proto_rawDescGZIP() []byte {
 }
 
 var file_millrace_fleet_v1_fleet_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_millrace_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_millrace_fleet_v1_fleet_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_millrace_fleet_v1_fleet_proto_goTypes = []any{
 	(GpuHealth)(0),                   // 0: millrace.fleet.v1.GpuHealth
 	(AllocationState)(0),             // 1: millrace.fleet.v1.AllocationState
@@ -3259,15 +3500,18 @@ var file_millrace_fleet_v1_fleet_proto_goTypes = []any{
 	(*PlacementDecision)(nil),        // 38: millrace.fleet.v1.PlacementDecision
 	(*Placed)(nil),                   // 39: millrace.fleet.v1.Placed
 	(*Released)(nil),                 // 40: millrace.fleet.v1.Released
-	(*Failed)(nil),                   // 41: millrace.fleet.v1.Failed
-	nil,                              // 42: millrace.fleet.v1.Hello.LabelsEntry
-	nil,                              // 43: millrace.fleet.v1.ReservationSpec.LabelsEntry
-	nil,                              // 44: millrace.fleet.v1.NodeConnected.LabelsEntry
-	(*timestamppb.Timestamp)(nil),    // 45: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 46: google.protobuf.Duration
+	(*Freed)(nil),                    // 41: millrace.fleet.v1.Freed
+	(*UnbindAgain)(nil),              // 42: millrace.fleet.v1.UnbindAgain
+	(*Unfenced)(nil),                 // 43: millrace.fleet.v1.Unfenced
+	(*Failed)(nil),                   // 44: millrace.fleet.v1.Failed
+	nil,                              // 45: millrace.fleet.v1.Hello.LabelsEntry
+	nil,                              // 46: millrace.fleet.v1.ReservationSpec.LabelsEntry
+	nil,                              // 47: millrace.fleet.v1.NodeConnected.LabelsEntry
+	(*timestamppb.Timestamp)(nil),    // 48: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 49: google.protobuf.Duration
 }
 var file_millrace_fleet_v1_fleet_proto_depIdxs = []int32{
-	45, // 0: millrace.fleet.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
+	48, // 0: millrace.fleet.v1.JoinResponse.not_after:type_name -> google.protobuf.Timestamp
 	8,  // 1: millrace.fleet.v1.NodeMessage.hello:type_name -> millrace.fleet.v1.Hello
 	9,  // 2: millrace.fleet.v1.NodeMessage.heartbeat:type_name -> millrace.fleet.v1.Heartbeat
 	13, // 3: millrace.fleet.v1.NodeMessage.status:type_name -> millrace.fleet.v1.StatusReport
@@ -3277,67 +3521,71 @@ var file_millrace_fleet_v1_fleet_proto_depIdxs = []int32{
 	17, // 7: millrace.fleet.v1.GatewayMessage.command:type_name -> millrace.fleet.v1.Command
 	20, // 8: millrace.fleet.v1.GatewayMessage.refusal:type_name -> millrace.fleet.v1.Refusal
 	0,  // 9: millrace.fleet.v1.Gpu.health:type_name -> millrace.fleet.v1.GpuHealth
-	42, // 10: millrace.fleet.v1.Hello.labels:type_name -> millrace.fleet.v1.Hello.LabelsEntry
+	45, // 10: millrace.fleet.v1.Hello.labels:type_name -> millrace.fleet.v1.Hello.LabelsEntry
 	7,  // 11: millrace.fleet.v1.Hello.gpus:type_name -> millrace.fleet.v1.Gpu
 	0,  // 12: millrace.fleet.v1.GpuState.health:type_name -> millrace.fleet.v1.GpuHealth
 	11, // 13: millrace.fleet.v1.StatusReport.gpus:type_name -> millrace.fleet.v1.GpuState
 	10, // 14: millrace.fleet.v1.StatusReport.conditions:type_name -> millrace.fleet.v1.Condition
 	12, // 15: millrace.fleet.v1.StatusReport.gauges:type_name -> millrace.fleet.v1.GpuGauges
 	1,  // 16: millrace.fleet.v1.AllocationReport.state:type_name -> millrace.fleet.v1.AllocationState
-	46, // 17: millrace.fleet.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
+	49, // 17: millrace.fleet.v1.Welcome.heartbeat_interval:type_name -> google.protobuf.Duration
 	18, // 18: millrace.fleet.v1.Command.bind:type_name -> millrace.fleet.v1.Bind
 	19, // 19: millrace.fleet.v1.Command.unbind:type_name -> millrace.fleet.v1.Unbind
-	46, // 20: millrace.fleet.v1.Refusal.retry_after:type_name -> google.protobuf.Duration
-	43, // 21: millrace.fleet.v1.ReservationSpec.labels:type_name -> millrace.fleet.v1.ReservationSpec.LabelsEntry
+	49, // 20: millrace.fleet.v1.Refusal.retry_after:type_name -> google.protobuf.Duration
+	46, // 21: millrace.fleet.v1.ReservationSpec.labels:type_name -> millrace.fleet.v1.ReservationSpec.LabelsEntry
 	21, // 22: millrace.fleet.v1.CreateReservationRequest.spec:type_name -> millrace.fleet.v1.ReservationSpec
-	46, // 23: millrace.fleet.v1.CreateReservationRequest.wait:type_name -> google.protobuf.Duration
+	49, // 23: millrace.fleet.v1.CreateReservationRequest.wait:type_name -> google.protobuf.Duration
 	2,  // 24: millrace.fleet.v1.ListReservationsRequest.state:type_name -> millrace.fleet.v1.ReservationState
 	28, // 25: millrace.fleet.v1.ListReservationsResponse.reservations:type_name -> millrace.fleet.v1.Reservation
 	1,  // 26: millrace.fleet.v1.Allocation.state:type_name -> millrace.fleet.v1.AllocationState
 	21, // 27: millrace.fleet.v1.Reservation.spec:type_name -> millrace.fleet.v1.ReservationSpec
 	2,  // 28: millrace.fleet.v1.Reservation.state:type_name -> millrace.fleet.v1.ReservationState
 	27, // 29: millrace.fleet.v1.Reservation.allocations:type_name -> millrace.fleet.v1.Allocation
-	45, // 30: millrace.fleet.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
-	45, // 31: millrace.fleet.v1.Reservation.placed_at:type_name -> google.protobuf.Timestamp
-	45, // 32: millrace.fleet.v1.Reservation.active_at:type_name -> google.protobuf.Timestamp
-	45, // 33: millrace.fleet.v1.Reservation.ended_at:type_name -> google.protobuf.Timestamp
-	45, // 34: millrace.fleet.v1.NodeEvent.at:type_name -> google.protobuf.Timestamp
+	48, // 30: millrace.fleet.v1.Reservation.created_at:type_name -> google.protobuf.Timestamp
+	48, // 31: millrace.fleet.v1.Reservation.placed_at:type_name -> google.protobuf.Timestamp
+	48, // 32: millrace.fleet.v1.Reservation.active_at:type_name -> google.protobuf.Timestamp
+	48, // 33: millrace.fleet.v1.Reservation.ended_at:type_name -> google.protobuf.Timestamp
+	48, // 34: millrace.fleet.v1.NodeEvent.at:type_name -> google.protobuf.Timestamp
 	30, // 35: millrace.fleet.v1.NodeEvent.connected:type_name -> millrace.fleet.v1.NodeConnected
 	31, // 36: millrace.fleet.v1.NodeEvent.disconnected:type_name -> millrace.fleet.v1.NodeDisconnected
 	32, // 37: millrace.fleet.v1.NodeEvent.status_changed:type_name -> millrace.fleet.v1.NodeStatusChanged
 	14, // 38: millrace.fleet.v1.NodeEvent.allocation:type_name -> millrace.fleet.v1.AllocationReport
-	44, // 39: millrace.fleet.v1.NodeConnected.labels:type_name -> millrace.fleet.v1.NodeConnected.LabelsEntry
+	47, // 39: millrace.fleet.v1.NodeConnected.labels:type_name -> millrace.fleet.v1.NodeConnected.LabelsEntry
 	7,  // 40: millrace.fleet.v1.NodeConnected.gpus:type_name -> millrace.fleet.v1.Gpu
 	11, // 41: millrace.fleet.v1.NodeStatusChanged.gpus:type_name -> millrace.fleet.v1.GpuState
 	10, // 42: millrace.fleet.v1.NodeStatusChanged.conditions:type_name -> millrace.fleet.v1.Condition
-	45, // 43: millrace.fleet.v1.LivenessBatch.observed_at:type_name -> google.protobuf.Timestamp
+	48, // 43: millrace.fleet.v1.LivenessBatch.observed_at:type_name -> google.protobuf.Timestamp
 	34, // 44: millrace.fleet.v1.LivenessBatch.nodes:type_name -> millrace.fleet.v1.NodeAge
-	45, // 45: millrace.fleet.v1.ReservationEvent.at:type_name -> google.protobuf.Timestamp
+	48, // 45: millrace.fleet.v1.ReservationEvent.at:type_name -> google.protobuf.Timestamp
 	36, // 46: millrace.fleet.v1.ReservationEvent.requested:type_name -> millrace.fleet.v1.ReservationRequested
 	37, // 47: millrace.fleet.v1.ReservationEvent.cancelled:type_name -> millrace.fleet.v1.ReservationCancelled
 	21, // 48: millrace.fleet.v1.ReservationRequested.spec:type_name -> millrace.fleet.v1.ReservationSpec
-	45, // 49: millrace.fleet.v1.PlacementDecision.at:type_name -> google.protobuf.Timestamp
+	48, // 49: millrace.fleet.v1.PlacementDecision.at:type_name -> google.protobuf.Timestamp
 	39, // 50: millrace.fleet.v1.PlacementDecision.placed:type_name -> millrace.fleet.v1.Placed
 	40, // 51: millrace.fleet.v1.PlacementDecision.released:type_name -> millrace.fleet.v1.Released
-	41, // 52: millrace.fleet.v1.PlacementDecision.failed:type_name -> millrace.fleet.v1.Failed
-	27, // 53: millrace.fleet.v1.Placed.allocations:type_name -> millrace.fleet.v1.Allocation
-	3,  // 54: millrace.fleet.v1.Gateway.Join:input_type -> millrace.fleet.v1.JoinRequest
-	5,  // 55: millrace.fleet.v1.Gateway.Session:input_type -> millrace.fleet.v1.NodeMessage
-	22, // 56: millrace.fleet.v1.Reservations.Create:input_type -> millrace.fleet.v1.CreateReservationRequest
-	23, // 57: millrace.fleet.v1.Reservations.Get:input_type -> millrace.fleet.v1.GetReservationRequest
-	24, // 58: millrace.fleet.v1.Reservations.List:input_type -> millrace.fleet.v1.ListReservationsRequest
-	26, // 59: millrace.fleet.v1.Reservations.Cancel:input_type -> millrace.fleet.v1.CancelReservationRequest
-	4,  // 60: millrace.fleet.v1.Gateway.Join:output_type -> millrace.fleet.v1.JoinResponse
-	6,  // 61: millrace.fleet.v1.Gateway.Session:output_type -> millrace.fleet.v1.GatewayMessage
-	28, // 62: millrace.fleet.v1.Reservations.Create:output_type -> millrace.fleet.v1.Reservation
-	28, // 63: millrace.fleet.v1.Reservations.Get:output_type -> millrace.fleet.v1.Reservation
-	25, // 64: millrace.fleet.v1.Reservations.List:output_type -> millrace.fleet.v1.ListReservationsResponse
-	28, // 65: millrace.fleet.v1.Reservations.Cancel:output_type -> millrace.fleet.v1.Reservation
-	60, // [60:66] is the sub-list for method output_type
-	54, // [54:60] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	44, // 52: millrace.fleet.v1.PlacementDecision.failed:type_name -> millrace.fleet.v1.Failed
+	41, // 53: millrace.fleet.v1.PlacementDecision.freed:type_name -> millrace.fleet.v1.Freed
+	42, // 54: millrace.fleet.v1.PlacementDecision.unbind_again:type_name -> millrace.fleet.v1.UnbindAgain
+	43, // 55: millrace.fleet.v1.PlacementDecision.unfenced:type_name -> millrace.fleet.v1.Unfenced
+	27, // 56: millrace.fleet.v1.Placed.allocations:type_name -> millrace.fleet.v1.Allocation
+	27, // 57: millrace.fleet.v1.UnbindAgain.allocations:type_name -> millrace.fleet.v1.Allocation
+	3,  // 58: millrace.fleet.v1.Gateway.Join:input_type -> millrace.fleet.v1.JoinRequest
+	5,  // 59: millrace.fleet.v1.Gateway.Session:input_type -> millrace.fleet.v1.NodeMessage
+	22, // 60: millrace.fleet.v1.Reservations.Create:input_type -> millrace.fleet.v1.CreateReservationRequest
+	23, // 61: millrace.fleet.v1.Reservations.Get:input_type -> millrace.fleet.v1.GetReservationRequest
+	24, // 62: millrace.fleet.v1.Reservations.List:input_type -> millrace.fleet.v1.ListReservationsRequest
+	26, // 63: millrace.fleet.v1.Reservations.Cancel:input_type -> millrace.fleet.v1.CancelReservationRequest
+	4,  // 64: millrace.fleet.v1.Gateway.Join:output_type -> millrace.fleet.v1.JoinResponse
+	6,  // 65: millrace.fleet.v1.Gateway.Session:output_type -> millrace.fleet.v1.GatewayMessage
+	28, // 66: millrace.fleet.v1.Reservations.Create:output_type -> millrace.fleet.v1.Reservation
+	28, // 67: millrace.fleet.v1.Reservations.Get:output_type -> millrace.fleet.v1.Reservation
+	25, // 68: millrace.fleet.v1.Reservations.List:output_type -> millrace.fleet.v1.ListReservationsResponse
+	28, // 69: millrace.fleet.v1.Reservations.Cancel:output_type -> millrace.fleet.v1.Reservation
+	64, // [64:70] is the sub-list for method output_type
+	58, // [58:64] is the sub-list for method input_type
+	58, // [58:58] is the sub-list for extension type_name
+	58, // [58:58] is the sub-list for extension extendee
+	0,  // [0:58] is the sub-list for field type_name
 }
 
 func init() { file_millrace_fleet_v1_fleet_proto_init() }
@@ -3375,6 +3623,9 @@ func file_millrace_fleet_v1_fleet_proto_init() {
 		(*PlacementDecision_Placed)(nil),
 		(*PlacementDecision_Released)(nil),
 		(*PlacementDecision_Failed)(nil),
+		(*PlacementDecision_Freed)(nil),
+		(*PlacementDecision_UnbindAgain)(nil),
+		(*PlacementDecision_Unfenced)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -3382,7 +3633,7 @@ func file_millrace_fleet_v1_fleet_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_millrace_fleet_v1_fleet_proto_rawDesc), len(file_millrace_fleet_v1_fleet_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   42,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

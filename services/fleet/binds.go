@@ -28,7 +28,16 @@ type bindTable struct {
 	// last BindWindow was placed on: a report or claim from another node
 	// is refused (foreign).
 	placedOn map[string]placement
+	// released are the allocations of the Released decisions read in the
+	// last BindWindow: a node whose Hello says it holds one is told to
+	// unbind it before anything else (reconciliation).
+	released map[string]releasedAlloc
 	count    int
+}
+
+type releasedAlloc struct {
+	reservation, reason string
+	expires             time.Time
 }
 
 type placement struct {
@@ -47,6 +56,7 @@ func newBindTable() bindTable {
 		pendingNode: map[string]nodeKey{},
 		boundBy:     map[string][]*session{},
 		placedOn:    map[string]placement{},
+		released:    map[string]releasedAlloc{},
 	}
 }
 
@@ -127,6 +137,11 @@ func (t *bindTable) expire(now time.Time) {
 			delete(t.placedOn, id)
 		}
 	}
+	for id, r := range t.released {
+		if !r.expires.After(now) {
+			delete(t.released, id)
+		}
+	}
 	for key, m := range t.pending {
 		for id, pb := range m {
 			if !pb.expires.After(now) {
@@ -148,13 +163,25 @@ func (s *Server) expireBinds(now time.Time) {
 // BindWindow ago (so that a gateway that just started knows the recent
 // decisions) until ctx ends. Every gateway reads every decision and
 // delivers those for the nodes it holds.
+//
+// Binds wait until the reader has caught up with the stream's head as of
+// the start (see Server.caughtUp, catchUp).
 func (s *Server) consumeDecisions(ctx context.Context) {
 	start := time.Now().Add(-s.cfg.BindWindow)
+	headKnown := false
 	for {
-		cons, err := s.js.OrderedConsumer(ctx, streams.StreamFleetPlace, jetstream.OrderedConsumerConfig{
-			DeliverPolicy: jetstream.DeliverByStartTimePolicy,
-			OptStartTime:  &start,
-		})
+		var err error
+		if !headKnown {
+			err = s.readHead(ctx, start)
+			headKnown = err == nil
+		}
+		var cons jetstream.Consumer
+		if err == nil {
+			cons, err = s.js.OrderedConsumer(ctx, streams.StreamFleetPlace, jetstream.OrderedConsumerConfig{
+				DeliverPolicy: jetstream.DeliverByStartTimePolicy,
+				OptStartTime:  &start,
+			})
+		}
 		var cc jetstream.ConsumeContext
 		if err == nil {
 			cc, err = cons.Consume(s.decisionMsg, jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -178,23 +205,77 @@ func (s *Server) consumeDecisions(ctx context.Context) {
 	}
 }
 
+// readHead notes the last sequence of FLEET_PLACE, the head the reader
+// must reach before binds are sent; with nothing stored since start (the
+// window holds no decision), the gateway is caught up at once.
+func (s *Server) readHead(ctx context.Context, start time.Time) error {
+	st, err := s.js.Stream(ctx, streams.StreamFleetPlace)
+	if err != nil {
+		return err
+	}
+	state := st.CachedInfo().State
+	s.mu.Lock()
+	s.decisionsHead = state.LastSeq
+	s.mu.Unlock()
+	if state.LastSeq == 0 || state.LastTime.Before(start) {
+		s.catchUp()
+	}
+	return nil
+}
+
 func (s *Server) decisionMsg(msg jetstream.Msg) {
 	stored := time.Now()
+	var seq uint64
 	if meta, err := msg.Metadata(); err == nil {
-		stored = meta.Timestamp
+		stored, seq = meta.Timestamp, meta.Sequence.Stream
 	}
 	d := &fleetpb.PlacementDecision{}
 	if err := proto.Unmarshal(msg.Data(), d); err != nil {
 		s.m.decisions.WithLabelValues("invalid").Inc()
 		s.log.Warn("placement decision does not decode; skipped", "subject", msg.Subject(), "err", err)
+	} else {
+		if d.GetPool() == "" {
+			if pool, _, ok := streams.FleetSubjectPool(msg.Subject()); ok {
+				d.Pool = pool
+			}
+		}
+		if s.decisionHook != nil {
+			s.decisionHook(d)
+		}
+		s.applyDecision(d, stored)
+	}
+	s.mu.Lock()
+	reached := !s.caughtUp && seq >= s.decisionsHead && s.decisionsHead > 0
+	s.mu.Unlock()
+	if reached {
+		s.catchUp()
+	}
+}
+
+// catchUp marks the decisions read up to the head: every node connected
+// here is sent the binds placed on it that it lacks, held back until now.
+func (s *Server) catchUp() {
+	s.mu.Lock()
+	if s.caughtUp {
+		s.mu.Unlock()
 		return
 	}
-	if d.GetPool() == "" {
-		if pool, _, ok := streams.FleetSubjectPool(msg.Subject()); ok {
-			d.Pool = pool
+	s.caughtUp = true
+	now, sent := s.now(), 0
+	for _, sess := range s.sessions {
+		if !sess.established {
+			continue
+		}
+		for _, c := range s.binds.pendingFor(sess.key, sess.held, now) {
+			if sess.send(c) {
+				sent++
+				s.m.binds.WithLabelValues("bind").Inc()
+				s.m.reconciled.WithLabelValues("bind").Inc()
+			}
 		}
 	}
-	s.applyDecision(d, stored)
+	s.mu.Unlock()
+	s.log.Info("placement decisions read up to the head; binds are sent", "stream", streams.StreamFleetPlace, "binds_held_back", sent)
 }
 
 func bindCommand(reservation string, a *fleetpb.Allocation) *fleetpb.GatewayMessage {
@@ -235,8 +316,8 @@ func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
 			s.binds.add(key, a.GetId(), cmd, expires)
 			s.binds.placedOn[a.GetId()] = placement{key: key, expires: expires}
 			sess := s.sessions[key]
-			if sess == nil || !sess.established {
-				continue // sent when (if) the node connects here
+			if sess == nil || !sess.established || !s.caughtUp {
+				continue // sent when (if) the node connects here, or at catchUp
 			}
 			if _, held := sess.held[a.GetId()]; held {
 				continue
@@ -251,6 +332,11 @@ func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
 	case *fleetpb.PlacementDecision_Released:
 		s.m.decisions.WithLabelValues("released").Inc()
 		s.mu.Lock()
+		if expires := stored.Add(s.cfg.BindWindow); expires.After(s.now()) {
+			for _, id := range b.Released.GetAllocationIds() {
+				s.binds.released[id] = releasedAlloc{reservation: d.GetReservationId(), reason: b.Released.GetReason(), expires: expires}
+			}
+		}
 		for _, id := range b.Released.GetAllocationIds() {
 			// The node the bind was pending for, and every node here that
 			// holds the allocation: each is told once.
@@ -275,6 +361,35 @@ func (s *Server) applyDecision(d *fleetpb.PlacementDecision, stored time.Time) {
 		n := s.binds.count
 		s.mu.Unlock()
 		s.m.pendingBinds.Set(float64(n))
+	case *fleetpb.PlacementDecision_UnbindAgain:
+		// The placer has not seen these unbinds confirmed: tell the node
+		// each was placed on (whether or not it claims it: one that lost
+		// it answers UNBOUND at once) and every holder here.
+		s.m.decisions.WithLabelValues("unbind_again").Inc()
+		s.mu.Lock()
+		for _, a := range b.UnbindAgain.GetAllocations() {
+			if CheckID("allocation id", a.GetId()) != nil || CheckID("node id", a.GetNodeId()) != nil {
+				continue
+			}
+			keys := []nodeKey{{pool: d.GetPool(), node: a.GetNodeId()}}
+			for _, holder := range s.binds.boundBy[a.GetId()] {
+				if !slices.Contains(keys, holder.key) {
+					keys = append(keys, holder.key)
+				}
+			}
+			for _, key := range keys {
+				if sess := s.sessions[key]; sess != nil && sess.established {
+					if sess.send(unbindCommand(d.GetReservationId(), a.GetId(), b.UnbindAgain.GetReason())) {
+						s.m.binds.WithLabelValues("unbind").Inc()
+					}
+				}
+			}
+		}
+		s.mu.Unlock()
+	case *fleetpb.PlacementDecision_Freed:
+		s.m.decisions.WithLabelValues("freed").Inc()
+	case *fleetpb.PlacementDecision_Unfenced:
+		s.m.decisions.WithLabelValues("unfenced").Inc()
 	case *fleetpb.PlacementDecision_Failed:
 		s.m.decisions.WithLabelValues("failed").Inc()
 	default:
@@ -306,7 +421,33 @@ func (s *Server) allocationReport(sess *session, r *fleetpb.AllocationReport) (r
 	default:
 		delete(sess.held, id)
 		s.binds.unhold(id, sess)
+		s.binds.drop(sess.key, id)
 	}
-	s.binds.drop(sess.key, id)
+	// A bound allocation's bind is kept until its release or the end of
+	// BindWindow: a node that reconnects without it (it lost it) is sent
+	// the Bind again (reconcile). Safe because no bind is sent before the
+	// reader has reached the head (caughtUp): a release stored before the
+	// Hello has been read, and its GPUs stay booked until it is freed.
 	return ""
+}
+
+// reconcileLocked compares what a node's Hello says it holds with what
+// this gateway knows of the control plane's decisions (s.mu held): every
+// held allocation that was released is unbound at once, before any bind
+// is sent, so that the node drops what it must before it is given
+// anything new; every bind placed on the node in BindWindow that it does
+// not hold is sent (pendingFor, after this). The placer covers what is
+// older than BindWindow: UnbindAgain for releases the node has not
+// confirmed, and fences for nodes that were unreachable.
+func (s *Server) reconcileLocked(sess *session) {
+	for _, id := range sess.heldLocked() {
+		r, ok := s.binds.released[id]
+		if !ok {
+			continue
+		}
+		if sess.send(unbindCommand(r.reservation, id, r.reason)) {
+			s.m.binds.WithLabelValues("unbind").Inc()
+			s.m.reconciled.WithLabelValues("unbind").Inc()
+		}
+	}
 }

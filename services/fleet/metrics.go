@@ -18,6 +18,7 @@ type Metrics struct {
 	binds           *prometheus.CounterVec
 	decisions       *prometheus.CounterVec
 	pendingBinds    prometheus.Gauge
+	reconciled      *prometheus.CounterVec
 	joins           *prometheus.CounterVec
 	handshakeShed   prometheus.Counter
 	tlsHandshakes   *prometheus.CounterVec
@@ -69,12 +70,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"action"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_fleet_decisions_total",
-			Help: "Placement decisions read from FLEET_PLACE, by kind (placed, released, failed, invalid).",
+			Help: "Placement decisions read from FLEET_PLACE, by kind (placed, released, unbind_again, freed, unfenced, failed, invalid).",
 		}, []string{"kind"}),
 		pendingBinds: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "millrace_fleet_pending_binds",
-			Help: "Binds kept for the bind window (for nodes that may connect here).",
+			Help: "Binds kept for the bind window (for nodes that may connect here, or reconnect without them), until released.",
 		}),
+		reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "millrace_fleet_reconciled_total",
+			Help: "Commands sent when a node's Hello was reconciled with the decisions, by action (unbind: it holds a released allocation; bind: it lacks one placed on it).",
+		}, []string{"action"}),
 		joins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_fleet_joins_total",
 			Help: "Join calls by result (issued, unauthenticated, invalid, rate_limited, revoked).",
@@ -107,7 +112,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m.heartbeats = m.messages.WithLabelValues("heartbeat")
 	if reg != nil {
 		reg.MustRegister(m.sessionsOpen, m.handshakes, m.closed, m.messages, m.events, m.publishErrors,
-			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.joins, m.handshakeShed, m.tlsHandshakes,
+			m.livenessBatches, m.livenessNodes, m.binds, m.decisions, m.pendingBinds, m.reconciled, m.joins, m.handshakeShed, m.tlsHandshakes,
 			m.reportsRefused, m.revoked, m.denyReloads, m.denyEntries)
 	}
 	return m

@@ -57,6 +57,16 @@ type Server struct {
 	all      map[*session]struct{}
 	active   sync.WaitGroup // one per entry in all; Drain waits for it
 	binds    bindTable
+	// caughtUp says the decision reader has read FLEET_PLACE up to its
+	// head as of the gateway's start (decisionsHead). Until then no bind
+	// is sent: the window's Placed decisions are read before their
+	// Released ones, and a bind sent before its release is read would go
+	// to a node whose GPUs were freed and booked again since.
+	caughtUp      bool
+	decisionsHead uint64
+	// decisionHook, when set (tests), is called with each decision before
+	// it is applied.
+	decisionHook func(*fleetpb.PlacementDecision)
 
 	// The deny list in force; denyAt and denyErr belong to watchDenyList.
 	denied  atomic.Pointer[DenyList]
@@ -119,6 +129,7 @@ func New(cfg Config, pub Publisher, js jetstream.JetStream, m *Metrics, log *slo
 		sessions:      map[nodeKey]*session{},
 		all:           map[*session]struct{}{},
 		binds:         newBindTable(),
+		caughtUp:      js == nil, // no decisions to read: no binds either
 		livenessChunk: MaxLivenessBatch,
 		runDone:       make(chan struct{}),
 		stopped:       make(chan struct{}),

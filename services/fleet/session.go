@@ -330,10 +330,17 @@ func (s *Server) handshake(sess *session, hello *fleetpb.Hello, certNode, certPo
 	for a := range sess.held {
 		s.binds.hold(a, sess)
 	}
+	// Reconciliation: unbinds of what it holds and must drop, first; then
+	// the binds placed on it that it lacks.
+	s.reconcileLocked(sess)
+	if !s.caughtUp {
+		return nil // the binds go at catchUp
+	}
 	cmds := s.binds.pendingFor(sess.key, sess.held, s.now())
 	for _, c := range cmds {
 		if sess.send(c) {
 			s.m.binds.WithLabelValues("bind").Inc()
+			s.m.reconciled.WithLabelValues("bind").Inc()
 		}
 	}
 	return nil

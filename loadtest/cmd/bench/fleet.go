@@ -26,9 +26,10 @@ const (
 	scFleetPlace    = "fleet-place"
 	scFleetActive   = "fleet-active"
 	scFleetRehome   = "fleet-rehome"
+	scFleetChurn    = "fleet-churn"
 )
 
-var fleetScenarios = []string{scFleetSessions, scFleetPlacer, scFleetPlace, scFleetActive, scFleetRehome}
+var fleetScenarios = []string{scFleetSessions, scFleetPlacer, scFleetPlace, scFleetActive, scFleetRehome, scFleetChurn}
 
 // fleetConfig sizes the fleet scenarios (flags of the bench).
 type fleetConfig struct {
@@ -41,7 +42,9 @@ type fleetConfig struct {
 	activeNodes    int     // fleet-active: nodes
 	activeRate     float64 // fleet-active: reservations per second
 	activeWindow   time.Duration
-	rehomeNodes    int // fleet-rehome: nodes on the gateway that is killed
+	rehomeNodes    int     // fleet-rehome: nodes on the gateway that is killed
+	churnNodes     int     // fleet-churn: nodes
+	churnRate      float64 // fleet-churn: reservations per second
 	ramp           time.Duration
 }
 
@@ -56,6 +59,8 @@ func (c *fleetConfig) register(fs *flag.FlagSet) {
 	fs.Float64Var(&c.activeRate, "fleet-active-rate", 100, "fleet-active: reservations per second")
 	fs.DurationVar(&c.activeWindow, "fleet-active-duration", 60*time.Second, "fleet-active: length of the reservation load")
 	fs.IntVar(&c.rehomeNodes, "fleet-rehome-nodes", 10000, "fleet-rehome: nodes on the gateway that is killed")
+	fs.IntVar(&c.churnNodes, "fleet-churn-nodes", 200, "fleet-churn: simulated nodes (4 GPUs each)")
+	fs.Float64Var(&c.churnRate, "fleet-churn-rate", 40, "fleet-churn: reservations per second (each cancelled after 3 s)")
 	fs.DurationVar(&c.ramp, "fleet-ramp", 40*time.Second, "how long the simulated nodes take to dial for the first time (spreads the TLS handshakes)")
 }
 
@@ -66,9 +71,11 @@ type fleetStack struct {
 	devGateway, resv    string
 	caDir, apiKey       string
 	gateways            []*proc
+	devEnv              []string
+	devReady            string
 }
 
-func (b *bench) startFleetStack(ctx context.Context, dir, dbURL string) (*fleetStack, error) {
+func (b *bench) startFleetStack(ctx context.Context, dir, dbURL string, extraEnv ...string) (*fleetStack, error) {
 	addrs := make([]string, 7)
 	for i := range addrs {
 		a, err := freeAddr()
@@ -97,16 +104,25 @@ func (b *bench) startFleetStack(ctx context.Context, dir, dbURL string) (*fleetS
 		"MILLRACE_FLEET_GATEWAY_ID=dev",
 		"MILLRACE_SHUTDOWN_TIMEOUT=10s",
 	}
-	p, err := startProc("dev", b.cfg.bin, []string{"dev"}, env, filepath.Join(dir, "dev.log"))
-	if err != nil {
-		return nil, err
-	}
-	s.dev = p
-	if err := waitReady(ctx, p, "http://"+addrs[4]+"/readyz", readyTimeout); err != nil {
-		p.stop(stopGrace)
+	s.devEnv = append(env, extraEnv...)
+	s.devReady = "http://" + addrs[4] + "/readyz"
+	if err := s.startDev(ctx, b); err != nil {
 		return nil, err
 	}
 	return s, nil
+}
+
+func (s *fleetStack) startDev(ctx context.Context, b *bench) error {
+	p, err := startProc("dev", b.cfg.bin, []string{"dev"}, s.devEnv, filepath.Join(s.dir, fmt.Sprintf("dev.%d.log", time.Now().UnixNano())))
+	if err != nil {
+		return err
+	}
+	s.dev = p
+	if err := waitReady(ctx, p, s.devReady, readyTimeout); err != nil {
+		p.stop(stopGrace)
+		return err
+	}
+	return nil
 }
 
 // startGateway starts one more gateway, `millrace serve fleet`, on the
@@ -213,11 +229,17 @@ func (b *bench) fleetScenario(ctx context.Context, name string, rep *scenarioRep
 		return err
 	}
 	defer b.pg.dropDB(db)
-	s, err := b.startFleetStack(ctx, dir, dbURL)
+	var extra []string
+	if name == scFleetChurn {
+		// A short grace, so that crashes longer than it fit in the run.
+		extra = []string{"MILLRACE_FLEET_SUSPECT_AFTER=5s", "MILLRACE_FLEET_UNREACHABLE_AFTER=10s",
+			"MILLRACE_FLEET_CLOCK_SLACK=5s", "MILLRACE_PLACER_BIND_TIMEOUT=10s", "MILLRACE_PLACER_UNBIND_RETRY=2s"}
+	}
+	s, err := b.startFleetStack(ctx, dir, dbURL, extra...)
 	if err != nil {
 		return err
 	}
-	defer s.stop()
+	defer func() { s.stop() }()
 
 	var sim *fleetsim.Report
 	switch name {
@@ -268,6 +290,41 @@ func (b *bench) fleetScenario(ctx context.Context, name string, rep *scenarioRep
 		}
 		rep.Checks = append(rep.Checks,
 			below(fmt.Sprintf("%s: place-to-active p99 at %.0f placements/s", name, fc.activeRate), sim.Placements.PlaceToActive.P99MS, 500, "ms", ""))
+	case scFleetChurn:
+		rep.Description = fmt.Sprintf("churn onto %d nodes: reservations cancelled 3 s after they are made, a reconnect storm, "+
+			"crashes shorter (5 s) then longer (15 s) than the 10 s grace, and a SIGKILL of `millrace dev` (restarted); Binds that meet a GPU held for another allocation", fc.churnNodes)
+		common := []string{"-gateways", s.devGateway, "-nodes", strconv.Itoa(fc.churnNodes), "-gpus-per-node", "4",
+			"-reservation-rate", fmt.Sprint(fc.churnRate), "-reservation-hold", "3s", "-crash-rate", "60",
+			"-unreachable-after", "10s", "-settle", "10s"}
+		first, err := b.simulate(ctx, s, append(common, "-node-prefix", "churn-a-", "-crash-for", "5s",
+			"-storm-at", (fc.ramp+20*time.Second).String(), "-duration", (fc.ramp+40*time.Second).String()), nil)
+		if err != nil {
+			return err
+		}
+		var killErr error
+		killed := make(chan struct{})
+		kill := func() {
+			defer close(killed)
+			time.Sleep(15 * time.Second) // into the load
+			s.dev.cmd.Process.Signal(syscall.SIGKILL)
+			s.dev.cmd.Wait()
+			fmt.Printf("bench: killed millrace dev at %s\n", time.Now().Format(time.TimeOnly))
+			killErr = s.startDev(ctx, b)
+		}
+		sim, err = b.simulate(ctx, s, append(common, "-node-prefix", "churn-b-", "-crash-for", "15s",
+			"-duration", (fc.ramp+45*time.Second).String()), kill)
+		if err != nil {
+			return err
+		}
+		<-killed
+		if killErr != nil {
+			return killErr
+		}
+		rep.Checks = append(rep.Checks,
+			atMost(name+": Binds meeting a GPU held for another allocation (short crashes, storm)", float64(first.Binds.Conflicts), 0, "binds",
+				fmt.Sprintf("%d binds, %d unbinds", first.Binds.Received, first.Binds.Unbinds)),
+			atMost(name+": Binds meeting a GPU held for another allocation (long crashes, kill -9)", float64(sim.Binds.Conflicts), 0, "binds",
+				fmt.Sprintf("%d binds, %d unbinds", sim.Binds.Received, sim.Binds.Unbinds)))
 	case scFleetRehome:
 		rep.Description = fmt.Sprintf("%d nodes on one `millrace serve fleet`; it is SIGKILLed and they re-home through another", fc.rehomeNodes)
 		addrA, err := freeAddr()

@@ -195,7 +195,7 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		}
 	case scFleetPlacer:
 		err = b.placerScenario(ctx, rep)
-	case scFleetSessions, scFleetPlace, scFleetActive, scFleetRehome:
+	case scFleetSessions, scFleetPlace, scFleetActive, scFleetRehome, scFleetChurn:
 		err = b.fleetScenario(ctx, name, rep)
 	case scCommits3Writers, scCommits1Writer, scCommitsFold, scCommitsColdStart:
 		err = b.commitsScenario(ctx, name, rep)
