@@ -877,3 +877,54 @@ func reportRows(t testing.TB, q Querier, pool string) []string {
 	}
 	return out
 }
+
+// TestConnectedStoresHeld: a Connected stores the allocations the node
+// holds (sorted, once each) and its stored time; other events keep them;
+// the next Connected replaces them, whatever the batch boundaries.
+func TestConnectedStoresHeld(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	s := newStream()
+	connect := func(session string, allocs ...string) {
+		s.node("p", "n", "gw-1", session, &fleetpb.NodeEvent{Body: &fleetpb.NodeEvent_Connected{
+			Connected: &fleetpb.NodeConnected{Gpus: []*fleetpb.Gpu{gpu(0, "A10", 24576, okH)}, Allocations: allocs}}})
+	}
+	held := func() (ids []string, at *time.Time) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `select held_allocations, held_at from fleet_nodes where pool = 'p' and node_id = 'n'`).Scan(&ids, &at); err != nil {
+			t.Fatal(err)
+		}
+		return ids, at
+	}
+	s.at(0)
+	connect("s-1", "r2/1/0.b", "r1/1/0.a", "r2/1/0.b")
+	s.at(time.Second).status("p", "n", "gw-1", "s-1", "h1", nil)
+	p := New(Config{})
+	applyAll(t, pool, p, s.msgs, 1)
+	ids, at := held()
+	if !slices.Equal(ids, []string{"r1/1/0.a", "r2/1/0.b"}) || at == nil || !at.Equal(t0) {
+		t.Fatalf("after the first Connected: held %q at %v, want [r1/1/0.a r2/1/0.b] at %v", ids, at, t0)
+	}
+
+	mark := len(s.msgs)
+	s.at(5 * time.Second)
+	connect("s-2") // rebooted: holds nothing
+	s.at(6*time.Second).status("p", "n", "gw-1", "s-2", "h2", nil)
+	applyAll(t, pool, p, s.msgs[mark:], 1)
+	ids, at = held()
+	if len(ids) != 0 || at == nil || !at.Equal(t0.Add(5*time.Second)) {
+		t.Fatalf("after the second Connected: held %q at %v, want [] at %v", ids, at, t0.Add(5*time.Second))
+	}
+	live := digestOf(t, pool)
+
+	truncate(t, pool)
+	applyAll(t, pool, New(Config{}), s.msgs, 1000)
+	if got := digestOf(t, pool); !maps.Equal(got, live) {
+		t.Errorf("one batch differs from one message at a time:\n got  %v\n want %v", got, live)
+	}
+	truncate(t, pool)
+	applyAll(t, pool, New(Config{}), s.msgs[:mark], 1000)
+	if got := digestOf(t, pool); got["fleet_nodes"] == live["fleet_nodes"] {
+		t.Errorf("the digest of fleet_nodes does not cover what the node holds")
+	}
+}

@@ -54,6 +54,11 @@ type node struct {
 
 	// Known only when this batch sets them; nil = keep the stored value.
 	labels, agent, statusHash, conditions *string
+	// held is the allocation ids of the batch's last Connected of the
+	// node (sorted, as JSON text for the write), heldAt its stored time;
+	// nil = keep the stored values.
+	held   *string
+	heldAt time.Time
 
 	full     bool // more than last_seen changed: the whole row is written, with a new rev
 	seenMove bool // last_seen moved
@@ -326,6 +331,10 @@ func (f *fold) connected(e *event) {
 	n.session, n.gateway, n.connected = ev.SessionId, ev.GatewayId, true
 	n.labels = ptr(labelsJSON(c.GetLabels()))
 	n.agent = ptr(clean(c.GetAgentVersion()))
+	// What the node holds as of this event (its Hello, or the gateway's
+	// republish of the session's held set): the placer re-places what it
+	// had bound before and no longer holds.
+	n.held, n.heldAt = ptr(heldJSON(c.GetAllocations())), e.at
 	devs := make([]device, 0, len(c.GetGpus()))
 	for _, g := range c.GetGpus() {
 		devs = append(devs, device{index: g.GetIndex(), model: clean(g.GetModel()),
@@ -498,6 +507,18 @@ func labelsJSON(labels map[string]string) string {
 		m[clean(k)] = clean(v)
 	}
 	b, _ := json.Marshal(m) // a map of strings always marshals
+	return string(b)
+}
+
+// heldJSON renders allocation ids as a sorted JSON array without
+// duplicates (the write turns it into the text[] column).
+func heldJSON(ids []string) string {
+	out := make([]string, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, clean(id))
+	}
+	slices.Sort(out)
+	b, _ := json.Marshal(slices.Compact(out))
 	return string(b)
 }
 

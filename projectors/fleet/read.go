@@ -170,7 +170,8 @@ var DigestTables = []string{"fleet_nodes", "fleet_devices", "fleet_allocation_re
 // sequence counted before (a replay counts on from the live run's).
 var digestSpec = map[string]struct{ row, order string }{
 	"fleet_nodes": {`(t.node_id, t.pool, t.labels, t.agent_version, t.session_id, t.gateway_id, t.connected,
-		t.state, t.state_since, t.first_seen, t.last_seen, t.status_hash, t.conditions)`, `t.pool collate "C", t.node_id collate "C"`},
+		t.state, t.state_since, t.first_seen, t.last_seen, t.status_hash, t.conditions,
+		t.held_allocations, t.held_at)`, `t.pool collate "C", t.node_id collate "C"`},
 	"fleet_devices":            {`t`, `t.pool collate "C", t.node_id collate "C", t.gpu_index`},
 	"fleet_allocation_reports": {`t`, `t.allocation_id collate "C", t.pool collate "C", t.node_id collate "C"`},
 	"fleet_clock":              {`t`, `t.id`},

@@ -23,16 +23,22 @@ import (
 
 const nodeRows = `
 from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::bool[], $8::text[],
-            $9::timestamptz[], $10::timestamptz[], $11::timestamptz[], $12::text[], $13::text[], $14::text[])
+            $9::timestamptz[], $10::timestamptz[], $11::timestamptz[], $12::text[], $13::text[], $14::text[],
+            $15::text[], $16::timestamptz[])
      as u(node_id, pool, labels, agent_version, session_id, gateway_id, connected, state,
-          state_since, first_seen, last_seen, status_hash, conditions, inventory_hash)`
+          state_since, first_seen, last_seen, status_hash, conditions, inventory_hash, held, held_at)`
+
+// heldArray turns u.held (a JSON array of allocation ids, one per node:
+// unnest cannot take arrays of arrays of different lengths) into text[].
+const heldArray = `array(select jsonb_array_elements_text(u.held::jsonb))`
 
 const sqlInsertNodes = `
 insert into fleet_nodes (node_id, pool, labels, agent_version, session_id, gateway_id, connected, state,
-                         state_since, first_seen, last_seen, status_hash, conditions, inventory_hash)
+                         state_since, first_seen, last_seen, status_hash, conditions, inventory_hash,
+                         held_allocations, held_at)
 select u.node_id, u.pool, u.labels::jsonb, u.agent_version, u.session_id, u.gateway_id, u.connected, u.state,
        u.state_since, u.first_seen, u.last_seen, coalesce(u.status_hash, ''), coalesce(u.conditions, '[]')::jsonb,
-       u.inventory_hash
+       u.inventory_hash, ` + heldArray + `, u.held_at
 ` + nodeRows
 
 // sqlUpdateNodes writes the fold's nodes; a NULL keeps the stored value of
@@ -50,6 +56,8 @@ update fleet_nodes n set
     status_hash   = coalesce(u.status_hash, n.status_hash),
     conditions    = coalesce(u.conditions::jsonb, n.conditions),
     inventory_hash = u.inventory_hash,
+    held_allocations = case when u.held is null then n.held_allocations else ` + heldArray + ` end,
+    held_at       = coalesce(u.held_at, n.held_at),
     rev           = nextval('fleet_rev')
 ` + nodeRows + `
 where n.pool = u.pool and n.node_id = u.node_id`
@@ -137,6 +145,8 @@ type nodeCols struct {
 	pool, id, session, gateway, state     []string
 	labels, agent, statusHash, conditions []*string
 	inventory                             []string
+	held                                  []*string
+	heldAt                                []*time.Time
 	connected                             []bool
 	since, first, last                    []time.Time
 }
@@ -156,11 +166,17 @@ func (c *nodeCols) add(n *node) {
 	c.statusHash = append(c.statusHash, n.statusHash)
 	c.conditions = append(c.conditions, n.conditions)
 	c.inventory = append(c.inventory, n.inventory)
+	c.held = append(c.held, n.held)
+	var at *time.Time
+	if n.held != nil {
+		at = &n.heldAt
+	}
+	c.heldAt = append(c.heldAt, at)
 }
 
 func (c *nodeCols) args() []any {
 	return []any{c.id, c.pool, c.labels, c.agent, c.session, c.gateway, c.connected, c.state,
-		c.since, c.first, c.last, c.statusHash, c.conditions, c.inventory}
+		c.since, c.first, c.last, c.statusHash, c.conditions, c.inventory, c.held, c.heldAt}
 }
 
 type deviceCols struct {

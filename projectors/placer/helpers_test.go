@@ -494,3 +494,24 @@ func (e *env) checkInvariants() {
 		}
 	}
 }
+
+// held records a Connected of the node listing ids, as the liveness
+// projector stores it (at the env's clock).
+func (e *env) held(node string, ids ...string) {
+	e.t.Helper()
+	if ids == nil {
+		ids = []string{}
+	}
+	e.exec(`update fleet_nodes set held_allocations = $2, held_at = $3, connected = true, rev = nextval('fleet_rev')
+		where node_id = $1`, node, ids, e.now)
+}
+
+// allocID is the full id of the allocation whose readable prefix is short.
+func (e *env) allocID(short string) string {
+	e.t.Helper()
+	var id string
+	if err := e.pool.QueryRow(context.Background(), `select id from fleet_allocations where id like $1 || '.%'`, short).Scan(&id); err != nil {
+		e.t.Fatal(err)
+	}
+	return id
+}

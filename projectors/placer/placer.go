@@ -450,13 +450,28 @@ const (
 		  and (r.state = 'failed' or (a.placed_at < $1 and (r.state is null or r.state <> 'bound')))
 		group by a.reservation_id
 		order by a.reservation_id`
+	// sqlLostAllocations: live allocations their own node reported BOUND
+	// before its last Connected, which does not list them: the node no
+	// longer holds them (it rebooted, or lost them otherwise), and the
+	// gateway re-sends binds only within its bind window. A node connected
+	// less than BindTimeout ago ($1) is left that long to bind again what
+	// the gateway re-sent: a BOUND after the Connected is not lost.
+	sqlLostAllocations = `select distinct a.reservation_id
+		from fleet_allocations a
+		join fleet_nodes n on n.pool = a.pool and n.node_id = a.node_id
+		join fleet_allocation_reports r on r.allocation_id = a.id and r.pool = a.pool and r.node_id = a.node_id
+		where a.released_at is null and n.connected and n.held_at < $1
+		  and r.state = 'bound' and r.reported_at < n.held_at
+		  and a.id <> all (n.held_allocations)
+		order by a.reservation_id`
 	sqlOnNodes = `select distinct a.reservation_id from unnest($1::text[], $2::text[]) as u(pool, id)
 		join fleet_allocations a on a.pool = u.pool and a.node_id = u.id and a.released_at is null order by a.reservation_id`
 )
 
 // repairs lists the reservations to release and place again: those with
-// an allocation on an unreachable node, then those with an allocation
-// that failed to bind or was not bound within BindTimeout.
+// an allocation on an unreachable node, then those with an allocation its
+// connected node no longer holds (node_lost), then those with an
+// allocation that failed to bind or was not bound within BindTimeout.
 func (p *Placer) repairs(ctx context.Context, tx pgx.Tx, now time.Time) ([]release, error) {
 	var unreachable []nodeKey
 	for k, n := range p.idx.nodes {
@@ -481,7 +496,21 @@ func (p *Placer) repairs(ctx context.Context, tx pgx.Tx, now time.Time) ([]relea
 			out = append(out, release{rid: rid, reason: "node_unreachable", requeue: true})
 		}
 	}
-	rows, err := tx.Query(ctx, sqlUnboundAllocations, now.Add(-p.cfg.BindTimeout), p.bindFrom)
+	rows, err := tx.Query(ctx, sqlLostAllocations, now.Add(-p.cfg.BindTimeout))
+	if err != nil {
+		return nil, fmt.Errorf("placer: allocations their nodes lost: %w", err)
+	}
+	lost, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("placer: allocations their nodes lost: %w", err)
+	}
+	for _, rid := range lost {
+		if !seen[rid] {
+			seen[rid] = true
+			out = append(out, release{rid: rid, reason: "node_lost", requeue: true})
+		}
+	}
+	rows, err = tx.Query(ctx, sqlUnboundAllocations, now.Add(-p.cfg.BindTimeout), p.bindFrom)
 	if err != nil {
 		return nil, fmt.Errorf("placer: unbound allocations: %w", err)
 	}

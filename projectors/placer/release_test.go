@@ -104,3 +104,65 @@ func TestUnreachableFreesAndFences(t *testing.T) {
 		t.Errorf("replay differs:\n got  %v\n want %v", got, live)
 	}
 }
+
+// TestNodeLostReplaces: an allocation its node reported BOUND, and that
+// the node's next Connected does not list (it rebooted), is released
+// ("node_lost", requeued) and placed elsewhere once the node has had
+// BindTimeout to bind again what the gateway re-sent; one the Connected
+// lists, or bound again after it, is left alone.
+func TestNodeLostReplaces(t *testing.T) {
+	e := newEnv(t)
+	e.addNode("n1", "p", 4, "H100", 80000, nil)
+	e.addNode("n2", "p", 4, "H100", 80000, nil)
+	e.addNode("n3", "p", 4, "H100", 80000, nil)
+	e.addNode("n4", "p", 4, "H100", 80000, nil)
+	p := e.placer(Config{BindTimeout: 30 * time.Second})
+	e.apply(p, e.request("r", "p", 4), e.request("q", "p", 4), e.request("s", "p", 4))
+	for rid, node := range map[string]string{"r": "n1", "q": "n2", "s": "n3"} {
+		if got := e.liveOf(rid); len(got) != 1 || !strings.HasPrefix(got[0], node+":") {
+			t.Fatalf("%s on %v, want %s", rid, got, node)
+		}
+		e.report(rid+"/1/0", "bound")
+	}
+	e.advance(time.Second)
+	e.held("n1")                     // rebooted: holds nothing
+	e.held("n2", e.allocID("q/1/0")) // re-homed: still holds q
+	e.held("n3")                     // rebooted too, but binds s again (the gateway re-sent it)
+	e.advance(time.Second)
+	e.report("s/1/0", "bound")
+	e.sweep(p)
+	if d := e.decisions(); slices.ContainsFunc(d, func(s string) bool { return strings.Contains(s, "node_lost") }) {
+		t.Fatalf("released before the node had BindTimeout to bind again: %q", d)
+	}
+	e.advance(30 * time.Second)
+	e.sweep(p)
+	d := e.decisions()
+	if !slices.Contains(d, "r/release/1 released node_lost requeued=true [r/1/0]") {
+		t.Errorf("r, lost by n1, not released node_lost: %q", d)
+	}
+	if !slices.Contains(d, "r/place/2 placed n4:[0 1 2 3]") {
+		t.Errorf("r not placed again on n4: %q", d)
+	}
+	for _, rid := range []string{"q", "s"} {
+		if slices.ContainsFunc(d, func(s string) bool { return strings.HasPrefix(s, rid+"/release/") }) {
+			t.Errorf("%s released, though its node holds it: %q", rid, d)
+		}
+	}
+	// Releasing until n1 answers the Unbind (it holds nothing: UNBOUND).
+	var booked int
+	e.pool.QueryRow(context.Background(), `select count(*) from fleet_bookings where node_id = 'n1'`).Scan(&booked)
+	if booked != 4 {
+		t.Errorf("%d bookings left on n1 before its UNBOUND, want 4 (releasing)", booked)
+	}
+	e.report("r/1/0", "unbound")
+	e.sweep(p)
+	if d := e.decisions(); !slices.Contains(d, "r/1/0/freed freed unbound [r/1/0] fenced=[]") {
+		t.Errorf("no Freed after n1's UNBOUND: %q", d)
+	}
+	e.checkInvariants()
+	e.checkIndex(p)
+	live := e.digest()
+	if got := e.replay(1); !mapsEqual(got, live) {
+		t.Errorf("replay differs:\n got  %v\n want %v", got, live)
+	}
+}
