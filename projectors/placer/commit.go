@@ -79,8 +79,9 @@ func (p *Placer) commit(ctx context.Context, tx pgx.Tx, w *work, plans []*plan) 
 	lockPools, lockIDs := keyColumns(nodeKeys)
 	b.Queue(sqlLockNodes, lockPools, lockIDs).Query(func(rows pgx.Rows) error {
 		var r nodeRow
-		_, err := pgx.ForEachRow(rows, []any{&r.id, &r.pool, &r.labels, &r.connected, &r.state, &r.rev}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&r.id, &r.pool, &r.labels, &r.connected, &r.state, &r.rev, &r.heldAt}, func() error {
 			locked[r.key()] = r
+			r.heldAt = nil // scanned into afresh: rows must not share it
 			return nil
 		})
 		return err

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -80,6 +81,10 @@ type node struct {
 	// it has not confirmed it dropped (fleet_fences): nothing new is
 	// placed on it until they are none.
 	fences int
+	// heldAt is when the node last connected, listing what it holds
+	// (fleet_nodes.held_at; zero: unknown): the lost-allocation repair
+	// looks at a node once per such time.
+	heldAt time.Time
 
 	cls     *class // set while filed in a class bucket
 	bucket  int
@@ -341,9 +346,18 @@ type nodeRow struct {
 	id, pool, labels, state string
 	connected               bool
 	rev                     int64
+	heldAt                  *time.Time
 }
 
 func (r nodeRow) key() nodeKey { return nodeKey{r.pool, r.id} }
+
+// held is the row's held_at (zero: null).
+func (r nodeRow) held() time.Time {
+	if r.heldAt == nil {
+		return time.Time{}
+	}
+	return r.heldAt.UTC()
+}
 
 // upsert applies a fleet_nodes row (and, when devs is not nil, the node's
 // devices) to the index.
@@ -359,6 +373,7 @@ func (x *index) upsert(r nodeRow, devs []device, setDevs bool) {
 		n.labels = labels
 	}
 	n.state, n.connected, n.rev = r.state, r.connected, r.rev
+	n.heldAt = r.held()
 	if setDevs {
 		n.gpus = devs
 	}
@@ -393,11 +408,11 @@ func parseLabels(s string) map[string]string {
 // ---------------------------------------------------------------- load --
 
 const (
-	sqlLoadNodes = `select s.snap::text, true, n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev
+	sqlLoadNodes = `select s.snap::text, true, n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev, n.held_at
 		from (select pg_current_snapshot() as snap) s left join fleet_nodes n on true`
 	sqlChangedNodes = `select s.snap::text,
 			coalesce((select bool_and(pg_visible_in_snapshot(x, s.snap)) from pg_snapshot_xip($2::pg_snapshot) as x), true),
-			n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev
+			n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev, n.held_at
 		from (select pg_current_snapshot() as snap) s left join fleet_nodes n on n.rev > $1`
 	sqlLoadDevices = `select pool, node_id, gpu_index, model, memory_mib, health from fleet_devices
 		order by pool, node_id, gpu_index`
@@ -408,7 +423,7 @@ const (
 	sqlLoadFences   = `select pool, node_id, count(*) from fleet_fences group by pool, node_id`
 	sqlNodeBookings = `select b.pool, b.node_id, b.gpu_index from unnest($1::text[], $2::text[]) as u(pool, id)
 		join fleet_bookings b on b.pool = u.pool and b.node_id = u.id`
-	sqlLockNodes = `select n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev
+	sqlLockNodes = `select n.node_id, n.pool, n.labels::text, n.connected, n.state, n.rev, n.held_at
 		from unnest($1::text[], $2::text[]) as u(pool, id) join fleet_nodes n on n.pool = u.pool and n.node_id = u.id
 		order by n.pool, n.node_id for share of n`
 )
@@ -422,13 +437,14 @@ func scanNodes(rows pgx.Rows) (snap string, candDone bool, out []nodeRow, err er
 		var id, pool, labels, state *string
 		var connected *bool
 		var rev *int64
-		if err := rows.Scan(&snap, &candDone, &id, &pool, &labels, &connected, &state, &rev); err != nil {
+		var heldAt *time.Time
+		if err := rows.Scan(&snap, &candDone, &id, &pool, &labels, &connected, &state, &rev, &heldAt); err != nil {
 			return "", false, nil, err
 		}
 		if id == nil {
 			continue // the left join's row when no node matched
 		}
-		out = append(out, nodeRow{id: *id, pool: *pool, labels: *labels, connected: *connected, state: *state, rev: *rev})
+		out = append(out, nodeRow{id: *id, pool: *pool, labels: *labels, connected: *connected, state: *state, rev: *rev, heldAt: heldAt})
 	}
 	return snap, candDone, out, rows.Err()
 }
@@ -501,7 +517,7 @@ func loadIndex(ctx context.Context, tx pgx.Tx) (*index, error) {
 	var maxRev int64
 	for _, r := range nodes {
 		n := &node{id: r.id, pool: r.pool, labels: parseLabels(r.labels), state: r.state,
-			connected: r.connected, rev: r.rev, gpus: devs[r.key()], fences: fences[r.key()]}
+			connected: r.connected, rev: r.rev, heldAt: r.held(), gpus: devs[r.key()], fences: fences[r.key()]}
 		if b := booked[r.key()]; len(b) > 0 {
 			n.booked = make(map[int32]struct{}, len(b))
 			for _, g := range b {
@@ -580,7 +596,7 @@ func (x *index) view() map[string]string {
 	out := make(map[string]string, len(x.nodes))
 	for k, n := range x.nodes {
 		var b strings.Builder
-		fmt.Fprintf(&b, "pool=%s state=%s connected=%t free=%d fences=%d placeable=%t", n.pool, n.state, n.connected, n.free, n.fences, n.placeable())
+		fmt.Fprintf(&b, "pool=%s state=%s connected=%t free=%d fences=%d placeable=%t held_at=%s", n.pool, n.state, n.connected, n.free, n.fences, n.placeable(), n.heldAt.Format(time.RFC3339Nano))
 		for _, k := range slices.Sorted(maps.Keys(n.labels)) {
 			fmt.Fprintf(&b, " %s=%s", k, n.labels[k])
 		}

@@ -45,6 +45,13 @@ type Placer struct {
 	// its last UnbindAgain), as far as this process knows; it only paces
 	// UnbindAgain and is rebuilt from nothing after a restart.
 	unbindAsked map[string]time.Time
+
+	// heldChecked is, per node, the held_at (its last Connected) whose
+	// lost allocations a committed sweep has released: what the node
+	// reported before then is in the projection with it, so that check
+	// is final and a node is looked at once per Connected.
+	// nextHeldChecked takes effect when the sweep's transaction commits.
+	heldChecked, nextHeldChecked map[nodeKey]time.Time
 }
 
 var (
@@ -240,6 +247,13 @@ func (p *Placer) Committed() {
 	if !p.nextBindFrom.IsZero() {
 		p.bindFrom, p.lastSweep = p.nextBindFrom, p.nextLastSweep
 	}
+	for k, at := range p.nextHeldChecked {
+		if p.heldChecked == nil {
+			p.heldChecked = map[nodeKey]time.Time{}
+		}
+		p.heldChecked[k] = at
+	}
+	p.nextHeldChecked = nil
 	p.nextBindFrom, p.nextLastSweep = time.Time{}, time.Time{}
 }
 
@@ -249,6 +263,7 @@ func (p *Placer) Aborted() {
 	p.idx = nil
 	p.queues, p.pending = nil, nil
 	p.bindFrom, p.nextBindFrom = time.Time{}, time.Time{}
+	p.heldChecked, p.nextHeldChecked = nil, nil
 	p.nextLastSweep = time.Time{}
 }
 
@@ -450,17 +465,19 @@ const (
 		  and (r.state = 'failed' or (a.placed_at < $1 and (r.state is null or r.state <> 'bound')))
 		group by a.reservation_id
 		order by a.reservation_id`
-	// sqlLostAllocations: live allocations their own node reported BOUND
-	// before its last Connected, which does not list them: the node no
-	// longer holds them (it rebooted, or lost them otherwise), and the
-	// gateway re-sends binds only within its bind window. A node connected
-	// less than BindTimeout ago ($1) is left that long to bind again what
-	// the gateway re-sent: a BOUND after the Connected is not lost.
+	// sqlLostAllocations: live allocations on the nodes named that their
+	// own node reported BOUND before its last Connected, which does not
+	// list them: the node no longer holds them (it rebooted, or lost them
+	// otherwise), and the gateway re-sends binds only within its bind
+	// window. A node connected less than BindTimeout ago ($3) is left that
+	// long to bind again what the gateway re-sent: a BOUND after the
+	// Connected is not lost.
 	sqlLostAllocations = `select distinct a.reservation_id
-		from fleet_allocations a
-		join fleet_nodes n on n.pool = a.pool and n.node_id = a.node_id
+		from unnest($1::text[], $2::text[]) as u(pool, id)
+		join fleet_nodes n on n.pool = u.pool and n.node_id = u.id
+		join fleet_allocations a on a.pool = n.pool and a.node_id = n.node_id
 		join fleet_allocation_reports r on r.allocation_id = a.id and r.pool = a.pool and r.node_id = a.node_id
-		where a.released_at is null and n.connected and n.held_at < $1
+		where a.released_at is null and n.connected and n.held_at < $3
 		  and r.state = 'bound' and r.reported_at < n.held_at
 		  and a.id <> all (n.held_allocations)
 		order by a.reservation_id`
@@ -496,13 +513,9 @@ func (p *Placer) repairs(ctx context.Context, tx pgx.Tx, now time.Time) ([]relea
 			out = append(out, release{rid: rid, reason: "node_unreachable", requeue: true})
 		}
 	}
-	rows, err := tx.Query(ctx, sqlLostAllocations, now.Add(-p.cfg.BindTimeout))
+	lost, err := p.lostAllocations(ctx, tx, now)
 	if err != nil {
-		return nil, fmt.Errorf("placer: allocations their nodes lost: %w", err)
-	}
-	lost, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("placer: allocations their nodes lost: %w", err)
+		return nil, err
 	}
 	for _, rid := range lost {
 		if !seen[rid] {
@@ -510,7 +523,7 @@ func (p *Placer) repairs(ctx context.Context, tx pgx.Tx, now time.Time) ([]relea
 			out = append(out, release{rid: rid, reason: "node_lost", requeue: true})
 		}
 	}
-	rows, err = tx.Query(ctx, sqlUnboundAllocations, now.Add(-p.cfg.BindTimeout), p.bindFrom)
+	rows, err := tx.Query(ctx, sqlUnboundAllocations, now.Add(-p.cfg.BindTimeout), p.bindFrom)
 	if err != nil {
 		return nil, fmt.Errorf("placer: unbound allocations: %w", err)
 	}
@@ -530,6 +543,43 @@ func (p *Placer) repairs(ctx context.Context, tx pgx.Tx, now time.Time) ([]relea
 		return nil, fmt.Errorf("placer: unbound allocations: %w", err)
 	}
 	return out, nil
+}
+
+// lostAllocations lists the reservations with an allocation its connected
+// node no longer holds (sqlLostAllocations). Only nodes whose last
+// Connected is BindTimeout old and not checked yet (heldChecked) are
+// looked at: the reports stored before a Connected are projected with
+// it, so one check per Connected is final, and a sweep of a fleet whose
+// nodes stay connected reads nothing.
+func (p *Placer) lostAllocations(ctx context.Context, tx pgx.Tx, now time.Time) ([]string, error) {
+	cutoff := now.Add(-p.cfg.BindTimeout)
+	var check []nodeKey
+	for k, n := range p.idx.nodes {
+		if !n.connected || n.heldAt.IsZero() || !n.heldAt.Before(cutoff) || n.heldAt.Equal(p.heldChecked[k]) {
+			continue
+		}
+		if p.nextHeldChecked == nil {
+			p.nextHeldChecked = map[nodeKey]time.Time{}
+		}
+		p.nextHeldChecked[k] = n.heldAt
+		if len(n.booked) > 0 { // no bookings: no live allocation there
+			check = append(check, k)
+		}
+	}
+	if len(check) == 0 {
+		return nil, nil
+	}
+	slices.SortFunc(check, compareKeys)
+	pools, ids := keyColumns(check)
+	rows, err := tx.Query(ctx, sqlLostAllocations, pools, ids, cutoff)
+	if err != nil {
+		return nil, fmt.Errorf("placer: allocations their nodes lost: %w", err)
+	}
+	rids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("placer: allocations their nodes lost: %w", err)
+	}
+	return rids, nil
 }
 
 // placePending plans and commits the pending reservations, in rounds: the

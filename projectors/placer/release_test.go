@@ -159,6 +159,16 @@ func TestNodeLostReplaces(t *testing.T) {
 	if d := e.decisions(); !slices.Contains(d, "r/1/0/freed freed unbound [r/1/0] fenced=[]") {
 		t.Errorf("no Freed after n1's UNBOUND: %q", d)
 	}
+	// Each Connected is looked at: n4, checked with nothing to release
+	// above, loses r's new allocation at its next one.
+	e.report("r/2/0", "bound")
+	e.advance(time.Second)
+	e.held("n4")
+	e.advance(31 * time.Second)
+	e.sweep(p)
+	if d := e.decisions(); !slices.Contains(d, "r/release/2 released node_lost requeued=true [r/2/0]") {
+		t.Errorf("r, lost by n4 at its next Connected, not released: %q", d)
+	}
 	e.checkInvariants()
 	e.checkIndex(p)
 	live := e.digest()
