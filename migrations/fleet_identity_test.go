@@ -2,16 +2,12 @@ package migrations_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"slices"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
 
-	"github.com/millrace/millrace/internal/devdb"
-	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/migrations"
 )
 
@@ -22,28 +18,7 @@ import (
 func TestFleetIdentityMovesRows(t *testing.T) {
 	const fleetIdentity = 8 // 008_fleet_node_identity.sql
 	ctx := context.Background()
-	s := testenv.Server(t)
-	b := make([]byte, 6)
-	rand.Read(b)
-	name := "millrace_mig_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, s.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "create database "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Exec(context.Background(), "drop database if exists "+name+" with (force)") })
-	url, err := devdb.WithDatabase(s.URL, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(ctx)
+	conn := emptyDatabase(t)
 	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
 	if err != nil {
 		t.Fatal(err)
