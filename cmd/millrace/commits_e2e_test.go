@@ -122,7 +122,12 @@ func TestCommitsInDev(t *testing.T) {
 	if err != nil || len(l.Docs) != 2 || l.Docs[0].Id != "doc 1" || l.Docs[0].Version != v2.Version || l.Docs[1].Id != "doc 2" {
 		t.Fatalf("list of e2e: %v, %v", l, err)
 	}
-	if !regexp.MustCompile(`msg="world opened" .*world=e2e checkpoint_docs=2 `).MatchString(dev.output()) {
-		t.Fatalf("List did not open the world from its checkpoint:\n%s", dev.output())
+	// The process logs the open before it answers List, but its output
+	// reaches the test through a pipe a moment later.
+	opened := regexp.MustCompile(`msg="world opened" .*world=e2e checkpoint_docs=2 `)
+	for deadline := time.Now().Add(10 * time.Second); !opened.MatchString(dev.output()); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("List did not open the world from its checkpoint:\n%s", dev.output())
+		}
 	}
 }
