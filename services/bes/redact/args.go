@@ -1,7 +1,6 @@
 package redact
 
 import (
-	"bytes"
 	"strings"
 )
 
@@ -16,24 +15,10 @@ const (
 	flagSecret                    // the whole value goes (--project_id: Bazel 4 sends the edge's API key in it)
 )
 
-// classify names the class of a flag, given without its dashes.
-func classify(name string) flagClass {
-	switch name {
-	case "action_env", "host_action_env", "test_env", "repo_env", "client_env", "build_metadata":
-		return flagEnv
-	case "default_override":
-		return flagOverride
-	case "project_id":
-		return flagSecret
-	}
-	if strings.HasSuffix(name, "_header") {
-		return flagHeader // remote_header, bes_header, remote_cache_header, remote_exec_header, remote_downloader_header
-	}
-	return flagPlain
-}
-
-// classifyBytes is classify without converting (and allocating) a string.
-func classifyBytes(name []byte) flagClass {
+// classify names the class of a flag, given without its dashes: as a
+// string, or as the bytes of an event, which it reads without converting
+// (and allocating) them.
+func classify[T string | []byte](name T) flagClass {
 	switch string(name) {
 	case "action_env", "host_action_env", "test_env", "repo_env", "client_env", "build_metadata":
 		return flagEnv
@@ -42,7 +27,8 @@ func classifyBytes(name []byte) flagClass {
 	case "project_id":
 		return flagSecret
 	}
-	if bytes.HasSuffix(name, []byte("_header")) {
+	const header = "_header" // remote_header, bes_header, remote_cache_header, remote_exec_header, remote_downloader_header
+	if len(name) >= len(header) && string(name[len(name)-len(header):]) == header {
 		return flagHeader
 	}
 	return flagPlain
@@ -147,7 +133,7 @@ func (r *Redactor) argCandidate(b []byte, st *argState) bool {
 				break
 			}
 		}
-		if classifyBytes(b[2:end]) != flagPlain {
+		if classify(b[2:end]) != flagPlain {
 			return true
 		}
 	}

@@ -200,7 +200,7 @@ func (r *Redactor) option(b []byte) ([]byte, bool) {
 		}
 		i += n + m
 	}
-	class := classifyBytes(name)
+	class := classify(name)
 	if class == flagPlain && r.scan(combined) == 0 && r.scan(value) == 0 {
 		return b, false
 	}

@@ -176,7 +176,7 @@ func (r *Redactor) scan(b []byte) uint8 {
 					for j < len(rest) && isNameByte(rest[j]) {
 						j++
 					}
-					if classifyBytes(rest[2:j]) != flagPlain {
+					if classify(rest[2:j]) != flagPlain {
 						m |= mFlag
 					}
 					i += j - 1
