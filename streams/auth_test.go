@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The embedded server admits only its identities: an anonymous connection
@@ -28,7 +29,7 @@ func TestEmbeddedServerAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bb.Close()
-	if _, err := bb.JS.CreateOrUpdateConsumer(ctx, streams.StreamBES, streams.ConsumerSpec("rows", streams.BESSubjects, 50, time.Minute)); err != nil {
+	if _, err := bb.JS.CreateOrUpdateConsumer(ctx, subjects.StreamBES, streams.ConsumerSpec("rows", subjects.BESFilter, 50, time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []string{bb.ServiceSeedFile, bb.ReaderSeedFile} {
@@ -40,7 +41,7 @@ func TestEmbeddedServerAuth(t *testing.T) {
 			t.Fatalf("%s: mode %v, want 0600 under the data directory", f, fi.Mode().Perm())
 		}
 	}
-	subject := streams.BESSubject("default", "inv-1")
+	subject := subjects.BES("default", "inv-1")
 	if err := bb.Publisher().Publish(ctx, &nats.Msg{Subject: subject, Data: []byte("real"),
 		Header: nats.Header{jetstream.MsgIDHeader: {"default/inv-1/1"}}}); err != nil {
 		t.Fatalf("the service identity's publish: %v", err)
@@ -69,7 +70,7 @@ func TestEmbeddedServerAuth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := rjs.Stream(ctx, streams.StreamBES)
+	st, err := rjs.Stream(ctx, subjects.StreamBES)
 	if err != nil {
 		t.Fatalf("reader: stream info: %v", err)
 	}
@@ -115,7 +116,7 @@ func TestEmbeddedServerAuth(t *testing.T) {
 	// Nor through the JetStream API: a stream delete gets no answer (the
 	// request itself is refused) and deletes nothing.
 	dctx, dcancel := context.WithTimeout(ctx, time.Second)
-	if err := rjs.DeleteStream(dctx, streams.StreamBES); err == nil {
+	if err := rjs.DeleteStream(dctx, subjects.StreamBES); err == nil {
 		t.Fatal("the reader deleted a stream")
 	}
 	dcancel()
@@ -130,7 +131,7 @@ func TestEmbeddedServerAuth(t *testing.T) {
 		t.Fatalf("BES holds %d messages, want the one real event", info.State.Msgs)
 	}
 	// Nor fetch from a service's consumer (and so acknowledge on it).
-	next := "$JS.API.CONSUMER.MSG.NEXT." + streams.StreamBES + ".rows"
+	next := "$JS.API.CONSUMER.MSG.NEXT." + subjects.StreamBES + ".rows"
 	if err := reader.PublishRequest(next, reader.NewRespInbox(), []byte(`{"batch":1}`)); err != nil {
 		t.Fatal(err)
 	}

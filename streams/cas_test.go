@@ -16,6 +16,7 @@ import (
 
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The commit log's compare-and-set is JetStream's expected last sequence per
@@ -77,7 +78,7 @@ func commitsStream(t *testing.T, url string, replicas int) (jetstream.JetStream,
 	if err := streams.Apply(ctx, js, streams.StreamSpecs(streams.Config{Replicas: replicas})); err != nil {
 		t.Fatal(err)
 	}
-	s, err := js.Stream(ctx, streams.StreamCommits)
+	s, err := js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +124,7 @@ func TestCompareAndSet(t *testing.T) {
 					rng := rand.New(rand.NewPCG(uint64(w), 7))
 					for i := range attempts {
 						doc := fmt.Sprintf("doc-%d", rng.IntN(docs))
-						subject := streams.CommitsSubject("w", doc)
+						subject := subjects.Commits("w", doc)
 						expected, err := lastVersion(ctx, s, subject)
 						if err != nil {
 							errc <- err
@@ -173,7 +174,7 @@ func TestCompareAndSet(t *testing.T) {
 						t.Errorf("%s: version %d was accepted over %d, but the version before it is %d (a lost update)", doc, w.stored, w.expected, prev)
 					}
 					m, err := s.GetMsg(context.Background(), w.stored)
-					if err != nil || m.Subject != streams.CommitsSubject("w", doc) || string(m.Data) != w.body {
+					if err != nil || m.Subject != subjects.Commits("w", doc) || string(m.Data) != w.body {
 						t.Errorf("%s: acknowledged version %d not stored as written (%v)", doc, w.stored, err)
 					}
 					prev = w.stored
@@ -205,7 +206,7 @@ func TestPurgedSubjectLooksNew(t *testing.T) {
 	ns := testenv.NATS(t)
 	js, s := commitsStream(t, ns.ClientURL(), 1)
 	ctx := context.Background()
-	subject := streams.CommitsSubject("w", "doc")
+	subject := subjects.Commits("w", "doc")
 	var last uint64
 	for i := range 3 {
 		ack, err := js.Publish(ctx, subject, []byte{byte(i)}, jetstream.WithExpectLastSequencePerSubject(last))

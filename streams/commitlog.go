@@ -17,6 +17,7 @@ import (
 
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 // FoldStats tells what FoldWorld did.
@@ -56,9 +57,9 @@ func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder,
 		opt(&o)
 	}
 	var st FoldStats
-	stream, err := js.Stream(ctx, StreamCommits)
+	stream, err := js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {
-		return st, fmt.Errorf("fold %q: the %s stream: %w", world, StreamCommits, err)
+		return st, fmt.Errorf("fold %q: the %s stream: %w", world, subjects.StreamCommits, err)
 	}
 	d, drops := f.(projection.Dropper)
 	if drops {
@@ -128,7 +129,7 @@ func sweepWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.St
 		return 0, err
 	}
 	var drop []uint64
-	last, err := stream.GetLastMsgForSubject(ctx, CommitsWorldFilter(world))
+	last, err := stream.GetLastMsgForSubject(ctx, subjects.CommitsWorldFilter(world))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		// Nothing of the world is left in the stream.
@@ -179,7 +180,7 @@ func exportFloor(ctx context.Context, stream jetstream.Stream, world string) (ui
 		if ci.Config.FilterSubject != "" {
 			filters = append(filters, ci.Config.FilterSubject)
 		}
-		if len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return overlaps(f, CommitsWorldFilter(world)) }) {
+		if len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return subjects.Overlap(f, subjects.CommitsWorldFilter(world)) }) {
 			floor = min(floor, ci.AckFloor.Stream)
 		}
 	}
@@ -193,8 +194,8 @@ func exportFloor(ctx context.Context, stream jetstream.Stream, world string) (ui
 // returns the sequences older than their document's version in the
 // checkpoint. A document the checkpoint does not hold keeps every version.
 func strandedVersions(ctx context.Context, js jetstream.JetStream, world string, limit uint64, version func(string) (uint64, bool)) ([]uint64, error) {
-	cons, err := js.OrderedConsumer(ctx, StreamCommits, jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{CommitsWorldFilter(world)},
+	cons, err := js.OrderedConsumer(ctx, subjects.StreamCommits, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{subjects.CommitsWorldFilter(world)},
 		DeliverPolicy:  jetstream.DeliverAllPolicy,
 		HeadersOnly:    true,
 	})
@@ -218,7 +219,7 @@ func strandedVersions(ctx context.Context, js jetstream.JetStream, world string,
 			if seq > limit {
 				return drop, nil
 			}
-			if _, doc, ok := CommitsSubjectDoc(msg.Subject()); ok {
+			if _, doc, ok := subjects.ParseCommits(msg.Subject()); ok {
 				if v, ok := version(doc); ok && seq < v {
 					drop = append(drop, seq)
 				}
@@ -255,14 +256,14 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 		return nil, nil
 	}
 	cfg := jetstream.OrderedConsumerConfig{
-		FilterSubjects: []string{CommitsWorldFilter(world)},
+		FilterSubjects: []string{subjects.CommitsWorldFilter(world)},
 		DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 		OptStartSeq:    after + 1,
 	}
 	if waiting > 0 && last-after <= 2*uint64(waiting) {
 		cfg.FilterSubjects = nil // see FoldWaiting
 	}
-	cons, err := js.OrderedConsumer(ctx, StreamCommits, cfg)
+	cons, err := js.OrderedConsumer(ctx, subjects.StreamCommits, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("fold %q: %w", world, err)
 	}
@@ -283,7 +284,7 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 			if seq > last {
 				return out, nil
 			}
-			w, doc, ok := CommitsSubjectDoc(msg.Subject())
+			w, doc, ok := subjects.ParseCommits(msg.Subject())
 			switch {
 			case !ok:
 				return nil, fmt.Errorf("fold %q: message %d has subject %q, not a document's", world, seq, msg.Subject())
@@ -320,7 +321,7 @@ func deleteSeqs(ctx context.Context, js jetstream.JetStream, seqs []uint64) erro
 	if len(seqs) == 0 {
 		return nil
 	}
-	subject := apiPrefix(js) + "STREAM.MSG.DELETE." + StreamCommits
+	subject := apiPrefix(js) + "STREAM.MSG.DELETE." + subjects.StreamCommits
 	nc := js.Conn()
 	inbox := nc.NewInbox()
 	answers := make(chan *nats.Msg, dropConcurrency)

@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/subjects"
 )
 
 // deleteSeqs speaks the deletion API by hand: a deleted message is gone,
@@ -30,7 +31,7 @@ func TestDeleteSeqs(t *testing.T) {
 	}
 	var seqs []uint64
 	for i := range 5 {
-		ack, err := js.Publish(ctx, CommitsSubject("w", string(rune('a'+i))), []byte("x"))
+		ack, err := js.Publish(ctx, subjects.Commits("w", string(rune('a'+i))), []byte("x"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -42,7 +43,7 @@ func TestDeleteSeqs(t *testing.T) {
 	if err := deleteSeqs(ctx, js, []uint64{seqs[1], seqs[2], seqs[4] + 100}); err != nil {
 		t.Fatalf("deleting messages already gone: %v", err)
 	}
-	st, _ := js.Stream(ctx, StreamCommits)
+	st, _ := js.Stream(ctx, subjects.StreamCommits)
 	for i, seq := range seqs {
 		_, err := st.GetMsg(ctx, seq)
 		if gone := errors.Is(err, jetstream.ErrMsgNotFound); gone != (i < 3) {

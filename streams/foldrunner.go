@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 // FoldRunnerConfig configures a FoldRunner. Zero fields take the defaults.
@@ -413,7 +414,7 @@ func (r *FoldRunner) attach(ctx context.Context) {
 	msg := err.Error()
 	if msg != r.attachErr {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
-			r.log.Warn("waiting for the "+StreamCommits+" stream (any millrace service creates it at start, or `millrace streams apply`); retrying every second", "err", err)
+			r.log.Warn("waiting for the "+subjects.StreamCommits+" stream (any millrace service creates it at start, or `millrace streams apply`); retrying every second", "err", err)
 		} else {
 			r.log.Warn("cannot attach the discovery consumer; retrying every second", "err", err)
 		}
@@ -424,13 +425,13 @@ func (r *FoldRunner) attach(ctx context.Context) {
 func (r *FoldRunner) tryAttach(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	stream, err := r.js.Stream(ctx, StreamCommits)
+	stream, err := r.js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {
-		return fmt.Errorf("the %s stream: %w", StreamCommits, err)
+		return fmt.Errorf("the %s stream: %w", subjects.StreamCommits, err)
 	}
 	created := stream.CachedInfo().Created
 	if r.attached && !created.Equal(r.created) {
-		r.log.Error("the " + StreamCommits + " stream was recreated: its sequences start over, so discovery does too")
+		r.log.Error("the " + subjects.StreamCommits + " stream was recreated: its sequences start over, so discovery does too")
 		r.reset()
 	}
 	want := r.consumerConfig()
@@ -514,7 +515,7 @@ func (r *FoldRunner) consumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       r.cfg.Durable,
 		Description:   "millrace compactor: which worlds of the commit log have versions to fold (headers only)",
-		FilterSubject: CommitsSubjects,
+		FilterSubject: subjects.CommitsFilter,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       r.cfg.AckWait,
@@ -580,7 +581,7 @@ func (r *FoldRunner) take(msgs []jetstream.Msg) {
 		}
 		seq := meta.Sequence.Stream
 		r.maxSeq = max(r.maxSeq, seq)
-		world, _, ok := CommitsSubjectDoc(msg.Subject())
+		world, _, ok := subjects.ParseCommits(msg.Subject())
 		if !ok {
 			r.log.Warn("a message on COMMITS that is not a document version; acknowledged and skipped", "subject", msg.Subject(), "seq", seq)
 			r.ack(msg.Reply())

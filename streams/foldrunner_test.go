@@ -21,6 +21,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 // foldEnv is a JetStream server, a bucket, and the versions written.
@@ -95,7 +96,7 @@ func (e *foldEnv) put(world string, docs, rounds int) {
 	for r := range rounds {
 		for d := range docs {
 			doc := fmt.Sprintf("doc-%03d", d)
-			msg := &nats.Msg{Subject: streams.CommitsSubject(world, doc), Data: []byte(fmt.Sprintf("%s %s r%d", world, doc, r)),
+			msg := &nats.Msg{Subject: subjects.Commits(world, doc), Data: []byte(fmt.Sprintf("%s %s r%d", world, doc, r)),
 				Header: nats.Header{envelope.Schema: {envelope.SchemaCommitsV1}, envelope.Kind: {envelope.KindPut}}}
 			ack, err := e.js.PublishMsg(context.Background(), msg)
 			if err != nil {
@@ -143,18 +144,18 @@ func (e *foldEnv) folded(world string) error {
 	if c, want := e.covered(world), e.lastOf(world); c != want {
 		return fmt.Errorf("world %s: checkpoint at %d, last version %d", world, c, want)
 	}
-	st, err := e.js.Stream(ctx, streams.StreamCommits)
+	st, err := e.js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {
 		return err
 	}
-	info, err := st.Info(ctx, jetstream.WithSubjectFilter(streams.CommitsWorldFilter(world)))
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(subjects.CommitsWorldFilter(world)))
 	if err != nil {
 		return err
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for doc, v := range e.last[world] {
-		subject := streams.CommitsSubject(world, doc)
+		subject := subjects.Commits(world, doc)
 		if n := info.State.Subjects[subject]; n != 1 {
 			return fmt.Errorf("world %s: %d messages of %s in the stream, want its last only", world, n, doc)
 		}
@@ -169,7 +170,7 @@ func (e *foldEnv) folded(world string) error {
 // ackFloor is the discovery consumer's ack floor.
 func (e *foldEnv) ackFloor(durable string) uint64 {
 	e.t.Helper()
-	c, err := e.js.Consumer(context.Background(), streams.StreamCommits, durable)
+	c, err := e.js.Consumer(context.Background(), subjects.StreamCommits, durable)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -178,7 +179,7 @@ func (e *foldEnv) ackFloor(durable string) uint64 {
 
 func (e *foldEnv) streamLast() uint64 {
 	e.t.Helper()
-	st, err := e.js.Stream(context.Background(), streams.StreamCommits)
+	st, err := e.js.Stream(context.Background(), subjects.StreamCommits)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -406,7 +407,7 @@ func TestFoldRunnerWaitsForStreamAndRecreatesConsumer(t *testing.T) {
 	e.put("w", 5, 2)
 	e.waitFolded("w")
 	e.waitAcked("compactor")
-	if err := e.js.DeleteConsumer(context.Background(), streams.StreamCommits, "compactor"); err != nil {
+	if err := e.js.DeleteConsumer(context.Background(), subjects.StreamCommits, "compactor"); err != nil {
 		t.Fatal(err)
 	}
 	e.put("w", 5, 1)
@@ -441,7 +442,7 @@ func TestFoldRunnerPressureTrigger(t *testing.T) {
 func TestFoldWithholdsWhatAnExportHasNotAcked(t *testing.T) {
 	e := newFoldEnv(t, true)
 	ctx := context.Background()
-	st, err := e.js.Stream(ctx, streams.StreamCommits)
+	st, err := e.js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -454,7 +455,7 @@ func TestFoldWithholdsWhatAnExportHasNotAcked(t *testing.T) {
 		return c
 	}
 	exp := export("export-test", "commits.>")
-	export("export-other", streams.CommitsWorldFilter("other"))
+	export("export-other", subjects.CommitsWorldFilter("other"))
 	e.put("w", 5, 3) // 15 versions, 5 documents
 	c := compactor.New(compactor.Config{}, e.store)
 

@@ -25,17 +25,18 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // addOutbox inserts rows n0..n0+n-1 in one transaction, spread over three
 // pools, and notifies the relay as the placer does when notify is set.
 func addOutbox(t *testing.T, pool *pgxpool.Pool, n0, n int, notify bool) []string {
 	t.Helper()
-	var subjects, ids, headers []string
+	var subs, ids, headers []string
 	var bodies [][]byte
 	for i := n0; i < n0+n; i++ {
 		p := fmt.Sprintf("pool-%d", i%3)
-		subjects = append(subjects, streams.FleetPlaceSubject(p))
+		subs = append(subs, subjects.FleetPlace(p))
 		ids = append(ids, fmt.Sprintf("m-%05d", i))
 		headers = append(headers, fmt.Sprintf(`{"Millrace-Schema": "fleet.v1", "Millrace-Pool": %q}`, p))
 		bodies = append(bodies, []byte(fmt.Sprintf("body-%05d", i)))
@@ -44,7 +45,7 @@ func addOutbox(t *testing.T, pool *pgxpool.Pool, n0, n int, notify bool) []strin
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := tx.Exec(ctx, `insert into outbox (subject, msg_id, headers, body)
 			select u.s, u.m, u.h::jsonb, u.b from unnest($1::text[], $2::text[], $3::text[], $4::bytea[]) with ordinality as u(s, m, h, b, o)
-			order by u.o`, subjects, ids, headers, bodies)
+			order by u.o`, subs, ids, headers, bodies)
 		if err == nil && notify {
 			_, err = tx.Exec(ctx, "select pg_notify($1, '')", streams.OutboxChannel)
 		}
@@ -70,7 +71,7 @@ func outboxLeft(t *testing.T, pool *pgxpool.Pool) int {
 func placeMessages(t *testing.T, js jetstream.JetStream) []string {
 	t.Helper()
 	ctx := context.Background()
-	s, err := js.Stream(ctx, streams.StreamFleetPlace)
+	s, err := js.Stream(ctx, subjects.StreamFleetPlace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +91,7 @@ func placeMessages(t *testing.T, js jetstream.JetStream) []string {
 			t.Fatalf("message %d has msg id %q", seq, id)
 		}
 		p = i % 3
-		if string(m.Data) != fmt.Sprintf("body-%05d", i) || m.Subject != streams.FleetPlaceSubject(fmt.Sprintf("pool-%d", p)) ||
+		if string(m.Data) != fmt.Sprintf("body-%05d", i) || m.Subject != subjects.FleetPlace(fmt.Sprintf("pool-%d", p)) ||
 			m.Header.Get(envelope.Schema) != "fleet.v1" || m.Header.Get(envelope.Pool) != fmt.Sprintf("pool-%d", p) {
 			t.Fatalf("message %d: %s %q %v", seq, m.Subject, m.Data, m.Header)
 		}
@@ -101,7 +102,7 @@ func placeMessages(t *testing.T, js jetstream.JetStream) []string {
 
 func streamCount(t *testing.T, js jetstream.JetStream) uint64 {
 	t.Helper()
-	s, err := js.Stream(context.Background(), streams.StreamFleetPlace)
+	s, err := js.Stream(context.Background(), subjects.StreamFleetPlace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,7 +175,7 @@ func TestOutboxWakes(t *testing.T) {
 func TestOutboxFailsMidwayThenRecovers(t *testing.T) {
 	e := setup(t)
 	ctx := context.Background()
-	s, err := e.js.Stream(ctx, streams.StreamFleetPlace)
+	s, err := e.js.Stream(ctx, subjects.StreamFleetPlace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,7 +405,7 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 	}
 	publish := func(id, pool string, ev *fleetpb.ReservationEvent) {
 		ev.ReservationId, ev.At = id, timestamppb.Now()
-		msg := nats.NewMsg(streams.FleetResvSubject(pool))
+		msg := nats.NewMsg(subjects.FleetResv(pool))
 		msg.Header.Set(envelope.MsgID, fmt.Sprintf("%s/%T", id, ev.Body))
 		msg.Header.Set(envelope.Schema, envelope.SchemaFleetV1)
 		msg.Header.Set(envelope.Kind, envelope.KindReservation)
@@ -424,7 +425,7 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 	}
 
 	p := placer.New(placer.Config{Logger: quietLog()})
-	cfg := streams.RunnerConfig{Stream: streams.StreamFleetResv, Filter: streams.FleetResvSubjects, Batch: 50,
+	cfg := streams.RunnerConfig{Stream: subjects.StreamFleetResv, Filter: subjects.FleetResvFilter, Batch: 50,
 		MaxWait: 20 * time.Millisecond, RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond,
 		SweepEvery: 100 * time.Millisecond, Logger: quietLog()}
 	stopRunner := start(t, e, p, cfg)
@@ -438,7 +439,7 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 			cancel(fmt.Sprintf("r%03d", i-2), fmt.Sprintf("p%d", (i-2)%2))
 		}
 	}
-	rs, err := e.js.Stream(ctx, streams.StreamFleetResv)
+	rs, err := e.js.Stream(ctx, subjects.StreamFleetResv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +460,7 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 	stopRelay()
 	var placed, decisions int
 	e.pool.QueryRow(ctx, "select count(*) from fleet_placements").Scan(&placed)
-	s, _ := e.js.Stream(ctx, streams.StreamFleetPlace)
+	s, _ := e.js.Stream(ctx, subjects.StreamFleetPlace)
 	info, _ := s.Info(ctx)
 	decisions = int(info.State.Msgs)
 	if placed == 0 || decisions < placed {
@@ -475,7 +476,7 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 		t.Fatal(err)
 	}
 	dcfg := cfg
-	dcfg.Stream, dcfg.Filter = streams.StreamFleetPlace, streams.FleetPlaceSubjects
+	dcfg.Stream, dcfg.Filter = subjects.StreamFleetPlace, subjects.FleetPlaceFilter
 	if err := streams.NewRunner(e.js, e.pool, placer.NewDecisions(), dcfg, streams.NewMetrics(nil)).Replay(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +518,7 @@ func TestOutboxResumesAfterTheDuplicateWindow(t *testing.T) {
 	// duplicate (nothing stored) while the id is remembered, and refused
 	// (nothing stored either) once it is not.
 	waitFor(t, "the duplicate window to pass", func() bool {
-		probe := nats.NewMsg(streams.FleetPlaceSubject("pool-0"))
+		probe := nats.NewMsg(subjects.FleetPlace("pool-0"))
 		probe.Header.Set(envelope.MsgID, want[0])
 		probe.Header.Set(jetstream.ExpectedLastMsgIDHeader, "no-such-message")
 		_, err := e.js.PublishMsg(ctx, probe)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 // RunnerConfig tunes one consumer loop. Zero fields take the defaults.
@@ -605,7 +606,7 @@ func (r *Runner) handBack(msgs []*message) {
 }
 
 func (r *Runner) deadLetter(ctx context.Context, m *message, reason error) error {
-	msg := nats.NewMsg(DeadSubject(r.name))
+	msg := nats.NewMsg(subjects.Dead(r.name))
 	for k, v := range m.Headers() {
 		msg.Header[k] = v
 	}

@@ -18,13 +18,14 @@ import (
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 // deadLetters returns the bodies parked for consumer in the DEAD stream.
 func deadLetters(t *testing.T, js jetstream.JetStream, consumer string) []string {
 	t.Helper()
 	ctx := context.Background()
-	s, err := js.Stream(ctx, streams.StreamDead)
+	s, err := js.Stream(ctx, subjects.StreamDead)
 	if err != nil {
 		return nil
 	}
@@ -41,7 +42,7 @@ func deadLetters(t *testing.T, js jetstream.JetStream, consumer string) []string
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m.Subject == streams.DeadSubject(consumer) {
+		if m.Subject == subjects.Dead(consumer) {
 			out = append(out, string(m.Data))
 		}
 	}
@@ -59,14 +60,14 @@ func TestRunnerNeverMovesPastAFailedDeadLetter(t *testing.T) {
 		fail func(t *testing.T, js jetstream.JetStream)
 	}{
 		{"deleted", func(t *testing.T, js jetstream.JetStream) {
-			if err := js.DeleteStream(ctx, streams.StreamDead); err != nil {
+			if err := js.DeleteStream(ctx, subjects.StreamDead); err != nil {
 				t.Fatal(err)
 			}
 		}},
 		{"full", func(t *testing.T, js jetstream.JetStream) {
 			var spec jetstream.StreamConfig
 			for _, s := range streams.StreamSpecs(streams.Config{}) {
-				if s.Name == streams.StreamDead {
+				if s.Name == subjects.StreamDead {
 					spec = s
 				}
 			}
@@ -75,7 +76,7 @@ func TestRunnerNeverMovesPastAFailedDeadLetter(t *testing.T) {
 			if _, err := js.UpdateStream(ctx, spec); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := js.Publish(ctx, streams.DeadSubject("filler"), []byte("filler")); err != nil {
+			if _, err := js.Publish(ctx, subjects.Dead("filler"), []byte("filler")); err != nil {
 				t.Fatal(err)
 			}
 		}},

@@ -10,6 +10,7 @@ import (
 
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 type seqRecorder struct{ seen []uint64 }
@@ -42,7 +43,7 @@ func TestRunnerGuards(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &seqRecorder{}
-	r := NewRunner(js, pool, p, RunnerConfig{Stream: StreamBES, Filter: BESSubjects, AckWait: time.Minute}, nil)
+	r := NewRunner(js, pool, p, RunnerConfig{Stream: subjects.StreamBES, Filter: subjects.BESFilter, AckWait: time.Minute}, nil)
 	if err := r.lead(ctx, false); err != nil {
 		t.Fatal(err)
 	}

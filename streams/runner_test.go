@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 func TestMain(m *testing.M) {
@@ -107,7 +108,7 @@ func (e *env) publish(t *testing.T, bodies ...string) {
 	t.Helper()
 	ctx := context.Background()
 	for i, b := range bodies {
-		msg := nats.NewMsg(streams.BESSubject("p", "inv"))
+		msg := nats.NewMsg(subjects.BES("p", "inv"))
 		msg.Header.Set(envelope.MsgID, fmt.Sprintf("%s-%d-%d", t.Name(), time.Now().UnixNano(), i))
 		msg.Data = []byte(b)
 		if err := e.pub.Publish(ctx, msg); err != nil {
@@ -143,8 +144,8 @@ func (e *env) position(t *testing.T, consumer string) uint64 {
 
 func runnerConfig() streams.RunnerConfig {
 	return streams.RunnerConfig{
-		Stream:     streams.StreamBES,
-		Filter:     streams.BESSubjects,
+		Stream:     subjects.StreamBES,
+		Filter:     subjects.BESFilter,
 		Batch:      50,
 		MaxWait:    50 * time.Millisecond,
 		AckWait:    5 * time.Second,
@@ -206,7 +207,7 @@ func TestRunnerAppliesInOrderOnce(t *testing.T) {
 		t.Fatalf("position %d, want 230", pos)
 	}
 	// Everything is acked: nothing pending for the consumer.
-	c, err := e.js.Consumer(context.Background(), streams.StreamBES, "rows")
+	c, err := e.js.Consumer(context.Background(), subjects.StreamBES, "rows")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +239,7 @@ func TestRunnerCommittedButUnackedIsNotAppliedTwice(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A stale durable consumer with everything delivered and unacked.
-	cons, err := e.js.CreateOrUpdateConsumer(ctx, streams.StreamBES, streams.ConsumerSpec("rows", streams.BESSubjects, 50, time.Minute))
+	cons, err := e.js.CreateOrUpdateConsumer(ctx, subjects.StreamBES, streams.ConsumerSpec("rows", subjects.BESFilter, 50, time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +263,7 @@ func TestRunnerPoisonGoesToDeadLetters(t *testing.T) {
 		t.Fatalf("rows %v", got)
 	}
 	ctx := context.Background()
-	dead, err := e.js.Stream(ctx, streams.StreamDead)
+	dead, err := e.js.Stream(ctx, subjects.StreamDead)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +276,7 @@ func TestRunnerPoisonGoesToDeadLetters(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if string(m.Data) != want || m.Subject != streams.DeadSubject("rows") {
+		if string(m.Data) != want || m.Subject != subjects.Dead("rows") {
 			t.Fatalf("dead letter %d: %s %q", seq, m.Subject, m.Data)
 		}
 		if m.Header.Get(envelope.Reason) == "" || m.Header.Get(envelope.Origin) == "" {
@@ -382,7 +383,7 @@ func TestRunnerSurvivesProjectorPanic(t *testing.T) {
 	start(t, e, &panicky{rowsProjector{name: "rows"}}, runnerConfig())
 	waitFor(t, "2 rows", func() bool { return len(e.rows(t, "rows")) == 2 })
 	waitFor(t, "position 3", func() bool { return e.position(t, "rows") == 3 })
-	dead, _ := e.js.Stream(context.Background(), streams.StreamDead)
+	dead, _ := e.js.Stream(context.Background(), subjects.StreamDead)
 	waitFor(t, "1 dead letter", func() bool {
 		info, _ := dead.Info(context.Background())
 		return info != nil && info.State.Msgs == 1

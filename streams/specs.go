@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/subjects"
 )
 
 // StreamSpecs are the streams millrace needs; Apply creates or updates them.
@@ -13,9 +15,9 @@ func StreamSpecs(c Config) []jetstream.StreamConfig {
 	c = c.WithDefaults()
 	return []jetstream.StreamConfig{
 		{
-			Name:        StreamBES,
+			Name:        subjects.StreamBES,
 			Description: "Bazel build events, one message per event, subject bes.<project>.<invocation>",
-			Subjects:    []string{BESSubjects},
+			Subjects:    []string{subjects.BESFilter},
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    c.Replicas,
@@ -26,9 +28,9 @@ func StreamSpecs(c Config) []jetstream.StreamConfig {
 			Duplicates:  c.DuplicateWindow,
 		},
 		{
-			Name:        StreamDead,
+			Name:        subjects.StreamDead,
 			Description: "Messages a projector could not apply, with the reason in Millrace-Dead-Reason",
-			Subjects:    []string{deadPrefix + ">"},
+			Subjects:    []string{subjects.DeadFilter},
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    c.Replicas,
@@ -37,9 +39,9 @@ func StreamSpecs(c Config) []jetstream.StreamConfig {
 			Duplicates:  c.DuplicateWindow,
 		},
 		{
-			Name:        StreamFleetNodes,
+			Name:        subjects.StreamFleetNodes,
 			Description: "GPU node transitions on fleet.node.<pool>.<node>, heartbeat-age batches on fleet.node.<pool>",
-			Subjects:    []string{FleetNodeSubjects},
+			Subjects:    []string{subjects.FleetNodeFilter},
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    c.Replicas,
@@ -49,9 +51,9 @@ func StreamSpecs(c Config) []jetstream.StreamConfig {
 			Duplicates:  c.DuplicateWindow,
 		},
 		{
-			Name:        StreamFleetResv,
+			Name:        subjects.StreamFleetResv,
 			Description: "GPU reservation requests and cancellations, subject fleet.resv.<pool>",
-			Subjects:    []string{FleetResvSubjects},
+			Subjects:    []string{subjects.FleetResvFilter},
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    c.Replicas,
@@ -61,9 +63,9 @@ func StreamSpecs(c Config) []jetstream.StreamConfig {
 			Duplicates:  c.DuplicateWindow,
 		},
 		{
-			Name:        StreamFleetPlace,
+			Name:        subjects.StreamFleetPlace,
 			Description: "GPU placement decisions, subject fleet.place.<pool>",
-			Subjects:    []string{FleetPlaceSubjects},
+			Subjects:    []string{subjects.FleetPlaceFilter},
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    c.Replicas,
@@ -79,9 +81,9 @@ func StreamSpecs(c Config) []jetstream.StreamConfig {
 			// acknowledged versions. Direct gets stay off: a replica may
 			// answer them behind the leader, and compare-and-set re-reads
 			// a document's last version (docs/design.md, "Streams and subjects").
-			Name:        StreamCommits,
+			Name:        subjects.StreamCommits,
 			Description: "Commit log: one message per document version, subject commits.<world>.<doc>; the sequence is the version",
-			Subjects:    []string{CommitsSubjects},
+			Subjects:    []string{subjects.CommitsFilter},
 			Retention:   jetstream.LimitsPolicy,
 			Storage:     jetstream.FileStorage,
 			Replicas:    c.Replicas,

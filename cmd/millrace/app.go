@@ -24,6 +24,7 @@ import (
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // devDatabase is the database the development defaults create and use.
@@ -125,7 +126,7 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 	if err := cfg.Validate(bb.Conn.MaxPayload()); err != nil {
 		return nil, err
 	}
-	stream, err := bb.JS.Stream(ctx, streams.StreamBES)
+	stream, err := bb.JS.Stream(ctx, subjects.StreamBES)
 	if err != nil {
 		return nil, fmt.Errorf("BES stream: %w", err)
 	}

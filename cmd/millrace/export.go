@@ -16,11 +16,15 @@ import (
 
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // DefaultKafkaRoutes sends every stream of millrace to a topic of its own.
-const defaultKafkaRoutes = "bes.> -> millrace.bes, fleet.node.> -> millrace.fleet.nodes, fleet.resv.> -> millrace.reservations, " +
-	"fleet.place.> -> millrace.placements, commits.> -> millrace.commits"
+const defaultKafkaRoutes = subjects.BESFilter + " -> millrace.bes, " +
+	subjects.FleetNodeFilter + " -> millrace.fleet.nodes, " +
+	subjects.FleetResvFilter + " -> millrace.reservations, " +
+	subjects.FleetPlaceFilter + " -> millrace.placements, " +
+	subjects.CommitsFilter + " -> millrace.commits"
 
 // kafkaOptions configure the Kafka export.
 type kafkaOptions struct {

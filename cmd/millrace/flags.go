@@ -19,6 +19,7 @@ import (
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/bes/redact"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // Flags whose default comes from an environment variable: the command line
@@ -398,8 +399,8 @@ func (o *projectorOptions) register(fs *flag.FlagSet) {
 
 func (o *projectorOptions) runnerConfig() streams.RunnerConfig {
 	return streams.RunnerConfig{
-		Stream:  streams.StreamBES,
-		Filter:  streams.BESSubjects,
+		Stream:  subjects.StreamBES,
+		Filter:  subjects.BESFilter,
 		Batch:   o.batch,
 		MaxWait: o.maxWait,
 		AckWait: o.ackWait,

@@ -30,6 +30,7 @@ import (
 	"github.com/millrace/millrace/services/fleet"
 	"github.com/millrace/millrace/services/reservations"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // fleetOptions configure the fleet gateway.
@@ -402,8 +403,8 @@ func (o *fleetProjectorOptions) projector(log *slog.Logger, reg prometheus.Regis
 
 func (o *fleetProjectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 	return streams.RunnerConfig{
-		Stream:  streams.StreamFleetNodes,
-		Filter:  streams.FleetNodeSubjects,
+		Stream:  subjects.StreamFleetNodes,
+		Filter:  subjects.FleetNodeFilter,
 		Batch:   o.batch,
 		MaxWait: o.maxWait,
 		// The projector ages nodes on the stream's clock as batches arrive;
@@ -436,7 +437,7 @@ func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {
 		BindTimeout:    o.bindTimeout,
 		PendingTimeout: o.pendingTimout,
 		UnbindRetry:    o.unbindRetry,
-		Subject:        streams.FleetPlaceSubject,
+		Subject:        subjects.FleetPlace,
 		Logger:         log.With("projector", placer.ConsumerName),
 	}
 	if err := cfg.Validate(); err != nil {
@@ -447,8 +448,8 @@ func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {
 
 func (o *placerOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 	return streams.RunnerConfig{
-		Stream:     streams.StreamFleetResv,
-		Filter:     streams.FleetResvSubjects,
+		Stream:     subjects.StreamFleetResv,
+		Filter:     subjects.FleetResvFilter,
 		Batch:      o.batch,
 		MaxWait:    o.maxWait,
 		SweepEvery: o.sweepEvery,

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/millrace/projectors/placer"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 func serveFleetCommand() command {
@@ -325,9 +326,9 @@ func replayFleet(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, 
 		filter string
 		p      projection.Projector
 	}{
-		{"nodes", streams.StreamFleetNodes, streams.FleetNodeSubjects, proj},
-		{"reservations", streams.StreamFleetResv, streams.FleetResvSubjects, placer.NewRequests()},
-		{"decisions", streams.StreamFleetPlace, streams.FleetPlaceSubjects, placer.NewDecisions()},
+		{"nodes", subjects.StreamFleetNodes, subjects.FleetNodeFilter, proj},
+		{"reservations", subjects.StreamFleetResv, subjects.FleetResvFilter, placer.NewRequests()},
+		{"decisions", subjects.StreamFleetPlace, subjects.FleetPlaceFilter, placer.NewDecisions()},
 	}
 	for _, s := range steps {
 		st, err := bb.JS.Stream(ctx, s.stream)

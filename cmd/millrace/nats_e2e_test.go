@@ -13,6 +13,7 @@ import (
 
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // TestDevNATSIdentities: dev's embedded NATS server refuses anonymous
@@ -52,10 +53,10 @@ func TestDevNATSIdentities(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	if _, err := js.Stream(ctx, streams.StreamBES); err != nil {
+	if _, err := js.Stream(ctx, subjects.StreamBES); err != nil {
 		t.Fatalf("reader: stream info BES: %v", err)
 	}
-	subject := streams.BESSubject("default", "forged")
+	subject := subjects.BES("default", "forged")
 	if err := nc.Publish(subject, []byte("forged")); err != nil {
 		t.Fatal(err)
 	}

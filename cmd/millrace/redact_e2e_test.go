@@ -21,7 +21,7 @@ import (
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/loadtest/bazelws"
 	"github.com/millrace/millrace/projectors/builds"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // TestBazelSecretsNeverAtRest: a real Bazel build whose command line and
@@ -90,7 +90,7 @@ func TestBazelSecretsNeverAtRest(t *testing.T) {
 	js, _ := jetstream.New(nc)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	s, err := js.Stream(ctx, streams.StreamBES)
+	s, err := js.Stream(ctx, subjects.StreamBES)
 	if err != nil {
 		t.Fatal(err)
 	}

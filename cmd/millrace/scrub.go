@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/projectors/builds"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // What was stored before the edge redacted events: `builds scrub` rewrites
@@ -133,11 +133,11 @@ progress on standard error. Without --yes it only counts the messages.`,
 					return err
 				}
 				defer bb.Close()
-				s, err := bb.JS.Stream(ctx, streams.StreamBES)
+				s, err := bb.JS.Stream(ctx, subjects.StreamBES)
 				if err != nil {
-					return fmt.Errorf("stream %s: %w", streams.StreamBES, err)
+					return fmt.Errorf("stream %s: %w", subjects.StreamBES, err)
 				}
-				filter := streams.BESProjectSubjects(project)
+				filter := subjects.BESProjectFilter(project)
 				info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
 				if err != nil {
 					return err
@@ -148,7 +148,7 @@ progress on standard error. Without --yes it only counts the messages.`,
 				}
 				if !yes {
 					fmt.Printf("streams purge-bes: %s holds %d messages on %s (%d invocations); run again with --yes to delete them\n",
-						streams.StreamBES, n, filter, len(info.State.Subjects))
+						subjects.StreamBES, n, filter, len(info.State.Subjects))
 					return nil
 				}
 				erased, err := eraseSubjects(ctx, s, filter, n, os.Stderr)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // millrace runs the binary with env added and returns stdout; it fails the
@@ -125,19 +126,19 @@ func TestStreamsPurgeBESCommand(t *testing.T) {
 	if err := streams.Apply(ctx, js, streams.StreamSpecs(streams.Config{})); err != nil {
 		t.Fatal(err)
 	}
-	for _, subj := range []string{streams.BESSubject("alpha", "i1"), streams.BESSubject("alpha", "i1"), streams.BESSubject("alpha", "i2"),
-		streams.BESSubject("alpha-2", "i3"), streams.BESSubject("beta", "i1")} {
+	for _, subj := range []string{subjects.BES("alpha", "i1"), subjects.BES("alpha", "i1"), subjects.BES("alpha", "i2"),
+		subjects.BES("alpha-2", "i3"), subjects.BES("beta", "i1")} {
 		if _, err := js.Publish(ctx, subj, []byte("--remote_header=Authorization=Bearer OLD["+subj+"]")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	env := []string{"MILLRACE_NATS_URL=" + ns.ClientURL()}
 	count := func(project string) uint64 {
-		s, err := js.Stream(ctx, streams.StreamBES)
+		s, err := js.Stream(ctx, subjects.StreamBES)
 		if err != nil {
 			t.Fatal(err)
 		}
-		info, err := s.Info(ctx, jetstream.WithSubjectFilter(streams.BESProjectSubjects(project)))
+		info, err := s.Info(ctx, jetstream.WithSubjectFilter(subjects.BESProjectFilter(project)))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 func migrateCommand() command {
@@ -196,7 +197,7 @@ equals what the live projector would have built. Stop the builds projector first
 					return err
 				}
 				defer pool.Close()
-				s, err := bb.JS.Stream(ctx, streams.StreamBES)
+				s, err := bb.JS.Stream(ctx, subjects.StreamBES)
 				if err != nil {
 					return err
 				}

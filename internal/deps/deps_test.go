@@ -2,6 +2,7 @@ package deps
 
 import (
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -24,7 +25,7 @@ func TestDependencyDirection(t *testing.T) {
 		why       string
 	}{
 		{mod + "/services/...", []string{mod + "/projectors"}, "edges publish; they never depend on a projection"},
-		{mod + "/projectors/...", []string{"github.com/nats-io/", mod + "/streams"}, "projectors are plain packages tested against PostgreSQL alone (streams/projection is allowed)"},
+		{mod + "/projectors/...", []string{"github.com/nats-io/", mod + "/streams"}, "projectors are plain packages tested against PostgreSQL alone (streams/projection and subjects are allowed)"},
 		{mod + "/services/bes/redact", []string{"github.com/nats-io/", mod + "/streams", "github.com/jackc/"}, "the redactor is a function of bytes that the edge and `builds scrub` share"},
 		{mod + "/streams/projection", []string{"github.com/nats-io/"}, "the projector contract must not drag NATS into projectors"},
 		{mod + "/agent", []string{mod + "/services", mod + "/projectors", mod + "/streams", mod + "/migrations", "github.com/jackc/"}, "the node agent runs on GPU nodes: it speaks the protocol in schemas and needs nothing of the control plane"},
@@ -40,6 +41,33 @@ func TestDependencyDirection(t *testing.T) {
 					t.Errorf("%s depends on %s: %s", r.pkg, dep, r.why)
 				}
 			}
+		}
+	}
+}
+
+// TestSubjectsStandardOnly: subjects holds the names every side shares,
+// projectors included, so it may not drag in anything but the standard
+// library (NATS least of all).
+func TestSubjectsStandardOnly(t *testing.T) {
+	const pkg = "github.com/millrace/millrace/subjects"
+	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	for _, dep := range strings.Fields(string(out)) {
+		if dep != pkg {
+			t.Errorf("%s depends on %s: it imports nothing but the standard library", pkg, dep)
+		}
+	}
+}
+
+// TestProjectorsUseSubjects: the projectors that name subjects take them
+// from subjects rather than keeping a copy, which the rules above allow.
+func TestProjectorsUseSubjects(t *testing.T) {
+	const mod = "github.com/millrace/millrace"
+	for _, p := range []string{mod + "/projectors/placer", mod + "/projectors/fleet", mod + "/projectors/kafka"} {
+		if !slices.Contains(depsOf(t, p), mod+"/subjects") {
+			t.Errorf("%s does not import subjects", p)
 		}
 	}
 }

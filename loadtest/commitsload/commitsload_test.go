@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 const testKey = "commitsload-test-key-0001"
@@ -181,7 +182,7 @@ func TestOracleFindsLoss(t *testing.T) {
 	// The first acknowledged version: a fill, overwritten by later puts
 	// of its document or not, it is in the stream until deleted here.
 	victim := led.acks[0]
-	stream, err := bb.js.Stream(context.Background(), streams.StreamCommits)
+	stream, err := bb.js.Stream(context.Background(), subjects.StreamCommits)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // testCA is a throwaway fleet CA, also written to files for Config.CACert
@@ -393,7 +393,7 @@ func (f *fakeFleet) Create(ctx context.Context, req *fleetpb.CreateReservationRe
 	d := &fleetpb.PlacementDecision{DecisionId: "d-" + rid, ReservationId: rid, Pool: f.pool, At: timestamppb.Now(),
 		Body: &fleetpb.PlacementDecision_Placed{Placed: &fleetpb.Placed{Allocations: allocs}}}
 	b, _ := proto.Marshal(d)
-	if err := f.nc.Publish(streams.FleetPlaceSubject(f.pool), b); err != nil {
+	if err := f.nc.Publish(subjects.FleetPlace(f.pool), b); err != nil {
 		return nil, status.Error(codes.Unavailable, err.Error())
 	}
 	f.mu.Lock()
@@ -426,7 +426,7 @@ func (f *fakeFleet) Cancel(ctx context.Context, req *fleetpb.CancelReservationRe
 		d := &fleetpb.PlacementDecision{DecisionId: "d-c-" + req.GetId(), ReservationId: req.GetId(), Pool: f.pool, At: timestamppb.Now(),
 			Body: &fleetpb.PlacementDecision_Released{Released: &fleetpb.Released{AllocationIds: ids, Reason: "cancelled"}}}
 		b, _ := proto.Marshal(d)
-		f.nc.Publish(streams.FleetPlaceSubject(f.pool), b)
+		f.nc.Publish(subjects.FleetPlace(f.pool), b)
 	}
 	return &fleetpb.Reservation{Id: req.GetId(), State: fleetpb.ReservationState_RESERVATION_STATE_CANCELLED}, nil
 }

@@ -16,7 +16,7 @@ import (
 
 	"github.com/millrace/millrace/loadtest/replay"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // matcher pairs each allocation's placement decision with the node's BOUND
@@ -103,7 +103,7 @@ func (s *sim) subscribeDecisions(url string) (*nats.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("NATS %s: %w", url, err)
 	}
-	sub, err := nc.Subscribe(streams.FleetPlaceSubject(s.cfg.Pool), func(msg *nats.Msg) {
+	sub, err := nc.Subscribe(subjects.FleetPlace(s.cfg.Pool), func(msg *nats.Msg) {
 		var d fleetpb.PlacementDecision
 		if err := proto.Unmarshal(msg.Data, &d); err != nil {
 			s.errorf("decode a placement decision: %v", err)

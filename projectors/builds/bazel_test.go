@@ -23,6 +23,7 @@ import (
 	"github.com/millrace/millrace/loadtest/bazelws"
 	"github.com/millrace/millrace/loadtest/besrecord"
 	"github.com/millrace/millrace/schemas/envelope"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The fixture testdata/bazel_test.besrec.zst is a real Bazel 4.2.3 build
@@ -150,7 +151,7 @@ func recordingMessages(t testing.TB, rd io.Reader) []*msg {
 		}
 		sid := obe.GetStreamId()
 		s.add(&msg{
-			subject: "bes." + project + "." + sid.GetInvocationId(),
+			subject: subjects.BES(project, sid.GetInvocationId()),
 			data:    data,
 			hdr: map[string]string{
 				envelope.Schema:       envelope.SchemaBESv1,

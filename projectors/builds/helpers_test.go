@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/millrace/schemas/bep"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 func TestMain(m *testing.M) {
@@ -129,7 +130,7 @@ func (b *builder) toolBytes(seq int64, value []byte) *msg {
 	ev := &buildpb.BuildEvent{Event: &buildpb.BuildEvent_BazelEvent{
 		BazelEvent: &anypb.Any{TypeUrl: bep.TypeURL, Value: value}}}
 	return b.s.add(&msg{
-		subject: "bes." + b.project + "." + b.inv,
+		subject: subjects.BES(b.project, b.inv),
 		data:    b.obe(seq, ev, buildpb.StreamId_TOOL, true),
 		hdr:     b.headers(envelope.KindTool, seq, true),
 	})
@@ -142,16 +143,16 @@ func (b *builder) finishStream() *msg {
 		ComponentStreamFinished: &buildpb.BuildEvent_BuildComponentStreamFinished{
 			Type: buildpb.BuildEvent_BuildComponentStreamFinished_FINISHED}}}
 	return b.s.add(&msg{
-		subject: "bes." + b.project + "." + b.inv,
+		subject: subjects.BES(b.project, b.inv),
 		data:    b.obe(b.seq, ev, buildpb.StreamId_TOOL, true),
 		hdr:     b.headers(envelope.KindTool, b.seq, true),
 	})
 }
 
 func (b *builder) lifecycle(seq int64, ev *buildpb.BuildEvent, withInv bool) *msg {
-	subject := "bes." + b.project + "." + b.inv
+	subject := subjects.BES(b.project, b.inv)
 	if !withInv {
-		subject = "bes." + b.project + "." + b.build
+		subject = subjects.BES(b.project, b.build)
 	}
 	return b.s.add(&msg{
 		subject: subject,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // BenchmarkCompact: one pass over a world of N new documents (100-byte
@@ -37,7 +38,7 @@ func benchCompact(b *testing.B, n, updates int) {
 		w := newWorld(b)
 		body := make([]byte, 100)
 		publish := func(i int) {
-			msg := &nats.Msg{Subject: streams.CommitsSubject(w.name, fmt.Sprintf("doc-%08d", i)), Data: body,
+			msg := &nats.Msg{Subject: subjects.Commits(w.name, fmt.Sprintf("doc-%08d", i)), Data: body,
 				Header: nats.Header{envelope.Kind: {envelope.KindPut}}}
 			if _, err := w.js.PublishMsgAsync(msg); err != nil {
 				b.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 type world struct {
@@ -47,7 +48,7 @@ func newWorld(t testing.TB) *world {
 	if err := streams.Apply(ctx, js, streams.StreamSpecs(streams.Config{})); err != nil {
 		t.Fatal(err)
 	}
-	st, err := js.Stream(ctx, streams.StreamCommits)
+	st, err := js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +67,7 @@ func (w *world) put(id, body string, deleted bool, expected int64) (uint64, erro
 	if deleted {
 		kind = envelope.KindDelete
 	}
-	msg := &nats.Msg{Subject: streams.CommitsSubject(w.name, id), Data: []byte(body),
+	msg := &nats.Msg{Subject: subjects.Commits(w.name, id), Data: []byte(body),
 		Header: nats.Header{envelope.Schema: {envelope.SchemaCommitsV1}, envelope.Kind: {kind}}}
 	if expected >= 0 {
 		msg.Header.Set(jetstream.ExpectedLastSubjSeqHeader, fmt.Sprint(expected))

@@ -13,11 +13,8 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
-
-// subjectPrefix is the FLEET_NODES subject family (streams.FleetNodeSubjects
-// without its wildcard; projectors do not import streams).
-const subjectPrefix = "fleet.node."
 
 // kind is what one stream message says.
 type kind uint8
@@ -50,15 +47,8 @@ func decodeMessage(m projection.Message) (event, error) {
 	if k != envelope.KindNode && k != envelope.KindLiveness {
 		return ev, fmt.Errorf("unknown kind %q in header %s (want %q or %q)", k, envelope.Kind, envelope.KindNode, envelope.KindLiveness)
 	}
-	// fleet.node.<pool>.<node> holds node events, fleet.node.<pool> liveness
-	// batches. The tokens are encoded ids; the body carries them as given.
-	rest, ok := strings.CutPrefix(m.Subject(), subjectPrefix)
-	if !ok || rest == "" {
-		return ev, fmt.Errorf("subject %q is not a fleet.node subject", m.Subject())
-	}
-	if tokens := strings.Count(rest, ".") + 1; k == envelope.KindNode && tokens != 2 || k == envelope.KindLiveness && tokens != 1 {
-		return ev, fmt.Errorf("kind %q on subject %q (want fleet.node.<pool>.<node> for %q, fleet.node.<pool> for %q)",
-			k, m.Subject(), envelope.KindNode, envelope.KindLiveness)
+	if err := checkSubject(m.Subject(), k); err != nil {
+		return ev, err
 	}
 	ev.at = validTime(m.Time())
 	if ev.at.IsZero() {
@@ -78,6 +68,24 @@ func decodeMessage(m projection.Message) (event, error) {
 		}
 	}
 	return ev, err
+}
+
+// checkSubject checks that subject is one of FLEET_NODES and of kind k's
+// shape: fleet.node.<pool>.<node> holds node events, fleet.node.<pool>
+// liveness batches. The tokens are encoded ids (the body carries them as
+// given): a subject is taken only as subjects.FleetNode or FleetLiveness
+// writes it.
+func checkSubject(subject, k string) error {
+	pool, node, ok := subjects.ParseFleet(subject)
+	live := ok && subject == subjects.FleetLiveness(pool)
+	if !ok || !live && subject != subjects.FleetNode(pool, node) {
+		return fmt.Errorf("subject %q is not a fleet.node subject", subject)
+	}
+	if live != (k == envelope.KindLiveness) {
+		return fmt.Errorf("kind %q on subject %q (want fleet.node.<pool>.<node> for %q, fleet.node.<pool> for %q)",
+			k, subject, envelope.KindNode, envelope.KindLiveness)
+	}
+	return nil
 }
 
 // sameAsHeaders checks the body's ids against the Millrace-Pool and

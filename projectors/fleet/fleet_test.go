@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -652,8 +653,10 @@ func TestPoison(t *testing.T) {
 	bad("unknown schema", func(m *msg) { m.hdr[envelope.Schema] = "fleet.v9" })
 	bad("unknown kind", func(m *msg) { m.hdr[envelope.Kind] = "reservation" })
 	bad("liveness kind on a node subject", func(m *msg) { m.hdr[envelope.Kind] = envelope.KindLiveness })
-	bad("node kind on a liveness subject", func(m *msg) { m.subject = livenessSubject("gpu-a") })
+	bad("node kind on a liveness subject", func(m *msg) { m.subject = subjects.FleetLiveness("gpu-a") })
 	bad("not a fleet.node subject", func(m *msg) { m.subject = "fleet.resv.gpu-a" })
+	bad("pool token not as Token writes it", func(m *msg) { m.subject = "fleet.node.gpu%2Da.n1" })
+	bad("node token not a token", func(m *msg) { m.subject = "fleet.node.gpu-a.n%1" })
 	bad("header names another node", func(m *msg) { m.hdr[envelope.Node] = "n9" })
 	bad("no stored time", func(m *msg) { m.at = time.Time{} })
 	reencode := func(f func(ev *fleetpb.NodeEvent)) func(m *msg) {

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 func TestMain(m *testing.M) {
@@ -78,15 +79,10 @@ func (s *stream) add(subject, kind string, body proto.Message, hdr map[string]st
 	return m
 }
 
-// Subjects as streams.FleetNodeSubject and FleetLivenessSubject make them
-// (test ids need no encoding).
-func nodeSubject(pool, node string) string { return "fleet.node." + pool + "." + node }
-func livenessSubject(pool string) string   { return "fleet.node." + pool }
-
 func (s *stream) node(pool, node, gw, session string, ev *fleetpb.NodeEvent) *msg {
 	ev.NodeId, ev.Pool, ev.GatewayId, ev.SessionId = node, pool, gw, session
 	ev.At = timestamppb.New(s.now.Add(-time.Minute))
-	return s.add(nodeSubject(pool, node), envelope.KindNode, ev, map[string]string{
+	return s.add(subjects.FleetNode(pool, node), envelope.KindNode, ev, map[string]string{
 		envelope.Pool: pool, envelope.Node: node, envelope.Gateway: gw})
 }
 
@@ -121,7 +117,7 @@ func (s *stream) liveness(pool, gw string, nodes ...heard) *msg {
 	for _, h := range nodes {
 		b.Nodes = append(b.Nodes, &fleetpb.NodeAge{NodeId: h.node, SessionId: h.session, AgeMs: h.ageMs})
 	}
-	return s.add(livenessSubject(pool), envelope.KindLiveness, b, map[string]string{
+	return s.add(subjects.FleetLiveness(pool), envelope.KindLiveness, b, map[string]string{
 		envelope.Pool: pool, envelope.Gateway: gw})
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The test files may use streams and NATS: the dependency rule
@@ -84,8 +85,8 @@ func TestRunnerRedelivery(t *testing.T) {
 	last := uint64(len(scen))
 
 	cfg := streams.RunnerConfig{
-		Stream:     streams.StreamFleetNodes,
-		Filter:     streams.FleetNodeSubjects,
+		Stream:     subjects.StreamFleetNodes,
+		Filter:     subjects.FleetNodeFilter,
 		Batch:      7,
 		MaxWait:    20 * time.Millisecond,
 		AckWait:    5 * time.Second,
@@ -142,11 +143,11 @@ func TestRunnerRedelivery(t *testing.T) {
 
 	// A crash between commit and ack: a stale durable consumer with every
 	// message delivered and none acked. The next runner applies nothing.
-	if err := js.DeleteConsumer(ctx, streams.StreamFleetNodes, ConsumerName); err != nil {
+	if err := js.DeleteConsumer(ctx, subjects.StreamFleetNodes, ConsumerName); err != nil {
 		t.Fatal(err)
 	}
-	cons, err := js.CreateOrUpdateConsumer(ctx, streams.StreamFleetNodes,
-		streams.ConsumerSpec(ConsumerName, streams.FleetNodeSubjects, 100, time.Minute))
+	cons, err := js.CreateOrUpdateConsumer(ctx, subjects.StreamFleetNodes,
+		streams.ConsumerSpec(ConsumerName, subjects.FleetNodeFilter, 100, time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +159,7 @@ func TestRunnerRedelivery(t *testing.T) {
 	}
 	// And a gateway resending everything inside the duplicate window.
 	publish(scen)
-	info, err := js.Stream(ctx, streams.StreamFleetNodes)
+	info, err := js.Stream(ctx, subjects.StreamFleetNodes)
 	if err != nil || info.CachedInfo().State.LastSeq != last {
 		t.Fatalf("resend was stored: %v, %v", info.CachedInfo().State.LastSeq, err)
 	}
@@ -192,7 +193,7 @@ func TestRunnerRedelivery(t *testing.T) {
 func storedMessages(t *testing.T, js jetstream.JetStream, last uint64) []*msg {
 	t.Helper()
 	ctx := context.Background()
-	s, err := js.Stream(ctx, streams.StreamFleetNodes)
+	s, err := js.Stream(ctx, subjects.StreamFleetNodes)
 	if err != nil {
 		t.Fatal(err)
 	}

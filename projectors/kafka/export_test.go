@@ -20,6 +20,7 @@ import (
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The runner and the exporter together, on an embedded JetStream and an
@@ -46,7 +47,7 @@ func startBackbone(t *testing.T) backbone {
 	if err := streams.Apply(ctx, js, streams.StreamSpecs(streams.Config{})); err != nil {
 		t.Fatal(err)
 	}
-	st, err := js.Stream(ctx, streams.StreamBES)
+	st, err := js.Stream(ctx, subjects.StreamBES)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func startExport(t *testing.T, b backbone, brokers []string) *exportProcess {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &exportProcess{exp: exp, cancel: cancel, done: make(chan struct{})}
-	r := streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: streams.StreamBES, Filters: []string{"bes.>"},
+	r := streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: subjects.StreamBES, Filters: []string{"bes.>"},
 		MaxInFlight: 500, RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond}, nil)
 	go func() {
 		defer close(p.done)
@@ -281,7 +282,7 @@ func TestExportAgainstRealBroker(t *testing.T) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: streams.StreamBES}, nil).Run(ctx)
+		streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: subjects.StreamBES}, nil).Run(ctx)
 	}()
 	defer func() { cancel(); wg.Wait() }()
 	last := b.publish(t, 0, 2000, 20)
@@ -317,13 +318,13 @@ func TestCommitsExportWhileCompacting(t *testing.T) {
 		p := &exportProcess{exp: exp, cancel: cancel, done: make(chan struct{})}
 		go func() {
 			defer close(p.done)
-			streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: streams.StreamCommits, Filters: []string{"commits.>"},
+			streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: subjects.StreamCommits, Filters: []string{"commits.>"},
 				Durable: "export-commits", RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond}, nil).Run(rctx)
 		}()
 		return p
 	}
 	floor := func() uint64 {
-		c, err := b.js.Consumer(ctx, streams.StreamCommits, "export-commits")
+		c, err := b.js.Consumer(ctx, subjects.StreamCommits, "export-commits")
 		if err != nil {
 			return 0
 		}
@@ -339,7 +340,7 @@ func TestCommitsExportWhileCompacting(t *testing.T) {
 	put := func(round int) {
 		for d := range 20 {
 			body := fmt.Sprintf("doc %d round %d", d, round)
-			ack, err := b.js.Publish(ctx, streams.CommitsSubject("w", fmt.Sprint("doc-", d)), []byte(body))
+			ack, err := b.js.Publish(ctx, subjects.Commits("w", fmt.Sprint("doc-", d)), []byte(body))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -383,7 +384,7 @@ func TestCommitsExportWhileCompacting(t *testing.T) {
 	if _, err := streams.FoldWorld(ctx, b.js, comp, "w"); err != nil { // now it may drop the rest
 		t.Fatal(err)
 	}
-	st, err := b.js.Stream(ctx, streams.StreamCommits)
+	st, err := b.js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,8 @@ package kafka
 import (
 	"fmt"
 	"strings"
+
+	"github.com/millrace/millrace/subjects"
 )
 
 // Route sends the messages whose subjects match Filter (a NATS subject
@@ -30,7 +32,7 @@ func ParseRoutes(s string) ([]Route, error) {
 		if !ok || filter == "" || topic == "" {
 			return nil, fmt.Errorf("kafka: route %q is not \"subject.pattern.> -> topic\"", f)
 		}
-		if err := checkFilter(filter); err != nil {
+		if err := subjects.CheckPattern(filter); err != nil {
 			return nil, fmt.Errorf("kafka: route %q: %w", f, err)
 		}
 		if err := checkTopic(topic); err != nil {
@@ -42,21 +44,6 @@ func ParseRoutes(s string) ([]Route, error) {
 		return nil, fmt.Errorf("kafka: no routes in %q", s)
 	}
 	return out, nil
-}
-
-func checkFilter(f string) error {
-	toks := strings.Split(f, ".")
-	for i, t := range toks {
-		switch {
-		case t == "":
-			return fmt.Errorf("subject pattern %q has an empty token", f)
-		case t == ">" && i != len(toks)-1:
-			return fmt.Errorf("subject pattern %q: '>' must be the last token", f)
-		case strings.ContainsAny(t, " \t") || (len(t) > 1 && strings.ContainsAny(t, "*>")):
-			return fmt.Errorf("subject pattern %q has a bad token %q", f, t)
-		}
-	}
-	return nil
 }
 
 // checkTopic applies Kafka's rules for topic names: 1-249 characters of
@@ -74,24 +61,7 @@ func checkTopic(t string) error {
 }
 
 // Match reports whether subject matches the route's filter.
-func (r Route) Match(subject string) bool { return matchSubject(r.Filter, subject) }
-
-func matchSubject(filter, subject string) bool {
-	for {
-		ft, frest, fmore := strings.Cut(filter, ".")
-		if ft == ">" {
-			return subject != ""
-		}
-		st, srest, smore := strings.Cut(subject, ".")
-		if ft != "*" && ft != st {
-			return false
-		}
-		if !fmore || !smore {
-			return fmore == smore
-		}
-		filter, subject = frest, srest
-	}
-}
+func (r Route) Match(subject string) bool { return subjects.Match(r.Filter, subject) }
 
 // topicFor is the topic of the first route matching subject ("" if none).
 func topicFor(routes []Route, subject string) string {

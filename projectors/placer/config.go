@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/millrace/millrace/subjects"
 )
 
 // Consumer names: the durable consumers and position keys of the three
@@ -73,9 +75,8 @@ type Config struct {
 	// the time the runner passes). Nil means time.Now.
 	Now func() time.Time
 	// Subject names the subject a pool's decisions are published on.
-	// Nil means fleet.place.<pool> with the pool encoded as streams.Token
-	// encodes subject tokens (docs/subjects.md), which is what
-	// streams.FleetPlaceSubject returns; the placer cannot import streams.
+	// Nil means subjects.FleetPlace: fleet.place.<pool>, the pool encoded
+	// as a subject token (docs/subjects.md).
 	Subject func(pool string) string
 	// Logger receives the few things worth a line (rejected plans,
 	// reloads). Nil means slog.Default().
@@ -127,36 +128,10 @@ func (c Config) withDefaults() Config {
 		c.Now = time.Now
 	}
 	if c.Subject == nil {
-		c.Subject = PlaceSubject
+		c.Subject = subjects.FleetPlace
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
-}
-
-// PlaceSubject is fleet.place.<pool>, the pool encoded as a subject token
-// exactly as streams.Token does (letters, digits, '-' and '_' kept, every
-// other byte %XX, "" as "_", "_" as "%5F"); it equals
-// streams.FleetPlaceSubject(pool).
-func PlaceSubject(pool string) string { return "fleet.place." + token(pool) }
-
-func token(s string) string {
-	switch s {
-	case "":
-		return "_"
-	case "_":
-		return "%5F"
-	}
-	const hex = "0123456789ABCDEF"
-	b := make([]byte, 0, len(s)+8)
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_' {
-			b = append(b, c)
-			continue
-		}
-		b = append(b, '%', hex[c>>4], hex[c&15])
-	}
-	return string(b)
 }

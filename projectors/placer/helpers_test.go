@@ -22,6 +22,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 func TestMain(m *testing.M) {
@@ -185,7 +186,7 @@ func (e *env) message(id, pool string, ev *fleetpb.ReservationEvent) *msg {
 	}
 	e.seq++
 	e.now = e.now.Add(time.Millisecond)
-	m := &msg{subject: "fleet.resv." + token(pool), data: data, seq: e.seq, at: e.now, hdr: map[string]string{
+	m := &msg{subject: subjects.FleetResv(pool), data: data, seq: e.seq, at: e.now, hdr: map[string]string{
 		envelope.MsgID: fmt.Sprintf("resv/%d", e.seq), envelope.Schema: envelope.SchemaFleetV1,
 		envelope.Kind: envelope.KindReservation, envelope.Pool: pool, envelope.Reservation: id,
 	}}

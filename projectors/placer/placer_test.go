@@ -540,21 +540,6 @@ func TestOutboxRows(t *testing.T) {
 	}
 }
 
-func TestPlaceSubject(t *testing.T) {
-	for pool, want := range map[string]string{
-		"":          "fleet.place._",
-		"_":         "fleet.place.%5F",
-		"a-b_c9":    "fleet.place.a-b_c9",
-		"a.b*c>d e": "fleet.place.a%2Eb%2Ac%3Ed%20e",
-		"50%":       "fleet.place.50%25",
-		"é":         "fleet.place.%C3%A9",
-	} {
-		if got := PlaceSubject(pool); got != want {
-			t.Errorf("PlaceSubject(%q) = %q, want %q", pool, got, want)
-		}
-	}
-}
-
 func TestConfig(t *testing.T) {
 	if err := (Config{}).Validate(); err != nil {
 		t.Errorf("zero config: %v", err)

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/millrace/millrace/internal/grpclimit"
+	"github.com/millrace/millrace/subjects"
 )
 
 func (e *edge) unauthenticatedStreams() int {
@@ -105,7 +106,7 @@ func TestIdleTimeout(t *testing.T) {
 	r := readAcks(st)
 	wantCode(t, r.err, codes.DeadlineExceeded, "sent nothing for")
 	checkAcks(t, id, r.acks, 1, 3)
-	checkExactlyOnce(t, b, "bes."+testProject+"."+testInvocation, 3)
+	checkExactlyOnce(t, b, subjects.BES(testProject, testInvocation), 3)
 	eventually(t, "the stream's slot to be released", func() bool { return e.openStreams() == 0 })
 }
 

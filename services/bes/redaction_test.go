@@ -13,7 +13,7 @@ import (
 
 	"github.com/millrace/millrace/schemas/bep"
 	"github.com/millrace/millrace/services/bes/redact"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // commandLineEvent is an unstructured_command_line event carrying secrets
@@ -42,7 +42,7 @@ func TestEdgeRedactsBeforeStoring(t *testing.T) {
 		if r := publish(testCtx(t), t, e.client, reqs); r.err != nil {
 			t.Fatalf("stream ended with %v", r.err)
 		}
-		msgs := b.stored(t, streams.BESSubject(testProject, id.invocation))
+		msgs := b.stored(t, subjects.BES(testProject, id.invocation))
 		if len(msgs) != 3 {
 			t.Fatalf("stored %d messages, want 3", len(msgs))
 		}
@@ -194,7 +194,7 @@ func TestEdgeRefusesEventThatGrowsPastLimit(t *testing.T) {
 	reqs := []*buildpb.PublishBuildToolEventStreamRequest{toolReq(id, 1), toolReqWith(id, 2, grows), finishReq(id, 3)}
 	r := publish(testCtx(t), t, e.client, reqs)
 	wantCode(t, r.err, codes.InvalidArgument, "once its secrets are redacted", "4096")
-	if n := b.count(t, streams.BESSubject(testProject, id.invocation)); n != 1 {
+	if n := b.count(t, subjects.BES(testProject, id.invocation)); n != 1 {
 		t.Fatalf("stored %d events, want the 1 before the refused one", n)
 	}
 }

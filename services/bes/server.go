@@ -28,6 +28,7 @@ import (
 	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // APIKeyHeader is the gRPC metadata key that carries an API key (newer
@@ -215,8 +216,8 @@ func (s *Server) PublishLifecycleEvent(ctx context.Context, req *buildpb.Publish
 		key = sid.GetBuildId() // build-level events (enqueued, finished) name no invocation
 	}
 	msg, err := s.message(project, envelope.KindLifecycle, obe,
-		"lc/"+streams.Token(project)+"/"+streams.Token(sid.GetBuildId())+"/"+streams.Token(sid.GetInvocationId())+"/"+strconv.FormatInt(obe.GetSequenceNumber(), 10),
-		streams.BESSubject(project, key))
+		"lc/"+subjects.Token(project)+"/"+subjects.Token(sid.GetBuildId())+"/"+subjects.Token(sid.GetInvocationId())+"/"+strconv.FormatInt(obe.GetSequenceNumber(), 10),
+		subjects.BES(project, key))
 	if err != nil {
 		return nil, err
 	}
@@ -482,10 +483,10 @@ func (t *toolStream) start(ctx context.Context, first *buildpb.PublishBuildToolE
 	// Msg-Ids name the project too, so that two projects (tenants) using
 	// the same invocation id never deduplicate each other's events, and
 	// use subject tokens, which NATS header handling leaves intact.
-	t.msgIDPrefix = streams.Token(t.project) + "/" + streams.Token(sid.GetInvocationId()) + "/"
+	t.msgIDPrefix = subjects.Token(t.project) + "/" + subjects.Token(sid.GetInvocationId()) + "/"
 	t.streamID = sid
 	t.projectID = first.GetProjectId()
-	t.subject = streams.BESSubject(t.project, sid.GetInvocationId())
+	t.subject = subjects.BES(t.project, sid.GetInvocationId())
 	seq := obe.GetSequenceNumber()
 	if seq <= 0 {
 		return status.Errorf(codes.InvalidArgument, "millrace: sequence number %d is impossible; streams start at 1", seq)

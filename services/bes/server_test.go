@@ -29,6 +29,7 @@ import (
 	"github.com/millrace/millrace/schemas/bep"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The tests drive the edge the way Bazel 4.2.3 does (docs/design.md, "Bazel
@@ -76,7 +77,7 @@ func connectBackbone(t *testing.T, ns *server.Server, ackTimeout time.Duration) 
 	if err := streams.Apply(ctx, js, streams.StreamSpecs(streams.Config{})); err != nil {
 		t.Fatal(err)
 	}
-	stream, err := js.Stream(ctx, streams.StreamBES)
+	stream, err := js.Stream(ctx, subjects.StreamBES)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,8 +428,8 @@ func TestHappyPath(t *testing.T) {
 	checkAcks(t, id, r.acks, 1, 501)
 
 	subject := "bes." + testProject + "." + id.invocation
-	if got := streams.BESSubject(testProject, id.invocation); got != subject {
-		t.Fatalf("BESSubject = %q, want %q", got, subject)
+	if got := subjects.BES(testProject, id.invocation); got != subject {
+		t.Fatalf("subjects.BES = %q, want %q", got, subject)
 	}
 	if n := b.count(t, subject); n != 501 {
 		t.Fatalf("stream holds %d messages on %s, want 501", n, subject)
@@ -443,7 +444,7 @@ func TestHappyPath(t *testing.T) {
 	for i, m := range msgs {
 		seq := int64(i + 1)
 		want := map[string]string{
-			envelope.MsgID:        streams.Token(testProject) + "/" + streams.Token(id.invocation) + "/" + strconv.FormatInt(seq, 10),
+			envelope.MsgID:        subjects.Token(testProject) + "/" + subjects.Token(id.invocation) + "/" + strconv.FormatInt(seq, 10),
 			envelope.Schema:       envelope.SchemaBESv1,
 			envelope.Kind:         envelope.KindTool,
 			envelope.Project:      testProject,
@@ -498,7 +499,7 @@ func TestDefaultProject(t *testing.T) {
 	if r.err != nil {
 		t.Fatal(r.err)
 	}
-	subject := streams.BESSubject("default", id.invocation)
+	subject := subjects.BES("default", id.invocation)
 	if n := b.count(t, subject); n != 4 {
 		t.Fatalf("%s holds %d, want 4", subject, n)
 	}
@@ -544,7 +545,7 @@ func TestConcurrentStreams(t *testing.T) {
 	if got := b.total(t); got != n*(events+1) {
 		t.Fatalf("stream holds %d, want %d", got, n*(events+1))
 	}
-	checkExactlyOnce(t, b, streams.BESSubject("p1", "inv-04"), events+1)
+	checkExactlyOnce(t, b, subjects.BES("p1", "inv-04"), events+1)
 }
 
 func TestLifecycleEvents(t *testing.T) {
@@ -573,7 +574,7 @@ func TestLifecycleEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	buildSubject := streams.BESSubject(testProject, id.build)
+	buildSubject := subjects.BES(testProject, id.build)
 	build := b.stored(t, buildSubject)
 	if len(build) != 2 {
 		t.Fatalf("%s holds %d messages, want 2 (enqueued, finished)", buildSubject, len(build))
@@ -586,7 +587,7 @@ func TestLifecycleEvents(t *testing.T) {
 		t.Fatalf("first build-level message is %v (%v), want build_enqueued", &obe, err)
 	}
 
-	invSubject := streams.BESSubject(testProject, id.invocation)
+	invSubject := subjects.BES(testProject, id.invocation)
 	inv := b.stored(t, invSubject)
 	if len(inv) != 1+11+1 {
 		t.Fatalf("%s holds %d messages, want 13", invSubject, len(inv))
@@ -606,7 +607,7 @@ func TestLifecycleEvents(t *testing.T) {
 func checkLifecycleMsg(t *testing.T, m *jetstream.RawStreamMsg, build, inv string, seq int64) {
 	t.Helper()
 	want := map[string]string{
-		envelope.MsgID:        "lc/" + streams.Token(testProject) + "/" + streams.Token(build) + "/" + streams.Token(inv) + "/" + strconv.FormatInt(seq, 10),
+		envelope.MsgID:        "lc/" + subjects.Token(testProject) + "/" + subjects.Token(build) + "/" + subjects.Token(inv) + "/" + strconv.FormatInt(seq, 10),
 		envelope.Schema:       envelope.SchemaBESv1,
 		envelope.Kind:         envelope.KindLifecycle,
 		envelope.Project:      testProject,
@@ -665,7 +666,7 @@ func TestResumeAfterBrokenStream(t *testing.T) {
 			e := startEdge(t, b, Config{})
 			ctx := testCtx(t)
 			id := defaultIDs()
-			subject := streams.BESSubject(testProject, id.invocation)
+			subject := subjects.BES(testProject, id.invocation)
 
 			// Send 1..100 and break the stream before reading any ack (but
 			// after the edge stored them, so that the client may resume
@@ -707,7 +708,7 @@ func TestResumeFromStart(t *testing.T) {
 	b, e := newTest(t, Config{})
 	ctx := testCtx(t)
 	id := defaultIDs()
-	subject := streams.BESSubject(testProject, id.invocation)
+	subject := subjects.BES(testProject, id.invocation)
 
 	sctx, cancel := context.WithCancel(ctx)
 	st, err := e.client.PublishBuildToolEventStream(sctx)
@@ -737,7 +738,7 @@ func TestResumeAfterFinish(t *testing.T) {
 	b, e := newTest(t, Config{})
 	ctx := testCtx(t)
 	id := defaultIDs()
-	subject := streams.BESSubject(testProject, id.invocation)
+	subject := subjects.BES(testProject, id.invocation)
 	if r := publish(ctx, t, e.client, invocation(id, 1, 20, true)); r.err != nil {
 		t.Fatal(r.err)
 	}
@@ -753,7 +754,7 @@ func TestResumeWithGap(t *testing.T) {
 	b, e := newTest(t, Config{})
 	ctx := testCtx(t)
 	id := defaultIDs()
-	subject := streams.BESSubject(testProject, id.invocation)
+	subject := subjects.BES(testProject, id.invocation)
 
 	// Store 1..100 (the first stream breaks before its finish).
 	st, err := e.client.PublishBuildToolEventStream(ctx)
@@ -852,12 +853,12 @@ func TestSequenceErrors(t *testing.T) {
 			if int64(len(r.acks)) > c.maxStored {
 				t.Fatalf("%d acks, at most %d expected", len(r.acks), c.maxStored)
 			}
-			for _, s := range b.toolSeqs(t, streams.BESSubject(testProject, inv)) {
+			for _, s := range b.toolSeqs(t, subjects.BES(testProject, inv)) {
 				if s > c.maxStored {
 					t.Fatalf("event %d was stored; nothing above %d may be", s, c.maxStored)
 				}
 			}
-			if n := b.count(t, streams.BESSubject(testProject, "other-inv")); n != 0 {
+			if n := b.count(t, subjects.BES(testProject, "other-inv")); n != 0 {
 				t.Fatalf("%d events stored under the changed invocation id", n)
 			}
 		})
@@ -869,7 +870,7 @@ func TestOversizedEvent(t *testing.T) {
 	b, e := newTest(t, Config{MaxEventBytes: limit})
 	ctx := testCtx(t)
 	id := defaultIDs()
-	subject := streams.BESSubject(testProject, id.invocation)
+	subject := subjects.BES(testProject, id.invocation)
 
 	// Just under the limit is fine.
 	fits := toolReqWith(id, 2, &buildpb.BuildEvent{EventTime: eventTime,
@@ -900,7 +901,7 @@ func TestOversizedEvent(t *testing.T) {
 			} else {
 				t.Logf("event of %d bytes (above the gRPC receive limit): %v", size, r.err)
 			}
-			for _, s := range b.toolSeqs(t, streams.BESSubject(testProject, inv.invocation)) {
+			for _, s := range b.toolSeqs(t, subjects.BES(testProject, inv.invocation)) {
 				if s > 1 {
 					t.Fatalf("event %d stored", s)
 				}
@@ -942,7 +943,7 @@ func TestMalformedEvent(t *testing.T) {
 			checkAckPrefix(t, id, r.acks, 1)
 		})
 	}
-	for _, s := range b.toolSeqs(t, streams.BESSubject(testProject, id.invocation)) {
+	for _, s := range b.toolSeqs(t, subjects.BES(testProject, id.invocation)) {
 		if s != 1 {
 			t.Fatalf("event %d stored", s)
 		}
@@ -989,7 +990,7 @@ func TestAPIKeys(t *testing.T) {
 	for i, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			id := ids{build: fmt.Sprintf("build-%d", i), invocation: fmt.Sprintf("inv-%d", i), project: c.project}
-			subject := streams.BESSubject("alpha", id.invocation)
+			subject := subjects.BES("alpha", id.invocation)
 
 			r := publish(c.ctx, t, e.client, invocation(id, 1, 5, true))
 			if c.want != codes.OK {
@@ -1068,7 +1069,7 @@ func TestAPIKeyNotInBody(t *testing.T) {
 	if r := publish(testCtx(t), t, e.client, invocation(id, 1, 3, true)); r.err != nil {
 		t.Fatal(r.err)
 	}
-	for _, m := range b.stored(t, streams.BESSubject("alpha", id.invocation)) {
+	for _, m := range b.stored(t, subjects.BES("alpha", id.invocation)) {
 		if strings.Contains(string(m.Data), alphaKey) {
 			t.Fatalf("message %d: body carries the API key", m.Sequence)
 		}
@@ -1094,7 +1095,7 @@ func TestMaxStreams(t *testing.T) {
 
 	r := publish(ctx, t, e.client, invocation(second, 1, 3, true))
 	wantCode(t, r.err, codes.ResourceExhausted)
-	if n := b.count(t, streams.BESSubject(testProject, second.invocation)); n != 0 {
+	if n := b.count(t, subjects.BES(testProject, second.invocation)); n != 0 {
 		t.Fatalf("refused stream stored %d events", n)
 	}
 
@@ -1179,7 +1180,7 @@ func TestBackboneDown(t *testing.T) {
 	e := startEdge(t, b, Config{})
 	ctx := testCtx(t)
 	id := defaultIDs()
-	subject := streams.BESSubject(testProject, id.invocation)
+	subject := subjects.BES(testProject, id.invocation)
 
 	st, err := e.client.PublishBuildToolEventStream(ctx)
 	if err != nil {
@@ -1271,7 +1272,7 @@ func backboneRestart(t *testing.T, id ids, n int64) []int64 {
 	b := connectBackbone(t, ns, time.Second)
 	e := startEdge(t, b, Config{})
 	ctx := testCtx(t)
-	subject := streams.BESSubject(id.project, id.invocation)
+	subject := subjects.BES(id.project, id.invocation)
 
 	st, err := e.client.PublishBuildToolEventStream(ctx)
 	if err != nil {
@@ -1446,7 +1447,7 @@ func TestLargeInvocation(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	checkAcks(t, id, r.acks, 1, n+1)
-	checkExactlyOnce(t, b, streams.BESSubject(testProject, id.invocation), n+1)
+	checkExactlyOnce(t, b, subjects.BES(testProject, id.invocation), n+1)
 }
 
 // TestSameInvocationTwoProjects: two projects that use the same invocation
@@ -1464,7 +1465,7 @@ func TestSameInvocationTwoProjects(t *testing.T) {
 		}
 	}
 	for _, project := range []string{"alpha", "beta"} {
-		if n := b.count(t, streams.BESSubject(project, testInvocation)); n != 4 {
+		if n := b.count(t, subjects.BES(project, testInvocation)); n != 4 {
 			t.Errorf("project %s holds %d events of the invocation, want 4", project, n)
 		}
 	}
@@ -1485,7 +1486,7 @@ func TestIDsThatHeadersMangle(t *testing.T) {
 		}
 	}
 	for _, inv := range invs {
-		if n := b.count(t, streams.BESSubject(testProject, inv)); n != 3 {
+		if n := b.count(t, subjects.BES(testProject, inv)); n != 3 {
 			t.Errorf("invocation %q: %d events stored, want 3", inv, n)
 		}
 	}
@@ -1518,8 +1519,8 @@ func TestSubjectTokens(t *testing.T) {
 				t.Fatalf("subject %q has an unsafe token %q", subject, tok)
 			}
 		}
-		project, ok1 := streams.Untoken(toks[1])
-		key, ok2 := streams.Untoken(toks[2])
+		project, ok1 := subjects.Untoken(toks[1])
+		key, ok2 := subjects.Untoken(toks[2])
 		if !ok1 || !ok2 {
 			t.Fatalf("subject %q does not decode", subject)
 		}
@@ -1539,7 +1540,7 @@ func TestSubjectTokens(t *testing.T) {
 	if !got[id.invocation] || !got[id.build] || len(got) != 2 {
 		t.Fatalf("subjects decode to %v, want the invocation and the build", got)
 	}
-	if n := b.count(t, streams.BESSubject(id.project, id.invocation)); n != 3 {
+	if n := b.count(t, subjects.BES(id.project, id.invocation)); n != 3 {
 		t.Fatalf("%d tool events stored", n)
 	}
 }

@@ -3,6 +3,8 @@ package bes
 import (
 	"testing"
 	"time"
+
+	"github.com/millrace/millrace/subjects"
 )
 
 // Graceful shutdown stops accepting new streams but lets an open one finish:
@@ -44,5 +46,5 @@ func TestGracefulStopDrainsOpenStream(t *testing.T) {
 	}
 	checkAcks(t, id, res.acks, 1, 301)
 	<-stopped
-	checkExactlyOnce(t, b, "bes."+id.project+"."+id.invocation, 301)
+	checkExactlyOnce(t, b, subjects.BES(id.project, id.invocation), 301)
 }

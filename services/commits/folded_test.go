@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/millrace/projectors/compactor"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // A test-only import of the compactor: it makes the bucket state the edge
@@ -64,7 +65,7 @@ func TestReadsFoldedVersions(t *testing.T) {
 	if st := fold(t, e.js, bk, "w1"); st.Dropped != 5 { // a's first four, c's put
 		t.Fatalf("the pass dropped %d versions, want 5", st.Dropped)
 	}
-	stream, _ := e.js.Stream(context.Background(), streams.StreamCommits)
+	stream, _ := e.js.Stream(context.Background(), subjects.StreamCommits)
 	if _, err := stream.GetMsg(context.Background(), versions[1]); !errors.Is(err, jetstream.ErrMsgNotFound) {
 		t.Fatalf("version %d is still in the stream (%v): the test reads nothing from the bucket", versions[1], err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/millrace/millrace/bucket/commitlog"
 	"github.com/millrace/millrace/schemas/envelope"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // A world index is what List reads: every document of a world with its
@@ -183,8 +183,8 @@ func (x *indexes) open(w *worldIndex) {
 	}
 	docs := len(w.docs) // from the checkpoint; apply runs from here on
 	if w.err == nil {
-		cons, err := x.s.js.OrderedConsumer(ctx, streams.StreamCommits, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{streams.CommitsWorldFilter(w.world)},
+		cons, err := x.s.js.OrderedConsumer(ctx, subjects.StreamCommits, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{subjects.CommitsWorldFilter(w.world)},
 			DeliverPolicy:  jetstream.DeliverByStartSequencePolicy,
 			OptStartSeq:    w.applied + 1,
 			HeadersOnly:    true,
@@ -228,7 +228,7 @@ func (w *worldIndex) apply(msg jetstream.Msg) {
 	if err != nil {
 		return
 	}
-	_, doc, ok := streams.CommitsSubjectDoc(msg.Subject())
+	_, doc, ok := subjects.ParseCommits(msg.Subject())
 	hdr := msg.Headers()
 	size, _ := strconv.ParseUint(hdr.Get(nats.MsgSize), 10, 32)
 	w.mu.Lock()
@@ -332,7 +332,7 @@ func (s *Server) listTarget(ctx context.Context, w *worldIndex, world string) (u
 	if info, err := w.cons.Info(ctx); err == nil && info.NumPending == 0 {
 		return info.Delivered.Stream, nil
 	}
-	last, err := s.stream.GetLastMsgForSubject(ctx, streams.CommitsWorldFilter(world))
+	last, err := s.stream.GetLastMsgForSubject(ctx, subjects.CommitsWorldFilter(world))
 	switch {
 	case errors.Is(err, jetstream.ErrMsgNotFound):
 		return 0, nil

@@ -24,7 +24,7 @@ import (
 	"github.com/millrace/millrace/internal/httpapi"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 	"github.com/millrace/millrace/schemas/envelope"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // APIKeyHeader is the gRPC metadata key (and HTTP header) that may carry
@@ -56,13 +56,13 @@ func New(ctx context.Context, cfg Config, js jetstream.JetStream, m *Metrics, lo
 	if js == nil {
 		return nil, errors.New("commits: New needs JetStream")
 	}
-	st, err := js.Stream(ctx, streams.StreamCommits)
+	st, err := js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {
-		return nil, fmt.Errorf("commits: the %s stream: %w", streams.StreamCommits, err)
+		return nil, fmt.Errorf("commits: the %s stream: %w", subjects.StreamCommits, err)
 	}
 	if max := st.CachedInfo().Config.MaxMsgSize; max > 0 && int64(cfg.MaxBodyBytes)+64<<10 > int64(max) {
 		return nil, fmt.Errorf("commits: MaxBodyBytes %d does not fit the %s stream's largest message (%d bytes) with 64 KiB for headers",
-			cfg.MaxBodyBytes, streams.StreamCommits, max)
+			cfg.MaxBodyBytes, subjects.StreamCommits, max)
 	}
 	if m == nil {
 		m = NewMetrics(nil)
@@ -211,7 +211,7 @@ func (s *Server) write(ctx context.Context, w write) (*commitspb.PutResponse, er
 	if err := s.check(w); err != nil {
 		return nil, err
 	}
-	subject := streams.CommitsSubject(w.world, w.id)
+	subject := subjects.Commits(w.world, w.id)
 	kind := envelope.KindPut
 	if w.deleted {
 		kind = envelope.KindDelete
@@ -386,7 +386,7 @@ func (s *Server) get(ctx context.Context, world, id string, version uint64) (*co
 	if err := s.checkDoc(world, id); err != nil {
 		return nil, err
 	}
-	subject := streams.CommitsSubject(world, id)
+	subject := subjects.Commits(world, id)
 	var (
 		m   *jetstream.RawStreamMsg
 		err error
@@ -466,7 +466,7 @@ func (s *Server) history(ctx context.Context, world, id string, after uint64, pa
 	case pageSize > MaxPageSize:
 		return nil, status.Errorf(codes.InvalidArgument, "millrace: page size %d is more than %d", pageSize, MaxPageSize)
 	}
-	subject := streams.CommitsSubject(world, id)
+	subject := subjects.Commits(world, id)
 	var page []*commitspb.Version
 	next := after + 1
 	for uint32(len(page)) < pageSize {

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // bindTable is what the gateway knows about allocations (guarded by s.mu):
@@ -177,7 +177,7 @@ func (s *Server) consumeDecisions(ctx context.Context) {
 		}
 		var cons jetstream.Consumer
 		if err == nil {
-			cons, err = s.js.OrderedConsumer(ctx, streams.StreamFleetPlace, jetstream.OrderedConsumerConfig{
+			cons, err = s.js.OrderedConsumer(ctx, subjects.StreamFleetPlace, jetstream.OrderedConsumerConfig{
 				DeliverPolicy: jetstream.DeliverByStartTimePolicy,
 				OptStartTime:  &start,
 			})
@@ -196,7 +196,7 @@ func (s *Server) consumeDecisions(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("cannot read placement decisions; retrying", "stream", streams.StreamFleetPlace, "err", err)
+		s.log.Warn("cannot read placement decisions; retrying", "stream", subjects.StreamFleetPlace, "err", err)
 		select {
 		case <-ctx.Done():
 			return
@@ -209,7 +209,7 @@ func (s *Server) consumeDecisions(ctx context.Context) {
 // must reach before binds are sent; with nothing stored since start (the
 // window holds no decision), the gateway is caught up at once.
 func (s *Server) readHead(ctx context.Context, start time.Time) error {
-	st, err := s.js.Stream(ctx, streams.StreamFleetPlace)
+	st, err := s.js.Stream(ctx, subjects.StreamFleetPlace)
 	if err != nil {
 		return err
 	}
@@ -235,7 +235,7 @@ func (s *Server) decisionMsg(msg jetstream.Msg) {
 		s.log.Warn("placement decision does not decode; skipped", "subject", msg.Subject(), "err", err)
 	} else {
 		if d.GetPool() == "" {
-			if pool, _, ok := streams.FleetSubjectPool(msg.Subject()); ok {
+			if pool, _, ok := subjects.ParseFleet(msg.Subject()); ok {
 				d.Pool = pool
 			}
 		}
@@ -275,7 +275,7 @@ func (s *Server) catchUp() {
 		}
 	}
 	s.mu.Unlock()
-	s.log.Info("placement decisions read up to the head; binds are sent", "stream", streams.StreamFleetPlace, "binds_held_back", sent)
+	s.log.Info("placement decisions read up to the head; binds are sent", "stream", subjects.StreamFleetPlace, "binds_held_back", sent)
 }
 
 func bindCommand(reservation string, a *fleetpb.Allocation) *fleetpb.GatewayMessage {

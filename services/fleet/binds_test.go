@@ -9,7 +9,7 @@ import (
 
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 func placed(id, pool, reservation string, allocs ...*fleetpb.Allocation) *fleetpb.PlacementDecision {
@@ -70,7 +70,7 @@ func TestBindDelivery(t *testing.T) {
 	if want := "p/n1/alloc/a1/ALLOCATION_STATE_BOUND"; m.Header.Get(envelope.MsgID) != want {
 		t.Errorf("msg id %q, want %q", m.Header.Get(envelope.MsgID), want)
 	}
-	if m.Subject != streams.FleetNodeSubject("p", "n1") || got[0].ev.GetSessionId() != w.GetSessionId() ||
+	if m.Subject != subjects.FleetNode("p", "n1") || got[0].ev.GetSessionId() != w.GetSessionId() ||
 		got[0].ev.GetAllocation().GetState() != fleetpb.AllocationState_ALLOCATION_STATE_BOUND {
 		t.Errorf("allocation event %v", got[0].ev)
 	}

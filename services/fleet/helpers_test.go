@@ -26,6 +26,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The tests run real gateways over TLS against an embedded JetStream
@@ -109,7 +110,7 @@ type storedEvent struct {
 func (b *backbone) nodeEvents(t testing.TB) []storedEvent {
 	t.Helper()
 	var out []storedEvent
-	for _, m := range b.stored(t, streams.StreamFleetNodes) {
+	for _, m := range b.stored(t, subjects.StreamFleetNodes) {
 		if m.Header.Get(envelope.Kind) != envelope.KindNode {
 			continue
 		}
@@ -125,7 +126,7 @@ func (b *backbone) nodeEvents(t testing.TB) []storedEvent {
 func (b *backbone) liveness(t testing.TB) []*fleetpb.LivenessBatch {
 	t.Helper()
 	var out []*fleetpb.LivenessBatch
-	for _, m := range b.stored(t, streams.StreamFleetNodes) {
+	for _, m := range b.stored(t, subjects.StreamFleetNodes) {
 		if m.Header.Get(envelope.Kind) != envelope.KindLiveness {
 			continue
 		}
@@ -161,7 +162,7 @@ func (b *backbone) publishDecision(t testing.TB, d *fleetpb.PlacementDecision) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg := &nats.Msg{Subject: streams.FleetPlaceSubject(d.GetPool()), Data: data, Header: nats.Header{
+	msg := &nats.Msg{Subject: subjects.FleetPlace(d.GetPool()), Data: data, Header: nats.Header{
 		envelope.MsgID:       {d.GetDecisionId()},
 		envelope.Schema:      {envelope.SchemaFleetV1},
 		envelope.Kind:        {envelope.KindDecision},

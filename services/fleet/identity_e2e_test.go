@@ -14,6 +14,7 @@ import (
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The test files may use the projectors: the dependency rule (services do
@@ -38,7 +39,7 @@ func TestNodeIdentityThroughProjection(t *testing.T) {
 	// The liveness projector follows FLEET_NODES into db.
 	runCtx, cancel := context.WithCancel(ctx)
 	runner := streams.NewRunner(b.js, db, fleetproj.New(fleetproj.Config{}), streams.RunnerConfig{
-		Stream: streams.StreamFleetNodes, Filter: streams.FleetNodeSubjects, Batch: 100,
+		Stream: subjects.StreamFleetNodes, Filter: subjects.FleetNodeFilter, Batch: 100,
 		MaxWait: 20 * time.Millisecond, SweepEvery: time.Hour,
 	}, streams.NewMetrics(nil))
 	var wg sync.WaitGroup
@@ -122,7 +123,7 @@ func waitProjected(t testing.TB, b *backbone, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }) {
 	t.Helper()
-	st, err := b.js.Stream(context.Background(), streams.StreamFleetNodes)
+	st, err := b.js.Stream(context.Background(), subjects.StreamFleetNodes)
 	if err != nil {
 		t.Fatal(err)
 	}

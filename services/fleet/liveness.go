@@ -13,6 +13,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // MaxLivenessBatch is the most nodes in one LivenessBatch message; a pool
@@ -141,10 +142,10 @@ func (s *Server) livenessBatches(list []liveness, observedAt time.Time, seq uint
 				panic(err)
 			}
 			out = append(out, livenessMsg{sessions: sessions[:n], msg: &nats.Msg{
-				Subject: streams.FleetLivenessSubject(pool),
+				Subject: subjects.FleetLiveness(pool),
 				Data:    data,
 				Header: nats.Header{
-					envelope.MsgID:   {prefix + streams.Token(pool) + "/" + strconv.Itoa(chunk)},
+					envelope.MsgID:   {prefix + subjects.Token(pool) + "/" + strconv.Itoa(chunk)},
 					envelope.Schema:  {envelope.SchemaFleetV1},
 					envelope.Kind:    {envelope.KindLiveness},
 					envelope.Pool:    {pool},

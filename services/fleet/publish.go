@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // Publisher stores messages in JetStream. *streams.Publisher is one; the
@@ -195,7 +196,7 @@ func (s *Server) nodeEvent(sess *session, ev *fleetpb.NodeEvent, kind, msgID str
 		panic(err) // every field was checked; a NodeEvent always encodes
 	}
 	return &outgoing{kind: kind, msg: &nats.Msg{
-		Subject: streams.FleetNodeSubject(sess.key.pool, sess.key.node),
+		Subject: subjects.FleetNode(sess.key.pool, sess.key.node),
 		Data:    data,
 		Header: nats.Header{
 			envelope.MsgID:   {msgID},
@@ -247,8 +248,8 @@ func (s *Server) disconnectedEvent(sess *session, reason string) *outgoing {
 // node repeating a report (after a resent bind) stores it once.
 func (s *Server) allocationEvent(sess *session, r *fleetpb.AllocationReport) *outgoing {
 	ev := &fleetpb.NodeEvent{Body: &fleetpb.NodeEvent_Allocation{Allocation: r}}
-	id := streams.Token(sess.key.pool) + "/" + streams.Token(sess.key.node) + "/alloc/" +
-		streams.Token(r.GetAllocationId()) + "/" + r.GetState().String()
+	id := subjects.Token(sess.key.pool) + "/" + subjects.Token(sess.key.node) + "/alloc/" +
+		subjects.Token(r.GetAllocationId()) + "/" + r.GetState().String()
 	return s.nodeEvent(sess, ev, kindAllocation, id)
 }
 

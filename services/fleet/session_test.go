@@ -16,6 +16,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // A node with a good certificate gets Welcome, and by then its Connected
@@ -37,7 +38,7 @@ func TestWelcomeAfterConnectedStored(t *testing.T) {
 		t.Fatalf("after Welcome the stream holds %d node events, want the Connected event", len(evs))
 	}
 	m, ev := evs[0].msg, evs[0].ev
-	if want := streams.FleetNodeSubject("pool.a", "node-1"); m.Subject != want {
+	if want := subjects.FleetNode("pool.a", "node-1"); m.Subject != want {
 		t.Errorf("subject %s, want %s", m.Subject, want)
 	}
 	for h, want := range map[string]string{
@@ -177,10 +178,10 @@ func TestHeartbeatsBecomeLivenessBatches(t *testing.T) {
 	if len(seen) != nodes {
 		t.Fatalf("batches name %d nodes, want %d", len(seen), nodes)
 	}
-	for _, m := range b.stored(t, streams.StreamFleetNodes) {
+	for _, m := range b.stored(t, subjects.StreamFleetNodes) {
 		if m.Header.Get(envelope.Kind) == envelope.KindLiveness {
 			pool := m.Header.Get(envelope.Pool)
-			if m.Subject != streams.FleetLivenessSubject(pool) || m.Header.Get(envelope.MsgID) == "" ||
+			if m.Subject != subjects.FleetLiveness(pool) || m.Header.Get(envelope.MsgID) == "" ||
 				m.Header.Get(envelope.Schema) != envelope.SchemaFleetV1 || m.Header.Get(envelope.Gateway) != "gw-test" {
 				t.Errorf("liveness message %s headers %v", m.Subject, m.Header)
 			}

@@ -28,6 +28,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The tests run the API against a real PostgreSQL database (one per test,
@@ -154,7 +155,7 @@ func (e *env) resvMsgs() []*jetstream.RawStreamMsg {
 // tryResvMsgs is resvMsgs for goroutines other than the test's.
 func (e *env) tryResvMsgs() ([]*jetstream.RawStreamMsg, error) {
 	ctx := testCtx(e.t)
-	st, err := e.js.Stream(ctx, streams.StreamFleetResv)
+	st, err := e.js.Stream(ctx, subjects.StreamFleetResv)
 	if err != nil {
 		return nil, err
 	}
@@ -211,7 +212,7 @@ func checkHeaders(t testing.TB, m *jetstream.RawStreamMsg, id, what, pool string
 			t.Errorf("header %s = %q, want %q", k, got, v)
 		}
 	}
-	if want := streams.FleetResvSubject(pool); m.Subject != want {
+	if want := subjects.FleetResv(pool); m.Subject != want {
 		t.Errorf("subject %q, want %q", m.Subject, want)
 	}
 }
@@ -222,7 +223,7 @@ func (e *env) tryDecide(d *fleetpb.PlacementDecision) error {
 	if err != nil {
 		return err
 	}
-	msg := &nats.Msg{Subject: streams.FleetPlaceSubject(d.Pool), Data: data, Header: nats.Header{
+	msg := &nats.Msg{Subject: subjects.FleetPlace(d.Pool), Data: data, Header: nats.Header{
 		envelope.MsgID:       {d.DecisionId},
 		envelope.Schema:      {envelope.SchemaFleetV1},
 		envelope.Kind:        {envelope.KindDecision},

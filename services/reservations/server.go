@@ -27,6 +27,7 @@ import (
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // APIKeyHeader is the gRPC metadata key (and HTTP header) that may carry
@@ -78,7 +79,7 @@ func New(cfg Config, pool *pgxpool.Pool, js jetstream.JetStream, nc *nats.Conn, 
 		waiters: waiters{byID: map[string]map[chan struct{}]struct{}{}},
 		closed:  make(chan struct{}),
 	}
-	sub, err := nc.Subscribe(streams.FleetPlaceSubjects, s.onDecision)
+	sub, err := nc.Subscribe(subjects.FleetPlaceFilter, s.onDecision)
 	if err != nil {
 		return nil, fmt.Errorf("reservations: subscribe to placement decisions: %w", err)
 	}
@@ -357,7 +358,7 @@ func (s *Server) publish(ctx context.Context, id, what, pool string, ev *fleetpb
 	if err != nil {
 		return nil, status.Errorf(codes.Internal, "millrace: encode reservation event: %v", err)
 	}
-	msg := &nats.Msg{Subject: streams.FleetResvSubject(pool), Data: data, Header: nats.Header{
+	msg := &nats.Msg{Subject: subjects.FleetResv(pool), Data: data, Header: nats.Header{
 		envelope.MsgID:       {id + "/" + what},
 		envelope.Schema:      {envelope.SchemaFleetV1},
 		envelope.Kind:        {envelope.KindReservation},

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 const (
@@ -90,7 +90,7 @@ func TestCreateRequestIDRepeats(t *testing.T) {
 	// Count every publish, duplicates included: JetStream drops a duplicate
 	// from the stream, but core subscribers still see it.
 	seen := make(chan *nats.Msg, 100)
-	sub, err := e.nc.ChanSubscribe(streams.FleetResvSubjects, seen)
+	sub, err := e.nc.ChanSubscribe(subjects.FleetResvFilter, seen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -553,7 +553,7 @@ func TestCancelHTTP(t *testing.T) {
 func TestCreateBackboneDown(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, Config{PublishTimeout: 500 * time.Millisecond})
-	if err := e.js.DeleteStream(testCtx(t), streams.StreamFleetResv); err != nil {
+	if err := e.js.DeleteStream(testCtx(t), subjects.StreamFleetResv); err != nil {
 		t.Fatal(err)
 	}
 	_, err := e.client.Create(as(t, aliceKey), &fleetpb.CreateReservationRequest{Spec: spec("a100", 1), RequestId: "x"})

@@ -15,7 +15,7 @@ import (
 
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // scFleetPlacer measures the placer on its own: 10,000 nodes are announced
@@ -92,7 +92,7 @@ func (b *bench) placerScenario(ctx context.Context, rep *scenarioReport) error {
 		ids[i] = fmt.Sprintf("node-%05d", i)
 		ev := &fleetpb.NodeEvent{NodeId: ids[i], Pool: pool, GatewayId: "bench", SessionId: "bench-" + ids[i], At: timestamppb.Now(),
 			Body: &fleetpb.NodeEvent_Connected{Connected: &fleetpb.NodeConnected{Gpus: inventory}}}
-		if err := publish(streams.FleetNodeSubject(pool, ids[i]), envelope.KindNode, ev, "bench/"+ids[i], map[string]string{envelope.Node: ids[i], envelope.Gateway: "bench"}); err != nil {
+		if err := publish(subjects.FleetNode(pool, ids[i]), envelope.KindNode, ev, "bench/"+ids[i], map[string]string{envelope.Node: ids[i], envelope.Gateway: "bench"}); err != nil {
 			return err
 		}
 	}
@@ -107,7 +107,7 @@ func (b *bench) placerScenario(ctx context.Context, rep *scenarioReport) error {
 			for _, id := range ids {
 				batch.Nodes = append(batch.Nodes, &fleetpb.NodeAge{NodeId: id, SessionId: "bench-" + id})
 			}
-			publish(streams.FleetLivenessSubject(pool), envelope.KindLiveness, batch, "bench/live/"+strconv.Itoa(n), map[string]string{envelope.Gateway: "bench"})
+			publish(subjects.FleetLiveness(pool), envelope.KindLiveness, batch, "bench/live/"+strconv.Itoa(n), map[string]string{envelope.Gateway: "bench"})
 			select {
 			case <-liveCtx.Done():
 				return
@@ -151,7 +151,7 @@ func (b *bench) placerScenario(ctx context.Context, rep *scenarioReport) error {
 		ev := &fleetpb.ReservationEvent{ReservationId: id, Owner: "bench", At: timestamppb.Now(),
 			Body: &fleetpb.ReservationEvent_Requested{Requested: &fleetpb.ReservationRequested{
 				Spec: &fleetpb.ReservationSpec{Pool: pool, Gpus: uint32(1 + rng.IntN(4)), Model: "H100"}}}}
-		if err := publish(streams.FleetResvSubject(pool), envelope.KindReservation, ev, id+"/requested", map[string]string{envelope.Reservation: id}); err != nil {
+		if err := publish(subjects.FleetResv(pool), envelope.KindReservation, ev, id+"/requested", map[string]string{envelope.Reservation: id}); err != nil {
 			return err
 		}
 	}
@@ -159,7 +159,7 @@ func (b *bench) placerScenario(ctx context.Context, rep *scenarioReport) error {
 		return err
 	}
 	published := time.Since(start)
-	place, err := js.Stream(ctx, streams.StreamFleetPlace)
+	place, err := js.Stream(ctx, subjects.StreamFleetPlace)
 	if err != nil {
 		return err
 	}

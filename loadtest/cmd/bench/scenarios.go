@@ -18,7 +18,7 @@ import (
 
 	"github.com/millrace/millrace/loadtest/besrecord"
 	"github.com/millrace/millrace/loadtest/replay"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 const (
@@ -563,15 +563,15 @@ func streamState(ctx context.Context, url string) (msgs, last uint64, dead uint6
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	s, err := js.Stream(ctx, streams.StreamBES)
+	s, err := js.Stream(ctx, subjects.StreamBES)
 	if err != nil {
-		return 0, 0, 0, fmt.Errorf("stream %s: %w", streams.StreamBES, err)
+		return 0, 0, 0, fmt.Errorf("stream %s: %w", subjects.StreamBES, err)
 	}
 	info, err := s.Info(ctx)
 	if err != nil {
 		return 0, 0, 0, err
 	}
-	if d, err := js.Stream(ctx, streams.StreamDead); err == nil {
+	if d, err := js.Stream(ctx, subjects.StreamDead); err == nil {
 		if di, err := d.Info(ctx); err == nil {
 			dead = di.State.Msgs
 		}
