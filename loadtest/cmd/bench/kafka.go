@@ -13,7 +13,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/loadtest/replay"
+	"github.com/millrace/millrace/subjects"
 )
+
+// besLabel selects the export metrics of the BES stream, the one this
+// scenario exports.
+const besLabel = `stream="` + subjects.StreamBES + `"`
 
 // The Kafka export scenario: `millrace export kafka` reading the BES
 // stream of `millrace serve bes` (JetStream embedded in the edge) into a
@@ -113,7 +118,7 @@ func (b *bench) kafkaScenario(ctx context.Context, rep *scenarioReport) error {
 	if err := waitReady(ctx, exp, "http://"+web+"/readyz", readyTimeout); err != nil {
 		return err
 	}
-	position := func() uint64 { return uint64(scrape(metrics).sum("millrace_export_position", `stream="BES"`)) }
+	position := func() uint64 { return uint64(scrape(metrics).sum("millrace_export_position", besLabel)) }
 	wait := func(seq uint64) error {
 		deadline := time.Now().Add(kc.timeout)
 		for position() < seq {
@@ -169,9 +174,9 @@ func (b *bench) kafkaScenario(ctx context.Context, rep *scenarioReport) error {
 	}
 	d := scrape(metrics).delta(before)
 	r.PacedExporterCPUS = round((cpu(exp) - x1).Seconds(), 2)
-	r.DelayP50MS = d.quantileMS("millrace_export_delay_seconds", 0.5, `stream="BES"`)
-	r.DelayP99MS = d.quantileMS("millrace_export_delay_seconds", 0.99, `stream="BES"`)
-	r.DelayP999MS = d.quantileMS("millrace_export_delay_seconds", 0.999, `stream="BES"`)
+	r.DelayP50MS = d.quantileMS("millrace_export_delay_seconds", 0.5, besLabel)
+	r.DelayP99MS = d.quantileMS("millrace_export_delay_seconds", 0.99, besLabel)
+	r.DelayP999MS = d.quantileMS("millrace_export_delay_seconds", 0.999, besLabel)
 	r.ProduceP99MS = d.quantileMS("millrace_kafka_produce_seconds", 0.99, `topic="millrace.bes"`)
 	r.ExportErrors = scrape(metrics).sum("millrace_export_errors_total")
 	r.StreamMessages = last
