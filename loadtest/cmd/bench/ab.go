@@ -262,6 +262,12 @@ func medianString(s abStats) string {
 	if len(s.Values) == 0 {
 		return "-"
 	}
+	if math.Abs(s.Median) >= 1000 {
+		return num(math.Round(s.Median)) // with thousands separators
+	}
+	if v := math.Abs(s.Median); v > 0 && v < 0.1 {
+		return fmt.Sprintf("%.3g", s.Median) // per-document ratios of the fold
+	}
 	return num(s.Median)
 }
 
@@ -303,4 +309,10 @@ func printABSummary(w io.Writer, sum abSummary, out string) {
 	}
 	fmt.Fprintf(w, "\nbench: A/B %d figures, %d within noise, %d outside, in %.0f s; reports in %s (ab-*.json)\n",
 		figures, within, figures-within, sum.DurationS, out)
+	if figures > within {
+		// Even two identical binaries read outside on some figures: the
+		// range of a few rounds is a rough estimate of the noise.
+		fmt.Fprintf(w, "bench: with %d rounds, identical binaries read outside noise on some figures by chance; "+
+			"run the scenarios again with more -rounds before reading a difference into one (loadtest/README.md)\n", sum.Rounds)
+	}
 }

@@ -179,3 +179,18 @@ func TestABFigures(t *testing.T) {
 		}
 	}
 }
+
+func TestABConfigValidate(t *testing.T) {
+	c := abConfig{a: "old", rounds: 0}
+	if err := c.validate("bin/millrace"); err != nil || c.b != "bin/millrace" || c.rounds != 3 {
+		t.Errorf("defaults: %+v, %v", c, err)
+	}
+	for _, bad := range []abConfig{{a: "old", rounds: 1}, {a: "old", rounds: -1}, {b: "new"}} {
+		if err := bad.validate("bin/millrace"); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+	if off := (abConfig{rounds: 3}); off.on() || off.validate("bin/millrace") != nil {
+		t.Errorf("without -a: A/B mode on or an error")
+	}
+}

@@ -53,7 +53,9 @@ func statsOf(xs []float64) abStats {
 	if len(xs) == 0 {
 		return s
 	}
-	s.Median, s.Min, s.Max = median(xs), slices.Min(xs), slices.Max(xs)
+	// The median of an even count is a mean: rounded, so that the JSON
+	// does not show the float's last bits.
+	s.Median, s.Min, s.Max = round(median(xs), 6), slices.Min(xs), slices.Max(xs)
 	switch {
 	case s.Max == s.Min:
 		s.Spread = 0

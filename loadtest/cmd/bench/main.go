@@ -99,29 +99,9 @@ func main() {
 	c.redaction.register(flag.CommandLine)
 	c.ab.register(flag.CommandLine)
 	flag.Parse()
-	if err := c.ab.validate(c.bin); err != nil {
+	if err := c.parseLists(scenarios, streams); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(2)
-	}
-
-	c.scenarios = map[string]bool{}
-	for _, s := range strings.Split(scenarios, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		if !contains(allScenarios, s) {
-			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want %s)\n", s, strings.Join(allScenarios, ", "))
-			os.Exit(2)
-		}
-		c.scenarios[s] = true
-	}
-	for _, s := range strings.Split(streams, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n <= 0 {
-			fmt.Fprintf(os.Stderr, "bench: -streams %q: want positive numbers, comma-separated\n", streams)
-			os.Exit(2)
-		}
-		c.streams = append(c.streams, n)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -131,6 +111,28 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// parseLists reads the comma-separated flags and checks the A/B flags.
+func (c *config) parseLists(scenarios, streams string) error {
+	c.scenarios = map[string]bool{}
+	for _, s := range strings.Split(scenarios, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if !contains(allScenarios, s) {
+			return fmt.Errorf("unknown scenario %q (want %s)", s, strings.Join(allScenarios, ", "))
+		}
+		c.scenarios[s] = true
+	}
+	for _, s := range strings.Split(streams, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("-streams %q: want positive numbers, comma-separated", streams)
+		}
+		c.streams = append(c.streams, n)
+	}
+	return c.ab.validate(c.bin)
 }
 
 func contains(list []string, s string) bool {
