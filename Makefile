@@ -4,7 +4,7 @@ GO      ?= go
 BIN     := bin/millrace
 VERSION := $(shell git describe --always --dirty 2>/dev/null || echo devel)
 
-.PHONY: all build run test test-short bench proto proto-check lint deps clean
+.PHONY: all build run test test-short bench bench-ab proto proto-check lint deps clean
 
 all: build
 
@@ -25,6 +25,14 @@ test:
 bench: build
 	bash scripts/deps.sh run
 	$(GO) run ./loadtest/cmd/bench -out loadtest/results
+
+# The same scenarios against REV's binary (A) and the working tree's, or
+# REV_B's (B), run alternately in one bench; ab-*.json under loadtest/results/.
+# BENCH_FLAGS are the bench's: e.g. '-scenarios edge-embedded -rounds 5'.
+bench-ab:
+	@test -n "$(REV)" || { echo "usage: make bench-ab REV=<revision> [REV_B=<revision>] [BENCH_FLAGS='-scenarios ...']" >&2; exit 2; }
+	bash scripts/deps.sh run
+	bash scripts/bench-ab.sh $(REV) $(REV_B) -- -out loadtest/results $(BENCH_FLAGS)
 
 proto:
 	bash scripts/deps.sh proto

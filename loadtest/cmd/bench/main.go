@@ -61,13 +61,14 @@ type config struct {
 	commits   commitsConfig
 	kafka     kafkaConfig
 	redaction redactionConfig
+	ab        abConfig
 }
 
 func main() {
 	var c config
 	var scenarios, streams string
 	flag.StringVar(&c.out, "out", "loadtest/results", "directory for the JSON reports")
-	flag.StringVar(&c.bin, "bin", "bin/millrace", "the millrace binary to run (make build)")
+	flag.StringVar(&c.bin, "bin", "bin/millrace", "the millrace binary to run (make build); in A/B mode -a and -b name the two instead")
 	flag.StringVar(&c.natsd, "natsd", "", "natsd binary; empty: build ./loadtest/cmd/natsd")
 	flag.StringVar(&c.fixtures, "fixtures", "loadtest/fixtures/*.besrec", "recordings to replay (glob)")
 	flag.StringVar(&c.tmp, "tmp", os.TempDir(), "where the scenarios' state (file stores, logs) goes")
@@ -96,26 +97,11 @@ func main() {
 	c.commits.register(flag.CommandLine)
 	c.kafka.register(flag.CommandLine)
 	c.redaction.register(flag.CommandLine)
+	c.ab.register(flag.CommandLine)
 	flag.Parse()
-
-	c.scenarios = map[string]bool{}
-	for _, s := range strings.Split(scenarios, ",") {
-		if s = strings.TrimSpace(s); s == "" {
-			continue
-		}
-		if !contains(allScenarios, s) {
-			fmt.Fprintf(os.Stderr, "bench: unknown scenario %q (want %s)\n", s, strings.Join(allScenarios, ", "))
-			os.Exit(2)
-		}
-		c.scenarios[s] = true
-	}
-	for _, s := range strings.Split(streams, ",") {
-		n, err := strconv.Atoi(strings.TrimSpace(s))
-		if err != nil || n <= 0 {
-			fmt.Fprintf(os.Stderr, "bench: -streams %q: want positive numbers, comma-separated\n", streams)
-			os.Exit(2)
-		}
-		c.streams = append(c.streams, n)
+	if err := c.parseLists(scenarios, streams); err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(2)
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -125,6 +111,28 @@ func main() {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// parseLists reads the comma-separated flags and checks the A/B flags.
+func (c *config) parseLists(scenarios, streams string) error {
+	c.scenarios = map[string]bool{}
+	for _, s := range strings.Split(scenarios, ",") {
+		if s = strings.TrimSpace(s); s == "" {
+			continue
+		}
+		if !contains(allScenarios, s) {
+			return fmt.Errorf("unknown scenario %q (want %s)", s, strings.Join(allScenarios, ", "))
+		}
+		c.scenarios[s] = true
+	}
+	for _, s := range strings.Split(streams, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("-streams %q: want positive numbers, comma-separated", streams)
+		}
+		c.streams = append(c.streams, n)
+	}
+	return c.ab.validate(c.bin)
 }
 
 func contains(list []string, s string) bool {
@@ -138,45 +146,79 @@ func contains(list []string, s string) bool {
 
 func run(ctx context.Context, c config) error {
 	started := time.Now()
-	if _, err := os.Stat(c.bin); err != nil {
-		return fmt.Errorf("%s: %w (run `make build` first)", c.bin, err)
-	}
-	if abs, err := filepath.Abs(c.bin); err == nil {
-		c.bin = abs
-	}
-	nofile := raiseNoFile()
-
-	b := &bench{cfg: c}
-	if err := b.loadFixtures(); err != nil {
-		return err
-	}
-	tmp, err := mkdir(c.tmp, "millrace-bench")
+	b, cleanup, err := setup(ctx, c)
 	if err != nil {
 		return err
 	}
-	b.tmp = tmp
-	defer func() {
-		if !c.keep {
-			os.RemoveAll(tmp)
-		} else {
-			fmt.Printf("bench: state and logs kept in %s\n", tmp)
+	defer cleanup()
+	if c.ab.on() {
+		return b.runAB(ctx, started)
+	}
+	return b.runAll(ctx, started)
+}
+
+// setup checks the binaries and opens what every scenario shares: the
+// fixtures, a state directory, natsd, PostgreSQL. cleanup undoes it.
+func setup(ctx context.Context, c config) (b *bench, cleanup func(), err error) {
+	bins := []*string{&c.bin}
+	if c.ab.on() {
+		bins = []*string{&c.ab.a, &c.ab.b}
+	}
+	for _, p := range bins {
+		if *p, err = resolveBinary(*p); err != nil {
+			return nil, nil, err
 		}
-	}()
+	}
+	if c.ab.on() {
+		c.bin = c.ab.b
+	}
+	nofile := raiseNoFile()
+
+	b = &bench{cfg: c}
+	if err := b.loadFixtures(); err != nil {
+		return nil, nil, err
+	}
+	if b.tmp, err = mkdir(c.tmp, "millrace-bench"); err != nil {
+		return nil, nil, err
+	}
+	removeTmp := func() {
+		if !c.keep {
+			os.RemoveAll(b.tmp)
+		} else {
+			fmt.Printf("bench: state and logs kept in %s\n", b.tmp)
+		}
+	}
 	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scProjector] || anyOf(c.scenarios, commitsScenarios)) {
-		if b.natsd, err = buildNATSD(ctx, tmp); err != nil {
-			return err
+		if b.natsd, err = buildNATSD(ctx, b.tmp); err != nil {
+			removeTmp()
+			return nil, nil, err
 		}
 	}
 	if b.pg, err = openPG(ctx, c.pgDir); err != nil {
-		return fmt.Errorf("PostgreSQL: %w", err)
+		removeTmp()
+		return nil, nil, fmt.Errorf("PostgreSQL: %w", err)
 	}
-	defer b.pg.close()
 	b.machine = collectMachine(ctx, c.bin, b.pg, nofile)
 	fmt.Printf("bench: %d builds from %d fixture files (%d-%d events each); %s; PostgreSQL at %s; %d CPUs\n",
 		b.fixtureInfo.Builds, len(b.fixtureInfo.Files), b.fixtureInfo.EventsMin, b.fixtureInfo.EventsMax,
 		b.machine.GoVersion, b.machine.PGURL, b.machine.NProc)
-	defer b.releaseKept()
+	return b, func() { b.releaseKept(); b.pg.close(); removeTmp() }, nil
+}
 
+// resolveBinary makes path absolute, after checking it is there.
+func resolveBinary(path string) (string, error) {
+	if _, err := os.Stat(path); err != nil {
+		return "", fmt.Errorf("%s: %w (run `make build` first)", path, err)
+	}
+	if abs, err := filepath.Abs(path); err == nil {
+		return abs, nil
+	}
+	return path, nil
+}
+
+// runAll runs each selected scenario once against -bin: `make bench`.
+func (b *bench) runAll(ctx context.Context, started time.Time) error {
+	c := b.cfg
 	sum := summary{Started: started, Command: strings.Join(os.Args, " "), Machine: b.machine, Fixtures: b.fixtureInfo}
 	for _, name := range allScenarios {
 		if !c.scenarios[name] {

@@ -137,8 +137,10 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 			rep.Description = "flat-out replay into `millrace serve bes --nats-url` with JetStream in its own process (natsd)"
 		}
 		for i, n := range b.cfg.streams {
-			// The last run leaves its stream for the projector scenario.
-			keep := i == len(b.cfg.streams)-1 && b.cfg.scenarios[scProjector] &&
+			// The last run leaves its stream for the projector scenario
+			// (not in A/B mode: the projector then fills its own stream
+			// with its own binary).
+			keep := i == len(b.cfg.streams)-1 && b.cfg.scenarios[scProjector] && !b.cfg.ab.on() &&
 				(apart || !b.cfg.scenarios[scEdgeNATSApart])
 			var run runReport
 			run, err = b.flatRun(ctx, name, n, apart, keep)
