@@ -26,9 +26,6 @@ type ExportConfig struct {
 	// Durable names the consumer whose ack floor is the export's position.
 	// Default "export-<stream>" in lower case.
 	Durable string
-	// System names the other system (the consumer's ExportMetadata
-	// value). Default "export".
-	System string
 	// MaxInFlight bounds the messages sent and not yet acknowledged by the
 	// other system (the consumer's MaxAckPending). Default 20,000.
 	MaxInFlight int
@@ -44,9 +41,6 @@ type ExportConfig struct {
 func (c ExportConfig) withDefaults() ExportConfig {
 	if c.Durable == "" {
 		c.Durable = "export-" + strings.ToLower(c.Stream)
-	}
-	if c.System == "" {
-		c.System = "export"
 	}
 	if c.MaxInFlight <= 0 {
 		c.MaxInFlight = 20_000
@@ -121,14 +115,6 @@ func (r *ExportRunner) Run(ctx context.Context) error {
 	}
 }
 
-// ExportMetadata is the consumer metadata key that marks an export's
-// durable consumer (its value names the other system). The compactor
-// deletes no COMMITS message above such a consumer's ack floor: a version
-// deleted before it is exported would never reach the other system, and
-// JetStream counts the deletion of a delivered message as its ack, which
-// with AckAll acknowledges every message below it too.
-const ExportMetadata = "millrace-export"
-
 // consumer creates the durable consumer, or resets the existing one to
 // deliver again from its ack floor (nothing in flight survives a session),
 // and returns the floor. The consumer is never deleted: its floor is the
@@ -146,7 +132,6 @@ func (r *ExportRunner) consumer(ctx context.Context) (jetstream.Consumer, uint64
 		MaxAckPending: r.cfg.MaxInFlight,
 		MaxDeliver:    -1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-		Metadata:      map[string]string{ExportMetadata: r.cfg.System},
 	}
 	switch len(r.cfg.Filters) {
 	case 0:

@@ -4,21 +4,27 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/commitlog"
 	"github.com/millrace/millrace/projectors/compactor"
+	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // compactorOptions configure the commit log's compactor: when a world is
-// folded (streams.FoldRunner) and how (compactor.Config).
+// folded (commitlog.FoldRunner) and how (compactor.Config).
 type compactorOptions struct {
 	durable       string
+	hold          string
 	minVersions   int
 	interval      time.Duration
 	concurrency   int
@@ -42,26 +48,76 @@ func (o *compactorOptions) register(fs *flag.FlagSet) {
 		"how long JetStream waits for the compactor to acknowledge a version before delivering it again; keep it well above --compactor-interval")
 	envInt(fs, &o.shardDocs, "compactor-shard-docs", "MILLRACE_COMPACTOR_SHARD_DOCS", 4096,
 		"documents per shard object of a checkpoint; a shard past twice this is split")
+	envString(fs, &o.hold, "compactor-hold", "MILLRACE_COMPACTOR_HOLD", "",
+		`durable consumers on COMMITS, comma-separated, that hold deletions back: no version is deleted above their ack floor, none at all while one does not exist; empty: the Kafka export's consumer of COMMITS (`+kafkaDurable(subjects.StreamCommits)+`) when --kafka-brokers is set and a --kafka-routes route reads COMMITS, else none; "none": nothing holds`)
+}
+
+// holdNone is the --compactor-hold that names no holder.
+const holdNone = "none"
+
+// holders is the fold runner's HoldFor: the consumers --compactor-hold
+// names, or by default those of the export that k configures.
+func (o *compactorOptions) holders(k kafkaOptions) ([]string, error) {
+	switch strings.TrimSpace(o.hold) {
+	case "":
+		return kafkaHolders(k)
+	case holdNone:
+		return []string{}, nil
+	}
+	var names []string
+	for _, n := range strings.Split(o.hold, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	if len(names) == 0 {
+		return nil, usageError{fmt.Sprintf("--compactor-hold %q names no consumer (%q: nothing holds)", o.hold, holdNone)}
+	}
+	return names, nil
+}
+
+// kafkaHolders is the Kafka export's consumer of COMMITS when k runs the
+// export (names a broker) and one of its routes reads COMMITS: the
+// compactor must not delete what that export has not sent.
+func kafkaHolders(k kafkaOptions) ([]string, error) {
+	if strings.Trim(k.brokers, ", \t") == "" {
+		return nil, nil
+	}
+	routes, err := kafka.ParseRoutes(k.routes)
+	if err != nil {
+		return nil, usageError{"--kafka-routes, which says whether the export holds the compactor back: " + err.Error()}
+	}
+	for _, r := range routes {
+		if stream, ok := streams.StreamOf(r.Filter); ok && stream == subjects.StreamCommits {
+			return []string{kafkaDurable(subjects.StreamCommits)}, nil
+		}
+	}
+	return nil, nil
 }
 
 // config checks the options; drain is how long passes in flight may go
-// on once the compactor is told to stop.
-func (o *compactorOptions) config(drain time.Duration, log *slog.Logger) (streams.FoldRunnerConfig, compactor.Config, error) {
+// on once the compactor is told to stop, k the Kafka export's options
+// (its consumer of COMMITS holds deletions back by default).
+func (o *compactorOptions) config(drain time.Duration, k kafkaOptions, log *slog.Logger) (commitlog.FoldRunnerConfig, compactor.Config, error) {
 	switch {
 	case o.minVersions < 1:
-		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-min-versions must be at least 1"}
+		return commitlog.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-min-versions must be at least 1"}
 	case o.interval <= 0:
-		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-interval must be positive"}
+		return commitlog.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-interval must be positive"}
 	case o.concurrency < 1:
-		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-concurrency must be at least 1"}
+		return commitlog.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-concurrency must be at least 1"}
 	case o.maxAckPending < 1:
-		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-max-ack-pending must be positive"}
+		return commitlog.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-max-ack-pending must be positive"}
 	case o.ackWait <= 0:
-		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-ack-wait must be positive"}
+		return commitlog.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-ack-wait must be positive"}
 	case o.shardDocs < 1:
-		return streams.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-shard-docs must be at least 1"}
+		return commitlog.FoldRunnerConfig{}, compactor.Config{}, usageError{"--compactor-shard-docs must be at least 1"}
 	}
-	rc := streams.FoldRunnerConfig{
+	hold, err := o.holders(k)
+	if err != nil {
+		return commitlog.FoldRunnerConfig{}, compactor.Config{}, err
+	}
+	rc := commitlog.FoldRunnerConfig{
 		Durable:       o.durable,
 		MinVersions:   o.minVersions,
 		Interval:      o.interval,
@@ -69,6 +125,7 @@ func (o *compactorOptions) config(drain time.Duration, log *slog.Logger) (stream
 		MaxAckPending: o.maxAckPending,
 		AckWait:       o.ackWait,
 		Drain:         drain,
+		HoldFor:       hold,
 		Logger:        log,
 	}
 	if err := rc.Validate(); err != nil {
@@ -79,14 +136,14 @@ func (o *compactorOptions) config(drain time.Duration, log *slog.Logger) (stream
 
 // newCompactor makes the fold runner of the compactor over bk, with its
 // metrics on t.
-func newCompactor(rc streams.FoldRunnerConfig, cc compactor.Config, js jetstream.JetStream, bk *bucket.Bucket, t *telemetry) *streams.FoldRunner {
+func newCompactor(rc commitlog.FoldRunnerConfig, cc compactor.Config, js jetstream.JetStream, bk *bucket.Bucket, t *telemetry) *commitlog.FoldRunner {
 	ops := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "millrace_compactor_bucket_operations_total",
 		Help: "Bucket operations of the compactor, by operation (list, get, create, equal) and result (ok, exists, error).",
 	}, []string{"op", "result"})
 	t.reg.MustRegister(ops)
-	rc.Metrics = streams.NewFoldMetrics(t.reg)
-	return streams.NewFoldRunner(js, compactor.New(cc, countingStore{bk, ops}), rc)
+	rc.Metrics = commitlog.NewFoldMetrics(t.reg)
+	return commitlog.NewFoldRunner(js, compactor.New(cc, countingStore{bk, ops}), rc)
 }
 
 // runningCompactor is a fold runner on a goroutine of its own (in dev).
@@ -95,7 +152,7 @@ type runningCompactor struct {
 	done   chan struct{}
 }
 
-func startCompactor(r *streams.FoldRunner) *runningCompactor {
+func startCompactor(r *commitlog.FoldRunner) *runningCompactor {
 	ctx, cancel := context.WithCancel(context.Background())
 	c := &runningCompactor{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -174,6 +231,15 @@ it, so a crash or a restart re-delivers exactly what was not folded. A pass
 that died between its checkpoint and its deletions is finished by the next
 pass of the world (a sweep of the versions it left).
 
+A version is never deleted before the exports of COMMITS have it: no
+version above the ack floor of a consumer --compactor-hold names, and none
+at all while one of them does not exist (a missing export consumer must not
+let versions go before they were exported; the compactor warns once). By
+default the holder is the Kafka export's consumer of COMMITS
+(export-kafka-commits) when --kafka-brokers is set and a --kafka-routes
+route reads COMMITS, as the export itself would decide from the same
+variables; --compactor-hold=none when nothing exports COMMITS.
+
 Run one compactor process per durable name. Metrics (millrace_compactor_*)
 on --http-listen.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
@@ -182,6 +248,7 @@ on --http-listen.`,
 				no       natsOptions
 				bo       bucketOptions
 				co       compactorOptions
+				ko       kafkaOptions
 				ho       httpOptions
 				shutdown time.Duration
 			)
@@ -189,6 +256,7 @@ on --http-listen.`,
 			no.register(fs)
 			bo.register(fs)
 			co.register(fs)
+			ko.registerRoutes(fs)
 			ho.register(fs, "127.0.0.1:8087", "HTTP address: /metrics, /healthz, /readyz")
 			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second,
 				"how long shutdown lets passes in flight finish; a pass cut short is redone after the next start")
@@ -200,7 +268,7 @@ on --http-listen.`,
 				if err != nil {
 					return err
 				}
-				rc, cc, err := co.config(shutdown, log)
+				rc, cc, err := co.config(shutdown, ko, log)
 				if err != nil {
 					return err
 				}

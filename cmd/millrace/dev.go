@@ -91,7 +91,7 @@ func runDev(ctx context.Context, o devOptions) error {
 	}
 	// Checked before anything starts. Passes in flight get half the
 	// shutdown timeout: the rest is for what stops after the compactor.
-	compactorRC, compactorCC, err := o.compactor.config(o.shutdown/2, log)
+	compactorRC, compactorCC, err := o.compactor.config(o.shutdown/2, o.kafka, log)
 	if err != nil {
 		return err
 	}

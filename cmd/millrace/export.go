@@ -43,8 +43,7 @@ type kafkaOptions struct {
 }
 
 func (o *kafkaOptions) register(fs *flag.FlagSet) {
-	envString(fs, &o.brokers, "kafka-brokers", "MILLRACE_KAFKA_BROKERS", "", "Kafka bootstrap brokers, host:port comma-separated (in dev: the export runs only when set)")
-	envString(fs, &o.routes, "kafka-routes", "MILLRACE_KAFKA_ROUTES", defaultKafkaRoutes, `subjects to topics: "subject.pattern.> -> topic" comma-separated; the first match takes a message, subjects no route takes are not exported`)
+	o.registerRoutes(fs)
 	envString(fs, &o.clientID, "kafka-client-id", "MILLRACE_KAFKA_CLIENT_ID", "millrace-export", "client id the producer shows the brokers")
 	envBool(fs, &o.createTopics, "kafka-create-topics", "MILLRACE_KAFKA_CREATE_TOPICS", true, "create missing topics with --kafka-partitions and --kafka-replication-factor; false: only check they exist")
 	envInt(fs, &o.partitions, "kafka-partitions", "MILLRACE_KAFKA_PARTITIONS", 12, "partitions of created topics (-1: the brokers' default)")
@@ -64,6 +63,17 @@ func (o *kafkaOptions) register(fs *flag.FlagSet) {
 	envString(fs, &o.saslPasswordFile, "kafka-sasl-password-file", "MILLRACE_KAFKA_SASL_PASSWORD_FILE", "", "file holding the SASL password")
 	envInt(fs, &o.maxInFlight, "kafka-max-in-flight", "MILLRACE_KAFKA_MAX_IN_FLIGHT", 20000, "messages per stream sent and not yet acknowledged by Kafka (the consumer's max ack pending)")
 }
+
+// registerRoutes registers the options that say whether the export runs
+// and what it reads: `project compactor` registers only these, to know
+// whether the export of COMMITS holds its deletions back.
+func (o *kafkaOptions) registerRoutes(fs *flag.FlagSet) {
+	envString(fs, &o.brokers, "kafka-brokers", "MILLRACE_KAFKA_BROKERS", "", "Kafka bootstrap brokers, host:port comma-separated (in dev: the export runs only when set)")
+	envString(fs, &o.routes, "kafka-routes", "MILLRACE_KAFKA_ROUTES", defaultKafkaRoutes, `subjects to topics: "subject.pattern.> -> topic" comma-separated; the first match takes a message, subjects no route takes are not exported`)
+}
+
+// kafkaDurable names the export's durable consumer of stream.
+func kafkaDurable(stream string) string { return "export-kafka-" + strings.ToLower(stream) }
 
 // config builds the exporter's configuration and the streams to export.
 func (o *kafkaOptions) config(log *slog.Logger) (kafka.Config, map[string][]string, error) {
@@ -159,7 +169,7 @@ func newKafkaExport(o kafkaOptions, js jetstream.JetStream, t *telemetry, log *s
 	k := &kafkaExport{exp: exp, log: log}
 	for stream, fs := range filters {
 		k.runners = append(k.runners, streams.NewExportRunner(js, exp, streams.ExportConfig{Stream: stream, Filters: fs,
-			Durable: "export-kafka-" + strings.ToLower(stream), System: "kafka", MaxInFlight: o.maxInFlight, Logger: log}, m))
+			Durable: kafkaDurable(stream), MaxInFlight: o.maxInFlight, Logger: log}, m))
 	}
 	return k, nil
 }

@@ -9,12 +9,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/commitlog"
 	"github.com/millrace/millrace/projectors/compactor"
-	"github.com/millrace/millrace/streams"
 )
 
 // runFold runs one compactor pass per world in this process, as
-// `millrace project compactor` would: streams.FoldWorld reads the world's
+// `millrace project compactor` would: commitlog.FoldWorld reads the world's
 // versions over NATS, the compactor writes the bucket, and the versions it
 // folded that are not their document's last are deleted from the stream.
 func runFold(ctx context.Context, cfg Config, led *ledger, out *printer) (*Fold, error) {
@@ -55,7 +55,7 @@ func runFold(ctx context.Context, cfg Config, led *ledger, out *printer) (*Fold,
 			}
 		}
 		start := time.Now()
-		st, err := streams.FoldWorld(ctx, js, c, world, streams.FoldWaiting(waiting))
+		st, err := commitlog.FoldWorld(ctx, js, c, world, commitlog.FoldWaiting(waiting))
 		if err != nil {
 			return f, fmt.Errorf("fold %s: %w", world, err)
 		}

@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/millrace/millrace/commitlog"
 	"github.com/millrace/millrace/schemas/envelope"
-	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
 )
 
@@ -63,7 +63,7 @@ func benchCompact(b *testing.B, n, updates int) {
 		b.StartTimer()
 		// As the compactor runner does: it knows how many versions wait.
 		c := New(Config{}, w.store)
-		_, err := streams.FoldWorld(context.Background(), w.js, c, w.name, streams.FoldWaiting(changed))
+		_, err := commitlog.FoldWorld(context.Background(), w.js, c, w.name, commitlog.FoldWaiting(changed))
 		res := c.Last(w.name)
 		b.StopTimer()
 		if err != nil || res.Docs != n || res.DocsChanged != changed {

@@ -46,7 +46,7 @@ import (
 	"time"
 
 	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/bucket/commitlog"
+	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/streams/projection"
 )
 
@@ -122,21 +122,21 @@ func (c *Compactor) Covered(ctx context.Context, world string) (uint64, error) {
 }
 
 // droppedSuffix ends the key of the marker that says a checkpoint's drops
-// are done; commitlog.Latest reads only .json keys, so the marker is
+// are done; layout.Latest reads only .json keys, so the marker is
 // invisible to readers of checkpoints.
 const droppedSuffix = ".dropped"
 
 // DroppedKey names the marker written once the stream has dropped what
 // the checkpoint at seq made droppable.
 func DroppedKey(world string, seq uint64) string {
-	return strings.TrimSuffix(commitlog.CheckpointKey(world, seq), ".json") + droppedSuffix
+	return strings.TrimSuffix(layout.CheckpointKey(world, seq), ".json") + droppedSuffix
 }
 
-// latest is commitlog.Latest, and whether the checkpoint's drops are
+// latest is layout.Latest, and whether the checkpoint's drops are
 // marked done, from one listing. A world with no checkpoint is marked:
 // nothing is at or below 0.
-func (c *Compactor) latest(ctx context.Context, world string) (*commitlog.Manifest, bool, error) {
-	objs, err := c.store.List(ctx, commitlog.CheckpointPrefix(world))
+func (c *Compactor) latest(ctx context.Context, world string) (*layout.Manifest, bool, error) {
+	objs, err := c.store.List(ctx, layout.CheckpointPrefix(world))
 	if err != nil {
 		return nil, false, err
 	}
@@ -148,9 +148,9 @@ func (c *Compactor) latest(ctx context.Context, world string) (*commitlog.Manife
 		if err != nil {
 			return nil, false, err
 		}
-		var m commitlog.Manifest
-		if err := json.Unmarshal(data, &m); err != nil || m.Format != commitlog.ManifestFormat || m.World != world {
-			return nil, false, fmt.Errorf("commitlog: checkpoint %s is not a format-%d manifest of world %q", objs[i].Key, commitlog.ManifestFormat, world)
+		var m layout.Manifest
+		if err := json.Unmarshal(data, &m); err != nil || m.Format != layout.ManifestFormat || m.World != world {
+			return nil, false, fmt.Errorf("commitlog: checkpoint %s is not a format-%d manifest of world %q", objs[i].Key, layout.ManifestFormat, world)
 		}
 		marker := DroppedKey(world, m.Seq)
 		_, marked := slices.BinarySearchFunc(objs, marker, func(o bucket.Object, k string) int { return strings.Compare(o.Key, k) })
@@ -174,7 +174,7 @@ func (c *Compactor) Undropped(ctx context.Context, world string) (uint64, func(s
 	}
 	ids, vers := make([]string, 0, n), make([]uint64, 0, n)
 	for _, s := range m.Shards {
-		recs, err := commitlog.ReadShard(ctx, c.store, s)
+		recs, err := layout.ReadShard(ctx, c.store, s)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -256,7 +256,7 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 		return nil, err
 	}
 	if m == nil {
-		m = &commitlog.Manifest{Format: commitlog.ManifestFormat, World: world}
+		m = &layout.Manifest{Format: layout.ManifestFormat, World: world}
 	}
 	res := &Result{World: world, From: m.Seq, To: m.Seq}
 	defer func() {
@@ -265,10 +265,10 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 		c.last[world] = res
 		c.mu.Unlock()
 	}()
-	tail := make([]commitlog.Record, 0, len(versions))
+	tail := make([]layout.Record, 0, len(versions))
 	for _, v := range versions {
 		if v.Seq > m.Seq {
-			tail = append(tail, commitlog.Record{ID: v.Doc, Version: v.Seq, Deleted: v.Deleted, Time: v.Time, Body: v.Body})
+			tail = append(tail, layout.Record{ID: v.Doc, Version: v.Seq, Deleted: v.Deleted, Time: v.Time, Body: v.Body})
 		}
 	}
 	if len(tail) == 0 {
@@ -283,7 +283,7 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 	}
 
 	// The latest version of each changed document.
-	latest := map[string]commitlog.Record{}
+	latest := map[string]layout.Record{}
 	for _, r := range tail {
 		latest[r.ID] = r
 	}
@@ -293,7 +293,7 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 		return nil, err
 	}
 
-	next := &commitlog.Manifest{Format: commitlog.ManifestFormat, World: world, Seq: res.To, Shards: shards,
+	next := &layout.Manifest{Format: layout.ManifestFormat, World: world, Seq: res.To, Shards: shards,
 		History: append(slices.Clone(m.History), segs...)}
 	for _, s := range shards {
 		next.Docs += s.Live
@@ -303,7 +303,7 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 	if err != nil {
 		return nil, err
 	}
-	key := commitlog.CheckpointKey(world, res.To)
+	key := layout.CheckpointKey(world, res.To)
 	switch err := c.store.Create(ctx, key, data); {
 	case errors.Is(err, bucket.ErrExists):
 		same, eerr := c.store.Equal(ctx, key, data)
@@ -349,18 +349,18 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 // segments sorted by id and version, cut after HistoryVersions versions
 // at a change of document, and returns them in id order. A pass redone
 // after a crash cuts the same segments and finds them written.
-func (c *Compactor) writeHistory(ctx context.Context, res *Result, world string, from uint64, tail []commitlog.Record) ([]commitlog.Segment, error) {
+func (c *Compactor) writeHistory(ctx context.Context, res *Result, world string, from uint64, tail []layout.Record) ([]layout.Segment, error) {
 	byID := slices.Clone(tail)
-	slices.SortStableFunc(byID, func(a, b commitlog.Record) int { return strings.Compare(a.ID, b.ID) }) // stable: versions stay in order
-	var segs []commitlog.Segment
+	slices.SortStableFunc(byID, func(a, b layout.Record) int { return strings.Compare(a.ID, b.ID) }) // stable: versions stay in order
+	var segs []layout.Segment
 	for len(byID) > 0 {
 		n := min(len(byID), c.cfg.HistoryVersions)
 		for n < len(byID) && byID[n].ID == byID[n-1].ID {
 			n++
 		}
-		seg := commitlog.Segment{Key: commitlog.HistoryKey(world, from, res.To, len(segs)), From: from, To: res.To,
+		seg := layout.Segment{Key: layout.HistoryKey(world, from, res.To, len(segs)), From: from, To: res.To,
 			First: byID[0].ID, Last: byID[n-1].ID, Versions: n}
-		if err := c.create(ctx, res, seg.Key, commitlog.Encode(commitlog.KindHistory, byID[:n]), true); err != nil {
+		if err := c.create(ctx, res, seg.Key, layout.Encode(layout.KindHistory, byID[:n]), true); err != nil {
 			return nil, err
 		}
 		segs = append(segs, seg)
@@ -396,7 +396,7 @@ func (c *Compactor) create(ctx context.Context, res *Result, key string, data []
 // mergeShards applies the changed documents to the shards whose id ranges
 // they fall in and returns the new shard list, and the version each changed
 // document had in the old shards.
-func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *commitlog.Manifest, latest map[string]commitlog.Record) ([]commitlog.ShardRef, map[string]uint64, error) {
+func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *layout.Manifest, latest map[string]layout.Record) ([]layout.ShardRef, map[string]uint64, error) {
 	ids := make([]string, 0, len(latest))
 	for id := range latest {
 		ids = append(ids, id)
@@ -406,23 +406,23 @@ func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *commitlog.M
 	// ids before the first shard go to shard 0.
 	byShard := map[int][]string{}
 	for _, id := range ids {
-		i, _ := slices.BinarySearchFunc(m.Shards, id, func(s commitlog.ShardRef, id string) int { return strings.Compare(s.First, id) })
+		i, _ := slices.BinarySearchFunc(m.Shards, id, func(s layout.ShardRef, id string) int { return strings.Compare(s.First, id) })
 		if i == len(m.Shards) || m.Shards[i].First != id {
 			i--
 		}
 		byShard[max(i, 0)] = append(byShard[max(i, 0)], id)
 	}
 	existed := map[string]uint64{}
-	var out []commitlog.ShardRef
-	emit := func(recs []commitlog.Record) error {
+	var out []layout.ShardRef
+	emit := func(recs []layout.Record) error {
 		for len(recs) > 0 {
 			n := len(recs)
 			if n > 2*c.cfg.ShardDocs {
 				n = c.cfg.ShardDocs
 			}
-			data := commitlog.Encode(commitlog.KindShard, recs[:n])
+			data := layout.Encode(layout.KindShard, recs[:n])
 			sum := sha256.Sum256(data)
-			ref := commitlog.ShardRef{Key: commitlog.ShardKey(m.World, hex.EncodeToString(sum[:16])),
+			ref := layout.ShardRef{Key: layout.ShardKey(m.World, hex.EncodeToString(sum[:16])),
 				First: recs[0].ID, Last: recs[n-1].ID, Docs: n, Bytes: len(data)}
 			for _, r := range recs[:n] {
 				if !r.Deleted {
@@ -439,7 +439,7 @@ func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *commitlog.M
 		return nil
 	}
 	if len(m.Shards) == 0 {
-		recs := make([]commitlog.Record, 0, len(ids))
+		recs := make([]layout.Record, 0, len(ids))
 		for _, id := range ids {
 			recs = append(recs, latest[id])
 		}
@@ -452,12 +452,12 @@ func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *commitlog.M
 			res.ShardsKept++
 			continue
 		}
-		old, err := commitlog.ReadShard(ctx, c.store, s)
+		old, err := layout.ReadShard(ctx, c.store, s)
 		res.Gets++
 		if err != nil {
 			return nil, nil, err
 		}
-		merged := make([]commitlog.Record, 0, len(old)+len(changes))
+		merged := make([]layout.Record, 0, len(old)+len(changes))
 		j := 0
 		for _, r := range old {
 			for j < len(changes) && changes[j] < r.ID {

@@ -15,7 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/bucket/commitlog"
+	"github.com/millrace/millrace/commitlog"
+	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
@@ -29,7 +30,7 @@ type world struct {
 	stream jetstream.Stream
 	store  *bucket.Bucket
 	name   string
-	acked  map[uint64]commitlog.Record // every acknowledged version
+	acked  map[uint64]layout.Record // every acknowledged version
 }
 
 func newWorld(t testing.TB) *world {
@@ -57,7 +58,7 @@ func newWorld(t testing.TB) *world {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	return &world{t: t, js: js, stream: st, store: b, name: "w/1", acked: map[uint64]commitlog.Record{}}
+	return &world{t: t, js: js, stream: st, store: b, name: "w/1", acked: map[uint64]layout.Record{}}
 }
 
 // put writes a version as the commits edge does (expected: the version
@@ -76,7 +77,7 @@ func (w *world) put(id, body string, deleted bool, expected int64) (uint64, erro
 	if err != nil {
 		return 0, err
 	}
-	w.acked[ack.Sequence] = commitlog.Record{ID: id, Version: ack.Sequence, Deleted: deleted, Body: []byte(body)}
+	w.acked[ack.Sequence] = layout.Record{ID: id, Version: ack.Sequence, Deleted: deleted, Body: []byte(body)}
 	return ack.Sequence, nil
 }
 
@@ -90,10 +91,10 @@ func (w *world) mustPut(id, body string) uint64 {
 }
 
 // pass runs one fold of the world into store, as the compactor command
-// does (streams.FoldWorld), and returns what it did.
+// does (commitlog.FoldWorld), and returns what it did.
 func (w *world) pass(store Store, shardDocs int) (*Result, error) {
 	c := New(Config{ShardDocs: shardDocs}, store)
-	st, err := streams.FoldWorld(context.Background(), w.js, c, w.name)
+	st, err := commitlog.FoldWorld(context.Background(), w.js, c, w.name)
 	res := c.Last(w.name)
 	if res == nil {
 		res = &Result{World: w.name}
@@ -108,24 +109,24 @@ func (w *world) pass(store Store, shardDocs int) (*Result, error) {
 // give every document's latest version as the writers acknowledged it, and
 // every acknowledged version is readable from the stream or from a
 // history segment.
-func (w *world) check() *commitlog.Manifest {
+func (w *world) check() *layout.Manifest {
 	w.t.Helper()
 	ctx := context.Background()
-	m, err := commitlog.Latest(ctx, w.store, w.name)
+	m, err := layout.Latest(ctx, w.store, w.name)
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	want := map[string]commitlog.Record{} // latest acknowledged version per document
+	want := map[string]layout.Record{} // latest acknowledged version per document
 	for _, r := range w.acked {
 		if cur, ok := want[r.ID]; !ok || r.Version > cur.Version {
 			want[r.ID] = r
 		}
 	}
-	got := map[string]commitlog.Record{}
+	got := map[string]layout.Record{}
 	var cover uint64
 	if m != nil {
 		cover = m.Seq
-		recs, err := commitlog.Load(ctx, w.store, m)
+		recs, err := layout.Load(ctx, w.store, m)
 		if err != nil {
 			w.t.Fatal(err)
 		}
@@ -154,14 +155,14 @@ func (w *world) check() *commitlog.Manifest {
 		}
 	}
 	// Every acknowledged version: in the stream, or in a segment.
-	inHistory := map[uint64]commitlog.Record{}
+	inHistory := map[uint64]layout.Record{}
 	if m != nil {
 		for _, s := range m.History {
 			data, err := w.store.Get(ctx, s.Key)
 			if err != nil {
 				w.t.Fatal(err)
 			}
-			recs, err := commitlog.Decode(commitlog.KindHistory, data)
+			recs, err := layout.Decode(layout.KindHistory, data)
 			if err != nil {
 				w.t.Fatal(err)
 			}
@@ -303,7 +304,7 @@ func TestCrashBeforeManifest(t *testing.T) {
 	if _, err := w.pass(failingStore{w.store, "/checkpoints/"}, 4); err == nil {
 		t.Fatal("the injected failure did not surface")
 	}
-	if m, _ := commitlog.Latest(ctx, w.store, w.name); m != nil {
+	if m, _ := layout.Latest(ctx, w.store, w.name); m != nil {
 		t.Fatalf("a checkpoint exists after the crash: %+v", m)
 	}
 	info, _ := w.stream.Info(ctx)
@@ -356,7 +357,7 @@ func TestRacingCompactors(t *testing.T) {
 	// Someone else's different checkpoint at the sequence this pass will
 	// reach: refused, and the stream keeps every version.
 	last := w.mustPut("zz", "last")
-	if err := w.store.Create(ctx, commitlog.CheckpointKey(w.name, last), []byte(`{"format":1,"world":"w/1","seq":1}`)); err != nil {
+	if err := w.store.Create(ctx, layout.CheckpointKey(w.name, last), []byte(`{"format":1,"world":"w/1","seq":1}`)); err != nil {
 		t.Fatal(err)
 	}
 	before, _ := w.stream.Info(ctx)
@@ -387,7 +388,7 @@ func TestRandomWritesAndPasses(t *testing.T) {
 		}
 		w.check()
 	}
-	m, _ := commitlog.Latest(ctx, w.store, w.name)
+	m, _ := layout.Latest(ctx, w.store, w.name)
 	info, _ := w.stream.Info(ctx)
 	if docs := len(m.Shards); info.State.Msgs > 120 || docs == 0 {
 		t.Errorf("%d messages left in the stream for at most 120 documents", info.State.Msgs)
@@ -457,11 +458,11 @@ func TestStrandedVersionsSwept(t *testing.T) {
 	// ends): the checkpoint holds 30 versions, the stream keeps all 30.
 	round(3)
 	dctx, cancel := context.WithCancel(ctx)
-	st, err := streams.FoldWorld(dctx, w.js, diesAfterFold{New(Config{ShardDocs: 4}, w.store), cancel}, w.name)
+	st, err := commitlog.FoldWorld(dctx, w.js, diesAfterFold{New(Config{ShardDocs: 4}, w.store), cancel}, w.name)
 	if err == nil {
 		t.Fatalf("the injected failure did not surface: %+v", st)
 	}
-	m, _ := commitlog.Latest(ctx, w.store, w.name)
+	m, _ := layout.Latest(ctx, w.store, w.name)
 	if m == nil || m.Seq != last["d9"] {
 		t.Fatalf("the dead pass left checkpoint %+v, want one at %d", m, last["d9"])
 	}
@@ -472,7 +473,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 
 	// The next pass (a new compactor, as after a restart) has nothing new
 	// to fold, and sweeps.
-	st, err = streams.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	st, err = commitlog.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,10 +490,10 @@ func TestStrandedVersionsSwept(t *testing.T) {
 	// dead pass should have dropped (the previous last of each document,
 	// and the first of the two updates), then folds the new document.
 	round(2)
-	if _, err := streams.FoldWorld(ctx, w.js, diesAfterFold{Compactor: New(Config{ShardDocs: 4}, w.store)}, w.name); err == nil {
+	if _, err := commitlog.FoldWorld(ctx, w.js, diesAfterFold{Compactor: New(Config{ShardDocs: 4}, w.store)}, w.name); err == nil {
 		t.Fatal("the injected failure did not surface")
 	}
-	m, _ = commitlog.Latest(ctx, w.store, w.name)
+	m, _ = layout.Latest(ctx, w.store, w.name)
 	if m.Seq != last["d9"] || w.marked(m.Seq) || w.streamMsgs() != 30 {
 		t.Fatalf("after the second dead pass: checkpoint %d (want %d), marked %v, %d messages (want 30)", m.Seq, last["d9"], w.marked(m.Seq), w.streamMsgs())
 	}
@@ -507,7 +508,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 		t.Fatalf("a checkpoint on an unswept base was marked (%v)", err)
 	}
 	w.mustPut("new", "n1")
-	st, err = streams.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	st, err = commitlog.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -532,7 +533,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 		}
 	}
 	// A healthy pass marks its checkpoint, and the one after sweeps nothing.
-	st, err = streams.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	st, err = commitlog.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
 	if err != nil || st.Swept != 0 || st.Versions != 10 || st.Dropped != 10 {
 		t.Fatalf("healthy pass: %+v, %v", st, err)
 	}
@@ -540,7 +541,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 	if !w.marked(m.Seq) {
 		t.Fatal("a healthy pass left its checkpoint unmarked")
 	}
-	st, err = streams.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	st, err = commitlog.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
 	if err != nil || st.Swept != 0 || st.Versions != 0 {
 		t.Fatalf("idle pass: %+v, %v", st, err)
 	}
@@ -557,7 +558,7 @@ func TestHistorySegmentsByIDRange(t *testing.T) {
 	}
 	w.mustPut("doc-03", "last")
 	c := New(Config{HistoryVersions: 4}, w.store)
-	if _, err := streams.FoldWorld(context.Background(), w.js, c, w.name); err != nil {
+	if _, err := commitlog.FoldWorld(context.Background(), w.js, c, w.name); err != nil {
 		t.Fatal(err)
 	}
 	m := w.check()
@@ -576,7 +577,7 @@ func TestHistorySegmentsByIDRange(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		recs, err := commitlog.Decode(commitlog.KindHistory, data)
+		recs, err := layout.Decode(layout.KindHistory, data)
 		if err != nil || len(recs) != s.Versions {
 			t.Fatalf("segment %d: %d records (%v), manifest says %d", i, len(recs), err, s.Versions)
 		}

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/commitlog"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/streams"
@@ -357,7 +358,7 @@ func TestCommitsExportWhileCompacting(t *testing.T) {
 	p.stop()
 	for round := 2; round <= 3; round++ {
 		put(round)
-		fs, err := streams.FoldWorld(ctx, b.js, comp, "w")
+		fs, err := commitlog.FoldWorld(ctx, b.js, comp, "w", commitlog.HoldFor("export-commits"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -381,7 +382,7 @@ func TestCommitsExportWhileCompacting(t *testing.T) {
 			t.Fatalf("version %d: %q in Kafka, want %q (%d of %d versions exported)", seq, got[seq], body, len(got), len(versions))
 		}
 	}
-	if _, err := streams.FoldWorld(ctx, b.js, comp, "w"); err != nil { // now it may drop the rest
+	if _, err := commitlog.FoldWorld(ctx, b.js, comp, "w", commitlog.HoldFor("export-commits")); err != nil { // now it may drop the rest
 		t.Fatal(err)
 	}
 	st, err := b.js.Stream(ctx, subjects.StreamCommits)

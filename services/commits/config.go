@@ -9,7 +9,7 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/millrace/millrace/bucket/commitlog"
+	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/internal/keyfile"
 )
 
@@ -25,7 +25,7 @@ type Config struct {
 	// dropped from the stream are read from its history segments, and
 	// List opens a world from its latest checkpoint. Nil: the stream is
 	// all there is (nothing may compact it).
-	Store commitlog.Reader
+	Store layout.Reader
 	// CacheBytes bounds the decoded bucket objects (shards, history
 	// segments) the edge keeps for reads of folded versions. Default 64 MiB.
 	CacheBytes int

@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/millrace/millrace/bucket/commitlog"
+	"github.com/millrace/millrace/commitlog/layout"
 )
 
 // folded reads what the compactor moved out of the stream: versions from
@@ -21,7 +21,7 @@ import (
 // so a manifest read after the stream said "not there" covers whatever was
 // deleted before that read. Each lookup says how fresh a manifest it needs.
 type folded struct {
-	store commitlog.Reader
+	store layout.Reader
 
 	mu     sync.Mutex
 	worlds map[string]*manifestCache
@@ -30,18 +30,18 @@ type folded struct {
 
 type manifestCache struct {
 	mu      sync.Mutex // one fetch at a time per world
-	m       *commitlog.Manifest
+	m       *layout.Manifest
 	fetched time.Time
 }
 
-func newFolded(store commitlog.Reader, cacheBytes int) *folded {
+func newFolded(store layout.Reader, cacheBytes int) *folded {
 	return &folded{store: store, worlds: map[string]*manifestCache{}, files: newFileCache(cacheBytes)}
 }
 
 // manifest returns the world's latest checkpoint (nil: none), read from
 // the bucket unless the one in memory was read after notBefore or already
 // covers seq.
-func (f *folded) manifest(ctx context.Context, world string, notBefore time.Time, seq uint64) (*commitlog.Manifest, error) {
+func (f *folded) manifest(ctx context.Context, world string, notBefore time.Time, seq uint64) (*layout.Manifest, error) {
 	f.mu.Lock()
 	c := f.worlds[world]
 	if c == nil {
@@ -58,7 +58,7 @@ func (f *folded) manifest(ctx context.Context, world string, notBefore time.Time
 		return c.m, nil
 	}
 	at := time.Now()
-	m, err := commitlog.Latest(ctx, f.store, world)
+	m, err := layout.Latest(ctx, f.store, world)
 	if err != nil {
 		return nil, err
 	}
@@ -69,20 +69,20 @@ func (f *folded) manifest(ctx context.Context, world string, notBefore time.Time
 // version finds version seq of document id in the world's history
 // segments (nil: the checkpoints hold no such version). asked is when the
 // stream was found not to hold it.
-func (f *folded) version(ctx context.Context, world, id string, seq uint64, asked time.Time) (*commitlog.Record, error) {
+func (f *folded) version(ctx context.Context, world, id string, seq uint64, asked time.Time) (*layout.Record, error) {
 	m, err := f.manifest(ctx, world, asked, seq)
 	if err != nil || m == nil || m.Seq < seq {
 		return nil, err
 	}
 	// Segments are in pass order, and in id order within a pass: the
 	// pass holding seq starts at the first segment whose range reaches it.
-	i, _ := slices.BinarySearchFunc(m.History, seq, func(s commitlog.Segment, v uint64) int { return cmpUint(s.To, v) })
+	i, _ := slices.BinarySearchFunc(m.History, seq, func(s layout.Segment, v uint64) int { return cmpUint(s.To, v) })
 	for ; i < len(m.History) && m.History[i].From < seq; i++ {
 		s := m.History[i]
 		if !s.Holds(id) {
 			continue
 		}
-		recs, err := f.read(ctx, commitlog.KindHistory, s.Key)
+		recs, err := f.read(ctx, layout.KindHistory, s.Key)
 		if err != nil {
 			return nil, err
 		}
@@ -95,8 +95,8 @@ func (f *folded) version(ctx context.Context, world, id string, seq uint64, aske
 
 // find returns the record of document id at version seq in a segment
 // (sorted by id, then version).
-func find(recs []commitlog.Record, id string, seq uint64) *commitlog.Record {
-	j, _ := slices.BinarySearchFunc(recs, id, func(r commitlog.Record, id string) int { return strings.Compare(r.ID, id) })
+func find(recs []layout.Record, id string, seq uint64) *layout.Record {
+	j, _ := slices.BinarySearchFunc(recs, id, func(r layout.Record, id string) int { return strings.Compare(r.ID, id) })
 	for ; j < len(recs) && recs[j].ID == id; j++ {
 		if recs[j].Version == seq {
 			return &recs[j]
@@ -107,7 +107,7 @@ func find(recs []commitlog.Record, id string, seq uint64) *commitlog.Record {
 
 // latest finds document id in the world's latest checkpoint (nil: not
 // there).
-func (f *folded) latest(ctx context.Context, world, id string, asked time.Time) (*commitlog.Record, error) {
+func (f *folded) latest(ctx context.Context, world, id string, asked time.Time) (*layout.Record, error) {
 	m, err := f.manifest(ctx, world, asked, 0)
 	if err != nil || m == nil {
 		return nil, err
@@ -116,11 +116,11 @@ func (f *folded) latest(ctx context.Context, world, id string, asked time.Time) 
 		if id < s.First || id > s.Last {
 			continue
 		}
-		recs, err := f.read(ctx, commitlog.KindShard, s.Key)
+		recs, err := f.read(ctx, layout.KindShard, s.Key)
 		if err != nil {
 			return nil, err
 		}
-		if j, ok := slices.BinarySearchFunc(recs, id, func(r commitlog.Record, id string) int { return strings.Compare(r.ID, id) }); ok {
+		if j, ok := slices.BinarySearchFunc(recs, id, func(r layout.Record, id string) int { return strings.Compare(r.ID, id) }); ok {
 			return &recs[j], nil
 		}
 		return nil, nil
@@ -133,23 +133,23 @@ func (f *folded) latest(ctx context.Context, world, id string, asked time.Time) 
 // cover up to (the stream holds every version after it). asked is when
 // the stream was read. It reads the one segment of each pass since after
 // whose id range holds the document.
-func (f *folded) history(ctx context.Context, world, id string, after uint64, n int, asked time.Time) ([]commitlog.Record, uint64, error) {
+func (f *folded) history(ctx context.Context, world, id string, after uint64, n int, asked time.Time) ([]layout.Record, uint64, error) {
 	m, err := f.manifest(ctx, world, asked, 0)
 	if err != nil || m == nil {
 		return nil, 0, err
 	}
-	var out []commitlog.Record
-	i, _ := slices.BinarySearchFunc(m.History, after+1, func(s commitlog.Segment, v uint64) int { return cmpUint(s.To, v) })
+	var out []layout.Record
+	i, _ := slices.BinarySearchFunc(m.History, after+1, func(s layout.Segment, v uint64) int { return cmpUint(s.To, v) })
 	for ; i < len(m.History); i++ {
 		s := m.History[i]
 		if !s.Holds(id) {
 			continue
 		}
-		recs, err := f.read(ctx, commitlog.KindHistory, s.Key)
+		recs, err := f.read(ctx, layout.KindHistory, s.Key)
 		if err != nil {
 			return nil, 0, err
 		}
-		j, _ := slices.BinarySearchFunc(recs, id, func(r commitlog.Record, id string) int { return strings.Compare(r.ID, id) })
+		j, _ := slices.BinarySearchFunc(recs, id, func(r layout.Record, id string) int { return strings.Compare(r.ID, id) })
 		for ; j < len(recs) && recs[j].ID == id; j++ {
 			if recs[j].Version > after {
 				out = append(out, recs[j])
@@ -162,18 +162,18 @@ func (f *folded) history(ctx context.Context, world, id string, after uint64, n 
 	return out, m.Seq, nil
 }
 
-func (f *folded) read(ctx context.Context, kind byte, key string) ([]commitlog.Record, error) {
+func (f *folded) read(ctx context.Context, kind byte, key string) ([]layout.Record, error) {
 	if recs, ok := f.files.get(key); ok {
 		return recs, nil
 	}
 	var (
-		recs []commitlog.Record
+		recs []layout.Record
 		err  error
 	)
-	if kind == commitlog.KindShard {
-		recs, err = commitlog.ReadShard(ctx, f.store, commitlog.ShardRef{Key: key})
+	if kind == layout.KindShard {
+		recs, err = layout.ReadShard(ctx, f.store, layout.ShardRef{Key: key})
 	} else {
-		recs, err = commitlog.ReadSegment(ctx, f.store, commitlog.Segment{Key: key})
+		recs, err = layout.ReadSegment(ctx, f.store, layout.Segment{Key: key})
 	}
 	if err != nil {
 		return nil, err
@@ -204,7 +204,7 @@ type fileCache struct {
 
 type cachedFile struct {
 	key  string
-	recs []commitlog.Record
+	recs []layout.Record
 	size int
 }
 
@@ -215,7 +215,7 @@ func newFileCache(budget int) *fileCache {
 	return &fileCache{budget: budget, order: list.New(), byKey: map[string]*list.Element{}}
 }
 
-func (c *fileCache) get(key string) ([]commitlog.Record, bool) {
+func (c *fileCache) get(key string) ([]layout.Record, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.byKey[key]
@@ -226,7 +226,7 @@ func (c *fileCache) get(key string) ([]commitlog.Record, bool) {
 	return e.Value.(*cachedFile).recs, true
 }
 
-func (c *fileCache) put(key string, recs []commitlog.Record) {
+func (c *fileCache) put(key string, recs []layout.Record) {
 	size := 0
 	for _, r := range recs {
 		size += len(r.ID) + len(r.Body) + recordOverhead

@@ -13,18 +13,18 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/commitlog"
 	"github.com/millrace/millrace/projectors/compactor"
 	commitspb "github.com/millrace/millrace/schemas/commits"
-	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
 )
 
 // A test-only import of the compactor: it makes the bucket state the edge
 // reads (the edge itself depends on bucket/commitlog alone).
 
-func fold(t *testing.T, js jetstream.JetStream, bk *bucket.Bucket, world string) streams.FoldStats {
+func fold(t *testing.T, js jetstream.JetStream, bk *bucket.Bucket, world string) commitlog.FoldStats {
 	t.Helper()
-	st, err := streams.FoldWorld(context.Background(), js, compactor.New(compactor.Config{ShardDocs: 2, HistoryVersions: 2}, bk), world)
+	st, err := commitlog.FoldWorld(context.Background(), js, compactor.New(compactor.Config{ShardDocs: 2, HistoryVersions: 2}, bk), world)
 	if err != nil {
 		t.Fatal(err)
 	}

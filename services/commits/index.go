@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/millrace/millrace/bucket/commitlog"
+	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/subjects"
 )
@@ -159,13 +159,13 @@ func (x *indexes) open(w *worldIndex) {
 	ctx, cancel := context.WithTimeout(context.Background(), openTimeout)
 	defer cancel()
 	start := time.Now()
-	var m *commitlog.Manifest
+	var m *layout.Manifest
 	if x.s.folded != nil {
 		var err error
 		if m, err = x.s.folded.manifest(ctx, w.world, start, 0); err != nil {
 			w.err = unavailable(fmt.Errorf("the world's checkpoint: %w", err))
 		} else if m != nil {
-			recs, err := commitlog.Load(ctx, x.s.folded.store, m)
+			recs, err := layout.Load(ctx, x.s.folded.store, m)
 			if err != nil {
 				w.err = unavailable(fmt.Errorf("the world's checkpoint: %w", err))
 			}

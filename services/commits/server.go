@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/millrace/millrace/bucket/commitlog"
+	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/internal/httpapi"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 	"github.com/millrace/millrace/schemas/envelope"
@@ -434,7 +434,7 @@ func (s *Server) getFolded(ctx context.Context, world, id string, version uint64
 	}
 	asked := time.Now()
 	var (
-		r    *commitlog.Record
+		r    *layout.Record
 		err  error
 		what = "version"
 	)

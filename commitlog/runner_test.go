@@ -1,4 +1,4 @@
-package streams_test
+package commitlog_test
 
 import (
 	"context"
@@ -15,7 +15,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/bucket/commitlog"
+	"github.com/millrace/millrace/commitlog"
+	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/schemas/envelope"
@@ -127,7 +128,7 @@ func (e *foldEnv) lastOf(world string) uint64 {
 // covered is the seq of the world's latest checkpoint (0: none).
 func (e *foldEnv) covered(world string) uint64 {
 	e.t.Helper()
-	m, err := commitlog.Latest(context.Background(), e.store, world)
+	m, err := layout.Latest(context.Background(), e.store, world)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -187,7 +188,7 @@ func (e *foldEnv) streamLast() uint64 {
 }
 
 // run starts a runner; the returned stop ends it and waits.
-func (e *foldEnv) run(f projection.Folder, cfg streams.FoldRunnerConfig) (stop func()) {
+func (e *foldEnv) run(f projection.Folder, cfg commitlog.FoldRunnerConfig) (stop func()) {
 	cfg.Logger = e.log
 	if cfg.Fetch == 0 {
 		cfg.Fetch = 64 // several pulls and ack handles even in small tests
@@ -195,7 +196,7 @@ func (e *foldEnv) run(f projection.Folder, cfg streams.FoldRunnerConfig) (stop f
 	if cfg.MaxAckPending == 0 {
 		cfg.MaxAckPending = 10000
 	}
-	r := streams.NewFoldRunner(e.js, f, cfg)
+	r := commitlog.NewFoldRunner(e.js, f, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -263,7 +264,7 @@ func TestFoldRunnerFoldsEveryWorld(t *testing.T) {
 			e.put(w, 20, 1)
 		}
 	}
-	e.run(compactor.New(compactor.Config{ShardDocs: 8}, e.store), streams.FoldRunnerConfig{Interval: 150 * time.Millisecond})
+	e.run(compactor.New(compactor.Config{ShardDocs: 8}, e.store), commitlog.FoldRunnerConfig{Interval: 150 * time.Millisecond})
 	e.waitFolded(worlds...)
 	e.waitAcked("compactor")
 
@@ -280,7 +281,7 @@ func TestFoldRunnerSizeTrigger(t *testing.T) {
 	e := newFoldEnv(t, true)
 	e.put("small", 10, 1)
 	e.put("big", 20, 3)
-	e.run(compactor.New(compactor.Config{}, e.store), streams.FoldRunnerConfig{MinVersions: 50, Interval: time.Hour, Fetch: 16})
+	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{MinVersions: 50, Interval: time.Hour, Fetch: 16})
 	e.waitFolded("big")
 	// A third world reaches the size after "small" was delivered: once it
 	// is folded, the runner has seen "small" and left it alone.
@@ -299,7 +300,7 @@ func TestFoldRunnerSizeTrigger(t *testing.T) {
 func TestFoldRunnerIntervalTrigger(t *testing.T) {
 	e := newFoldEnv(t, true)
 	const interval = 400 * time.Millisecond
-	e.run(compactor.New(compactor.Config{}, e.store), streams.FoldRunnerConfig{Interval: interval})
+	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: interval})
 	start := time.Now()
 	e.put("w", 5, 1)
 	var seen time.Duration
@@ -325,7 +326,7 @@ func TestFoldRunnerRestart(t *testing.T) {
 	e.put("b", 10, 1)
 	e.put("a", 20, 2)
 	e.put("c", 10, 1)
-	stop := e.run(compactor.New(compactor.Config{}, e.store), streams.FoldRunnerConfig{MinVersions: 30, Interval: time.Hour, Fetch: 8})
+	stop := e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{MinVersions: 30, Interval: time.Hour, Fetch: 8})
 	e.waitFolded("a")
 	stop()
 	if e.covered("b") != 0 || e.covered("c") != 0 {
@@ -336,7 +337,7 @@ func TestFoldRunnerRestart(t *testing.T) {
 	}
 
 	e.put("d", 5, 1)
-	e.run(compactor.New(compactor.Config{}, e.store), streams.FoldRunnerConfig{Interval: 100 * time.Millisecond})
+	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: 100 * time.Millisecond})
 	e.waitFolded("a", "b", "c", "d")
 	e.waitAcked("compactor")
 }
@@ -379,7 +380,7 @@ func TestFoldRunnerPassErrorDoesNotBlockOthers(t *testing.T) {
 	e.put("ok2", 10, 3)
 	f := &flakyFolder{Compactor: compactor.New(compactor.Config{}, e.store), world: "bad"}
 	f.failing.Store(true)
-	e.run(f, streams.FoldRunnerConfig{Interval: 50 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
+	e.run(f, commitlog.FoldRunnerConfig{Interval: 50 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
 	e.waitFolded("ok1", "ok2")
 	waitUntil(t, 5*time.Second, func() error {
 		if f.failures.Load() < 3 {
@@ -402,7 +403,7 @@ func TestFoldRunnerPassErrorDoesNotBlockOthers(t *testing.T) {
 // when someone deletes it.
 func TestFoldRunnerWaitsForStreamAndRecreatesConsumer(t *testing.T) {
 	e := newFoldEnv(t, false)
-	e.run(compactor.New(compactor.Config{}, e.store), streams.FoldRunnerConfig{Interval: 100 * time.Millisecond})
+	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: 100 * time.Millisecond})
 	e.apply()
 	e.put("w", 5, 2)
 	e.waitFolded("w")
@@ -427,18 +428,18 @@ func TestFoldRunnerPressureTrigger(t *testing.T) {
 		e.put("q", 10, 1)
 		e.put("r", 5, 1)
 	}
-	e.run(compactor.New(compactor.Config{}, e.store), streams.FoldRunnerConfig{
+	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{
 		MinVersions: 1000, Interval: time.Hour, MaxAckPending: 32, Fetch: 16})
 	e.waitFolded("p", "q", "r")
 	e.waitAcked("compactor")
 }
 
-// An export consumer (ExportMetadata) on COMMITS holds the compactor's
-// deletions at its ack floor: a version it has not acknowledged stays in
-// the stream (deleting it would skip it, and JetStream would count the
-// deletion as the export's ack). Once the export acknowledges, the next
-// pass sweeps what was withheld. A consumer of another world does not
-// hold this one back.
+// An export consumer named a holder (HoldFor) on COMMITS holds the
+// compactor's deletions at its ack floor: a version it has not
+// acknowledged stays in the stream (deleting it would skip it, and
+// JetStream would count the deletion as the export's ack). Once the export
+// acknowledges, the next pass sweeps what was withheld. A holder of
+// another world does not hold this one back.
 func TestFoldWithholdsWhatAnExportHasNotAcked(t *testing.T) {
 	e := newFoldEnv(t, true)
 	ctx := context.Background()
@@ -448,7 +449,7 @@ func TestFoldWithholdsWhatAnExportHasNotAcked(t *testing.T) {
 	}
 	export := func(name, filter string) jetstream.Consumer {
 		c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckAllPolicy,
-			FilterSubject: filter, Metadata: map[string]string{streams.ExportMetadata: "test"}})
+			FilterSubject: filter})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -458,6 +459,7 @@ func TestFoldWithholdsWhatAnExportHasNotAcked(t *testing.T) {
 	export("export-other", subjects.CommitsWorldFilter("other"))
 	e.put("w", 5, 3) // 15 versions, 5 documents
 	c := compactor.New(compactor.Config{}, e.store)
+	hold := commitlog.HoldFor("export-test", "export-other")
 
 	// Acknowledge the first round only.
 	batch, err := exp.Fetch(5)
@@ -471,7 +473,7 @@ func TestFoldWithholdsWhatAnExportHasNotAcked(t *testing.T) {
 	if err := lastAcked.DoubleAck(ctx); err != nil {
 		t.Fatal(err)
 	}
-	fs, err := streams.FoldWorld(ctx, e.js, c, "w")
+	fs, err := commitlog.FoldWorld(ctx, e.js, c, "w", hold)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -493,7 +495,7 @@ func TestFoldWithholdsWhatAnExportHasNotAcked(t *testing.T) {
 	if err := lastAcked.DoubleAck(ctx); err != nil {
 		t.Fatal(err)
 	}
-	fs, err = streams.FoldWorld(ctx, e.js, c, "w")
+	fs, err = commitlog.FoldWorld(ctx, e.js, c, "w", hold)
 	if err != nil {
 		t.Fatal(err)
 	}

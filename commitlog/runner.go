@@ -1,4 +1,4 @@
-package streams
+package commitlog
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
@@ -53,7 +52,17 @@ type FoldRunnerConfig struct {
 	RetryMin, RetryMax time.Duration
 	// Drain is how long passes in flight may go on after Run's context
 	// ends before they are cancelled. Default 10s.
-	Drain   time.Duration
+	Drain time.Duration
+	// HoldFor names the durable consumers on COMMITS, other systems'
+	// exports, that hold the deletions back: no version of a world is
+	// deleted above the ack floor of one whose subjects take the world. A
+	// version deleted before such a consumer read it would never reach the
+	// other system, and JetStream counts the deletion of a delivered
+	// message as its ack (under AckAll, of every message below it too).
+	// One that does not exist (yet) holds every version back, and the
+	// runner warns once: a missing export consumer must not let versions
+	// go before they were exported. Default none (nothing holds).
+	HoldFor []string
 	Logger  *slog.Logger
 	Metrics *FoldMetrics
 }
@@ -109,6 +118,11 @@ func (c FoldRunnerConfig) Validate() error {
 	}
 	if c.RetryMax < c.RetryMin {
 		return fmt.Errorf("fold runner: retry max %s is below retry min %s", c.RetryMax, c.RetryMin)
+	}
+	for _, h := range c.HoldFor {
+		if h == "" || strings.ContainsAny(h, ".*> \t\r\n") {
+			return fmt.Errorf("fold runner: holder %q is not a durable name (empty, or with '.', '*', '>' or spaces)", h)
+		}
 	}
 	return nil
 }
@@ -170,6 +184,7 @@ type FoldRunner struct {
 	waiting  int    // versions waiting, all worlds
 	urgent   bool   // a pull made a world due by size, or the pressure high
 	inFlight int
+	missing  map[string]bool // holders found missing, warned of
 }
 
 // foldState is one world as the runner knows it.
@@ -200,7 +215,7 @@ func NewFoldRunner(js jetstream.JetStream, f projection.Folder, cfg FoldRunnerCo
 	cfg = cfg.withDefaults()
 	return &FoldRunner{js: js, f: f, cfg: cfg, m: cfg.Metrics,
 		log:    cfg.Logger.With("component", "compactor", "consumer", cfg.Durable),
-		worlds: map[string]*foldState{}}
+		worlds: map[string]*foldState{}, missing: map[string]bool{}}
 }
 
 // fetched is what one pull brought.
@@ -482,7 +497,7 @@ func (r *FoldRunner) use(cons jetstream.Consumer, created time.Time, start uint6
 	r.fetchErrs, r.fetchAt = 0, time.Time{}
 	if first {
 		r.log.Info("discovering worlds", "from", start, "min_versions", r.cfg.MinVersions,
-			"interval", r.cfg.Interval, "concurrency", r.cfg.Concurrency)
+			"interval", r.cfg.Interval, "concurrency", r.cfg.Concurrency, "hold_for", strings.Join(r.cfg.HoldFor, ","))
 		return
 	}
 	// The waiting versions' replies were the old consumer's, and acks to
@@ -693,7 +708,7 @@ func (r *FoldRunner) pass(ctx context.Context, world string, waiting int, done c
 		d.took = time.Since(start)
 		done <- d
 	}()
-	d.st, d.err = FoldWorld(ctx, r.js, r.f, world, FoldWaiting(waiting))
+	d.st, d.err = FoldWorld(ctx, r.js, r.f, world, FoldWaiting(waiting), HoldFor(r.cfg.HoldFor...))
 }
 
 // finish records a pass. After a pass that succeeded, every version
@@ -702,6 +717,7 @@ func (r *FoldRunner) pass(ctx context.Context, world string, waiting int, done c
 // below the folder's position.
 func (r *FoldRunner) finish(d passDone, abandoned bool) {
 	r.inFlight--
+	r.noteHolders(d.st)
 	w := r.worlds[d.world]
 	if w == nil {
 		return // the stream was recreated meanwhile
@@ -741,6 +757,28 @@ func (r *FoldRunner) finish(d passDone, abandoned bool) {
 	default:
 		r.m.pass("idle", d.took, d.st)
 		r.log.Debug("nothing new to fold", "world", d.world, "covered", w.covered, "seconds", roundSeconds(d.took))
+	}
+}
+
+// noteHolders warns once of each holder a pass found missing, and says
+// when one is back.
+func (r *FoldRunner) noteHolders(st FoldStats) {
+	for _, name := range st.Missing {
+		if !r.missing[name] {
+			r.missing[name] = true
+			r.log.Warn("a consumer that holds deletions back does not exist on "+subjects.StreamCommits+
+				": nothing is deleted from it until the consumer is created (by its export) or no longer named a holder",
+				"holder", name)
+		}
+	}
+	if !st.held {
+		return
+	}
+	for name := range r.missing {
+		if !slices.Contains(st.Missing, name) {
+			delete(r.missing, name)
+			r.log.Info("a consumer that holds deletions back exists again; deletions resume up to its ack floor", "holder", name)
+		}
 	}
 }
 
@@ -801,85 +839,4 @@ func (r *FoldRunner) tidy(now time.Time) {
 	r.m.worldsDirty.Set(float64(dirty))
 	r.m.waiting.Set(float64(waiting))
 	r.m.oldestAge.Set(age)
-}
-
-// FoldMetrics are the fold runner's metrics (prefix millrace_compactor_).
-type FoldMetrics struct {
-	passes      *prometheus.CounterVec
-	folded      prometheus.Counter
-	dropped     prometheus.Counter
-	swept       prometheus.Counter
-	discoveries prometheus.Counter
-	seconds     prometheus.Histogram
-	worldsDirty prometheus.Gauge
-	waiting     prometheus.Gauge
-	oldestAge   prometheus.Gauge
-}
-
-// NewFoldMetrics registers the metrics with reg (nil: not registered).
-func NewFoldMetrics(reg prometheus.Registerer) *FoldMetrics {
-	m := &FoldMetrics{
-		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "millrace_compactor_passes_total",
-			Help: "Fold passes by result: folded (wrote a checkpoint or swept), idle (nothing new), error.",
-		}, []string{"result"}),
-		folded: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "millrace_compactor_versions_folded_total",
-			Help: "Document versions folded into checkpoints.",
-		}),
-		dropped: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "millrace_compactor_versions_dropped_total",
-			Help: "Versions deleted from COMMITS after their checkpoint (not their document's last).",
-		}),
-		swept: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "millrace_compactor_versions_swept_total",
-			Help: "Versions a pass that died during its deletions had left in COMMITS, deleted by a later pass.",
-		}),
-		discoveries: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "millrace_compactor_versions_discovered_total",
-			Help: "Versions the discovery consumer delivered that were not folded yet.",
-		}),
-		seconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "millrace_compactor_pass_seconds",
-			Help:    "Time of each fold pass.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 16),
-		}),
-		worldsDirty: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "millrace_compactor_worlds_dirty",
-			Help: "Worlds with versions waiting to be folded.",
-		}),
-		waiting: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "millrace_compactor_versions_waiting",
-			Help: "Versions delivered to the compactor and not folded yet.",
-		}),
-		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "millrace_compactor_oldest_unfolded_age_seconds",
-			Help: "Age of the oldest version waiting to be folded (0: none waits).",
-		}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.passes, m.folded, m.dropped, m.swept, m.discoveries, m.seconds,
-			m.worldsDirty, m.waiting, m.oldestAge)
-	}
-	return m
-}
-
-func (m *FoldMetrics) pass(result string, took time.Duration, st FoldStats) {
-	if m == nil {
-		return
-	}
-	m.passes.WithLabelValues(result).Inc()
-	m.seconds.Observe(took.Seconds())
-	if result == "error" {
-		return
-	}
-	m.folded.Add(float64(st.Versions))
-	m.dropped.Add(float64(st.Dropped))
-	m.swept.Add(float64(st.Swept))
-}
-
-func (m *FoldMetrics) discovered() {
-	if m != nil {
-		m.discoveries.Inc()
-	}
 }

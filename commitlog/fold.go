@@ -1,21 +1,18 @@
-package streams
+package commitlog
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/schemas/envelope"
+	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
 )
@@ -27,9 +24,13 @@ type FoldStats struct {
 	Dropped  int    // removed from the stream afterwards
 	To       uint64 // the last sequence folded (0: nothing was new)
 	Swept    int    // versions a dead pass had left, removed first
-	// Withheld counts versions the pass would have removed but an export
-	// had not yet acknowledged (ExportMetadata); a later pass sweeps them.
+	// Withheld counts versions the pass would have removed but a holder
+	// (HoldFor) had not yet acknowledged; a later pass sweeps them.
 	Withheld int
+	// Missing names the holders that did not exist on COMMITS: each held
+	// every version back.
+	Missing []string
+	held    bool // the holders were looked up
 }
 
 // Position is where the world is folded up to after the pass.
@@ -38,14 +39,11 @@ func (s FoldStats) Position() uint64 { return max(s.From, s.To) }
 // foldFetch is how many messages FoldWorld reads at a time.
 const foldFetch = 1000
 
-// dropConcurrency is how many message deletions are in flight at once: each
-// is one JetStream API request (a lookup by sequence on the server).
-const dropConcurrency = 256
-
 // FoldWorld runs one pass of f over world on the COMMITS stream: it reads
 // the world's versions after f's position, up to the world's last message
-// at the start, gives them to f, and deletes the sequences f returns. A
-// version already gone (another pass removed it) is fine.
+// at the start, gives them to f, and deletes the sequences f returns, but
+// none above the ack floor of a holder (HoldFor). A version already gone
+// (another pass removed it) is fine.
 //
 // When f is a projection.Dropper, the pass first sweeps what a pass that
 // died during its deletions left (see projection.Dropper), and records
@@ -63,7 +61,7 @@ func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder,
 	}
 	d, drops := f.(projection.Dropper)
 	if drops {
-		if st.Swept, err = sweepWorld(ctx, js, stream, d, world); err != nil {
+		if st.Swept, err = sweepWorld(ctx, js, stream, d, world, o.holders, &st); err != nil {
 			return st, err
 		}
 	}
@@ -81,12 +79,12 @@ func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder,
 	if err != nil {
 		return st, err
 	}
-	floor, err := exportFloor(ctx, stream, world)
+	floor, err := holdFloor(ctx, stream, world, o.holders, &st)
 	if err != nil {
 		return st, fmt.Errorf("fold %q: %w", world, err)
 	}
 	drop, st.Withheld = below(drop, floor)
-	if err := deleteSeqs(ctx, js, drop); err != nil {
+	if err := streams.DeleteMsgs(ctx, js, subjects.StreamCommits, drop, 0); err != nil {
 		return st, fmt.Errorf("fold %q: %w", world, err)
 	}
 	st.Dropped = len(drop)
@@ -105,6 +103,7 @@ type FoldOption func(*foldOptions)
 
 type foldOptions struct {
 	waiting int
+	holders []string
 }
 
 // FoldWaiting says that n versions of the world are known to wait (the
@@ -117,13 +116,21 @@ type foldOptions struct {
 // 100,000 documents, 3 s at 1,000,000), not with the pass.
 func FoldWaiting(n int) FoldOption { return func(o *foldOptions) { o.waiting = n } }
 
+// HoldFor names the durable consumers on COMMITS that hold the pass's
+// deletions back (FoldRunnerConfig.HoldFor says why): none is deleted
+// above the ack floor of one whose subjects take the world, and none at
+// all while one of them does not exist.
+func HoldFor(durables ...string) FoldOption {
+	return func(o *foldOptions) { o.holders = durables }
+}
+
 // sweepWorld removes the versions a pass that died during its deletions
 // left at or below d's latest checkpoint: every message older than its
 // document's version in the checkpoint (that version itself stays: it is
 // the document's last in the stream, or a later pass drops it). It reads
 // headers only, so a sweep of a world of 1,000,000 documents moves their
 // subjects, not their bodies. It returns how many it deleted.
-func sweepWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, d projection.Dropper, world string) (int, error) {
+func sweepWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Stream, d projection.Dropper, world string, holders []string, st *FoldStats) (int, error) {
 	seq, version, err := d.Undropped(ctx, world)
 	if err != nil || seq == 0 {
 		return 0, err
@@ -140,12 +147,12 @@ func sweepWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.St
 			return 0, err
 		}
 	}
-	floor, err := exportFloor(ctx, stream, world)
+	floor, err := holdFloor(ctx, stream, world, holders, st)
 	if err != nil {
 		return 0, fmt.Errorf("sweep %q: %w", world, err)
 	}
 	drop, withheld := below(drop, floor)
-	if err := deleteSeqs(ctx, js, drop); err != nil {
+	if err := streams.DeleteMsgs(ctx, js, subjects.StreamCommits, drop, 0); err != nil {
 		return 0, fmt.Errorf("sweep %q: %w", world, err)
 	}
 	if withheld == 0 {
@@ -166,16 +173,28 @@ func below(seqs []uint64, floor uint64) ([]uint64, int) {
 	return seqs[:n], len(seqs) - n
 }
 
-// exportFloor is the lowest ack floor of the export consumers on COMMITS
-// (ExportMetadata) whose subjects take the world's (MaxUint64: none). A
-// version above it may not have reached the other system yet.
-func exportFloor(ctx context.Context, stream jetstream.Stream, world string) (uint64, error) {
+// holdFloor is the lowest ack floor of the holders whose subjects take the
+// world's (MaxUint64: none does): a version above it may not have reached
+// the other system yet. A holder that does not exist holds everything
+// (0): its consumer, once created, delivers from the stream's start, and
+// what was deleted before would never reach the other system. It adds
+// such holders to st.Missing.
+func holdFloor(ctx context.Context, stream jetstream.Stream, world string, holders []string, st *FoldStats) (uint64, error) {
+	st.held = true
 	floor := uint64(math.MaxUint64)
-	l := stream.ListConsumers(ctx)
-	for ci := range l.Info() {
-		if _, ok := ci.Config.Metadata[ExportMetadata]; !ok {
+	for _, name := range holders {
+		c, err := stream.Consumer(ctx, name)
+		switch {
+		case errors.Is(err, jetstream.ErrConsumerNotFound):
+			if !slices.Contains(st.Missing, name) {
+				st.Missing = append(st.Missing, name)
+			}
+			floor = 0
 			continue
+		case err != nil:
+			return 0, fmt.Errorf("the position of %s, which holds deletions back: %w", name, err)
 		}
+		ci := c.CachedInfo()
 		filters := ci.Config.FilterSubjects
 		if ci.Config.FilterSubject != "" {
 			filters = append(filters, ci.Config.FilterSubject)
@@ -183,9 +202,6 @@ func exportFloor(ctx context.Context, stream jetstream.Stream, world string) (ui
 		if len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return subjects.Overlap(f, subjects.CommitsWorldFilter(world)) }) {
 			floor = min(floor, ci.AckFloor.Stream)
 		}
-	}
-	if err := l.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
-		return 0, fmt.Errorf("the export consumers' positions: %w", err)
 	}
 	return floor, nil
 }
@@ -305,97 +321,4 @@ func readWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.Str
 			return out, nil
 		}
 	}
-}
-
-// deleteSeqs deletes the messages at seqs, dropConcurrency requests in
-// flight. A message already gone is fine.
-//
-// The requests are the API's own ({"seq":N,"no_erase":true} on
-// $JS.API.STREAM.MSG.DELETE.<stream>), published in a pipeline with one
-// reply subject rather than made one by one with jetstream.Stream's
-// DeleteMsg: a pass deletes about one message per changed document, and
-// per-request contexts, timers, reply subscriptions and reflection-based
-// JSON were most of the client's CPU in a pass of updates, CPU the server,
-// which serializes a stream's deletions, then lacked on a small machine.
-func deleteSeqs(ctx context.Context, js jetstream.JetStream, seqs []uint64) error {
-	if len(seqs) == 0 {
-		return nil
-	}
-	subject := apiPrefix(js) + "STREAM.MSG.DELETE." + subjects.StreamCommits
-	nc := js.Conn()
-	inbox := nc.NewInbox()
-	answers := make(chan *nats.Msg, dropConcurrency)
-	sub, err := nc.ChanSubscribe(inbox, answers)
-	if err != nil {
-		return fmt.Errorf("delete versions: %w", err)
-	}
-	defer sub.Unsubscribe()
-	const quiet = 10 * time.Second // no answer for this long: give up
-	timer := time.NewTimer(quiet)
-	defer timer.Stop()
-	req := make([]byte, 0, 64)
-	sent, got := 0, 0
-	for got < len(seqs) {
-		for sent < len(seqs) && sent-got < dropConcurrency {
-			req = strconv.AppendUint(append(req[:0], `{"seq":`...), seqs[sent], 10)
-			req = append(req, `,"no_erase":true}`...)
-			if err := nc.PublishRequest(subject, inbox, req); err != nil {
-				return fmt.Errorf("delete version %d: %w", seqs[sent], err)
-			}
-			sent++
-		}
-		select {
-		case m := <-answers:
-			got++
-			if err := deleteAnswer(m.Data); err != nil {
-				return fmt.Errorf("delete versions: %w", err)
-			}
-			timer.Reset(quiet)
-		case <-timer.C:
-			return fmt.Errorf("delete versions: %d of %d deletions unanswered for %s", sent-got, len(seqs), quiet)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	return nil
-}
-
-// deleteAnswer reads the answer to a deletion: nil when the message is
-// deleted or was already gone.
-func deleteAnswer(data []byte) error {
-	if bytes.Contains(data, []byte(`"success":true`)) {
-		return nil
-	}
-	var resp struct {
-		Error *jetstream.APIError `json:"error"`
-	}
-	if err := json.Unmarshal(data, &resp); err != nil || resp.Error == nil {
-		return fmt.Errorf("unexpected answer %q", data)
-	}
-	switch {
-	case resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound,
-		resp.Error.ErrorCode == errCodeSequenceNotFound,
-		resp.Error.ErrorCode == errCodeMsgDeleteFailed && (strings.Contains(resp.Error.Description, "no message found") ||
-			strings.Contains(resp.Error.Description, "stream store EOF")): // past the stream's last message
-		return nil
-	}
-	return resp.Error
-}
-
-// JetStream API error codes the jetstream package does not name.
-const (
-	errCodeSequenceNotFound jetstream.ErrorCode = 10043 // "sequence N not found"
-	errCodeMsgDeleteFailed  jetstream.ErrorCode = 10057 // the store's error: "no message found", "stream store EOF"...
-)
-
-// apiPrefix is the subject prefix of js's API requests.
-func apiPrefix(js jetstream.JetStream) string {
-	o := js.Options()
-	switch {
-	case o.Domain != "":
-		return "$JS." + o.Domain + ".API."
-	case o.APIPrefix != "":
-		return strings.TrimSuffix(o.APIPrefix, ".") + "."
-	}
-	return jetstream.DefaultAPIPrefix
 }

@@ -1,4 +1,4 @@
-// Package commitlog is the commit log's layout in a bucket: the record
+// Package layout is the commit log's layout in a bucket: the record
 // files (shards and history segments) and the checkpoint manifests the
 // compactor (projectors/compactor) writes, and how they are read back (the
 // commits edge reads folded versions and opens worlds from them).
@@ -11,7 +11,7 @@
 //
 // A manifest is created last, conditionally: it is the commit point of a
 // pass, so a reader never sees a checkpoint whose objects are missing.
-package commitlog
+package layout
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package commitlog
+package layout
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-package streams_test
+package commitlog_test
 
 import (
 	"context"
