@@ -2,9 +2,11 @@
 // consumer specs (applied idempotently at start; the stream and subject
 // names they use are in package subjects), the embedded server used when no
 // external NATS is configured, the asynchronous deduplicating publisher the
-// edges use, and the one consumer loop every projector runs under (fetch a
+// edges use, the one consumer loop every projector runs under (fetch a
 // batch, apply it in a PostgreSQL transaction that also records the
-// consumer position, commit, then ack).
+// consumer position, commit, then ack), the outbox relay, the export
+// runner, and the raw JetStream API requests the client lacks
+// (DeleteMsgs).
 //
 // # What each consumer never does
 //
@@ -41,13 +43,7 @@
 // starts from the ack floor. Pinned by TestExportSurvivesBrokerRestartAndCrash
 // and TestCommitsExportWhileCompacting (projectors/kafka).
 //
-// FoldRunner (the commit log's compactor; position in the bucket): a
-// version is acknowledged only once a pass has folded its world up to it
-// into a checkpoint, and a version is deleted from COMMITS only when a
-// checkpoint holds a later version of its document and every export
-// consumer reading its world has acknowledged it. A failed pass leaves its
-// world's versions unacknowledged. Pinned by
-// TestFoldRunnerPassErrorDoesNotBlockOthers, TestFoldRunnerRestart,
-// TestFoldWithholdsWhatAnExportHasNotAcked and, in projectors/compactor,
-// TestStrandedVersionsSwept.
+// The commit log's fold, a consumer of COMMITS whose position lives in the
+// bucket, is a user of the backbone, not part of it: package commitlog
+// states its invariant and the tests that pin it.
 package streams

@@ -67,7 +67,7 @@ type Config struct {
 	RPCTimeout time.Duration
 
 	// Fold runs one compactor pass per world in this process after the
-	// writes (streams.FoldWorld with the compactor), reading the stream at
+	// writes (commitlog.FoldWorld with the compactor), reading the stream at
 	// NATSURL and writing the bucket at BucketURL (the one the edge reads:
 	// `serve commits --bucket-url`).
 	Fold      bool

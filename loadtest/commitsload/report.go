@@ -121,7 +121,7 @@ type Fold struct {
 }
 
 // FoldWorld is one world's pass: the compactor's result, and the time of
-// the whole streams.FoldWorld call.
+// the whole commitlog.FoldWorld call.
 type FoldWorld struct {
 	compactor.Result
 	PassS float64 `json:"pass_s"`

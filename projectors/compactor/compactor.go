@@ -4,7 +4,7 @@
 // (every version of a sequence range) and a checkpoint manifest naming
 // them, then purges the folded versions from the COMMITS stream.
 //
-// It is a projection.Folder: streams.FoldWorld reads a world's versions
+// It is a projection.Folder: commitlog.FoldWorld reads a world's versions
 // after the latest checkpoint (Covered), up to the world's last message at
 // the start of the pass, hands them to Fold, and deletes from the stream
 // the versions Fold returns. Objects are written before the manifest, and the manifest last with a
@@ -18,7 +18,7 @@
 // deleted by sequence, exactly the versions it folded that are not their
 // document's last (those of the pass, and the previous checkpoint's last version of
 // each document it changed). A subject purged of every version would
-// accept "must not exist" again (streams/cas_test.go), and compare-and-set
+// accept "must not exist" again (commitlog/cas_test.go), and compare-and-set
 // must stay JetStream's alone. Deleting by sequence rather than purging a
 // subject below a version also costs the server a lookup instead of a
 // scan: a pass of 20,000 updates ran at 7,800 documents/s with purges and
@@ -99,8 +99,8 @@ type Compactor struct {
 var _ projection.Dropper = (*Compactor)(nil)
 
 // New makes a compactor writing to store. One Compactor may fold many
-// worlds at once, but each world one pass at a time (as streams.FoldWorld
-// under streams.FoldRunner does).
+// worlds at once, but each world one pass at a time (as commitlog.FoldWorld
+// under commitlog.FoldRunner does).
 func New(cfg Config, store Store) *Compactor {
 	return &Compactor{cfg: cfg.withDefaults(), store: store, last: map[string]*Result{}, owed: map[string]uint64{}}
 }

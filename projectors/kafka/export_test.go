@@ -293,9 +293,10 @@ func TestExportAgainstRealBroker(t *testing.T) {
 
 // TestCommitsExportWhileCompacting: Kafka goes away, the exporting
 // process stops with versions in flight, and the compactor folds and
-// deletes COMMITS versions meanwhile. The compactor holds its deletions at
-// the export's ack floor, so every version still reaches Kafka when it and
-// a new exporter are back; then the next pass drops what was withheld.
+// deletes COMMITS versions meanwhile. The compactor, told that the export's
+// consumer holds it back (HoldFor), holds its deletions at the export's ack
+// floor, so every version still reaches Kafka when it and a new exporter
+// are back; then the next pass drops what was withheld.
 func TestCommitsExportWhileCompacting(t *testing.T) {
 	b := startBackbone(t)
 	ctx := context.Background()

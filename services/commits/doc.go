@@ -6,7 +6,7 @@
 // JetStream's own check of a subject's last sequence
 // (Nats-Expected-Last-Subject-Sequence), done by the server as it stores
 // the message, so two writers can never both win over the same version:
-// streams/cas_test.go shows it on one server and on a three-node cluster,
+// commitlog/cas_test.go shows it on one server and on a three-node cluster,
 // with the server version we ship. On a replicated stream the server also
 // refuses some writes whose expected version was right (another write to
 // the subject was still in flight, nats-server #7281); the edge re-reads

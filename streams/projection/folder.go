@@ -7,7 +7,7 @@ import (
 
 // The commit log's contract. A Folder keeps a world's documents in storage
 // of its own (the compactor: objects in a bucket) with its position in
-// that storage, not in PostgreSQL; streams.FoldWorld reads the world's
+// that storage, not in PostgreSQL; commitlog.FoldWorld reads the world's
 // versions after the position, hands them to Fold, and then removes from
 // the stream the versions Fold says it holds and no longer needs there.
 //
@@ -44,7 +44,7 @@ type Folder interface {
 }
 
 // Dropper is a Folder that records, beside each checkpoint, that the
-// stream has dropped what the checkpoint made droppable. streams.FoldWorld
+// stream has dropped what the checkpoint made droppable. commitlog.FoldWorld
 // uses it when the Folder implements it:
 //
 //  1. Undropped: when the latest checkpoint is not recorded, FoldWorld
