@@ -20,7 +20,7 @@ import (
 )
 
 // A test-only import of the compactor: it makes the bucket state the edge
-// reads (the edge itself depends on bucket/commitlog alone).
+// reads (the edge itself depends on commitlog/layout alone).
 
 func fold(t *testing.T, js jetstream.JetStream, bk *bucket.Bucket, world string) commitlog.FoldStats {
 	t.Helper()
