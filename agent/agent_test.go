@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/millrace/millrace/agent"
+	"github.com/millrace/millrace/internal/poll"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
 
@@ -85,7 +86,7 @@ func TestHello(t *testing.T) {
 		c.GPUs = gpus
 		c.Allocations = []agent.Allocation{{ID: "al-2", GPUIndices: []uint32{1}}, {ID: "al-1", GPUIndices: []uint32{0}}}
 	})
-	waitFor(t, 10*time.Second, "a session", func() bool { return g.count() == 1 })
+	poll.Until(t, "a session", func() bool { return g.count() == 1 }, poll.Within(10*time.Second))
 	s := g.last()
 	want := &fleetpb.Hello{
 		NodeId: "node-1", Pool: pool, Labels: map[string]string{"zone": "z1", "rack": "r7"},
@@ -97,7 +98,7 @@ func TestHello(t *testing.T) {
 	if s.peerCN != "node-1" {
 		t.Errorf("client certificate names %q, want node-1", s.peerCN)
 	}
-	waitFor(t, 5*time.Second, "the Connected event", func() bool { return len(h.rec.get(&h.rec.connected)) == 1 })
+	poll.Until(t, "the Connected event", func() bool { return len(h.rec.get(&h.rec.connected)) == 1 }, poll.Within(5*time.Second))
 	ev := h.rec.get(&h.rec.connected)[0].ev.(agent.ConnectedEvent)
 	if !ev.First || ev.Gateway != g.addr || ev.GatewayID != "gw-1" || ev.SessionID != "gw-1-0" || ev.HeartbeatInterval != time.Hour || ev.Attempts != 1 {
 		t.Errorf("Connected event %+v", ev)
@@ -110,7 +111,7 @@ func TestHeartbeatsAtTheInterval(t *testing.T) {
 	g := startGateway(t, ca, "gw-1", iv)
 	h := newHarness(t, g)
 	h.start("node-1", nil)
-	waitFor(t, 10*time.Second, "8 heartbeats", func() bool { s := g.last(); return s != nil && len(s.heartbeats()) >= 8 })
+	poll.Until(t, "8 heartbeats", func() bool { s := g.last(); return s != nil && len(s.heartbeats()) >= 8 }, poll.Within(10*time.Second))
 	s := g.last()
 	var last uint64
 	for i, r := range s.heartbeats() {
@@ -123,7 +124,7 @@ func TestHeartbeatsAtTheInterval(t *testing.T) {
 	// The agent's send times (the gateway's receive times may bunch when
 	// the machine is busy): never closer than the interval, the first one
 	// an interval after the Welcome.
-	waitFor(t, 5*time.Second, "the Connected event", func() bool { return len(h.rec.get(&h.rec.connected)) == 1 })
+	poll.Until(t, "the Connected event", func() bool { return len(h.rec.get(&h.rec.connected)) == 1 }, poll.Within(5*time.Second))
 	welcome := h.rec.get(&h.rec.connected)[0].at
 	beats := h.rec.beats()
 	if d := beats[0].Sub(welcome); d < iv {
@@ -168,7 +169,7 @@ func TestObeysRetryAfter(t *testing.T) {
 			}
 			h := newHarness(t, g1, g2)
 			h.start("node-1", nil)
-			waitFor(t, 10*time.Second, "a welcomed session", func() bool { return len(h.rec.get(&h.rec.connected)) == 1 })
+			poll.Until(t, "a welcomed session", func() bool { return len(h.rec.get(&h.rec.connected)) == 1 }, poll.Within(10*time.Second))
 			sessions := append(g1.all(), g2.all()...)
 			if len(sessions) != 2 {
 				t.Fatalf("%d sessions, want 2 (one refused, one welcomed)", len(sessions))
@@ -208,18 +209,18 @@ func TestRehomesWhenTheGatewayGoes(t *testing.T) {
 	g2 := startGateway(t, ca, "gw-2", 50*time.Millisecond)
 	h := newHarness(t, g1, g2)
 	h.start("node-1", nil)
-	waitFor(t, 10*time.Second, "a session", func() bool { return g1.count()+g2.count() == 1 })
+	poll.Until(t, "a session", func() bool { return g1.count()+g2.count() == 1 }, poll.Within(10*time.Second))
 	first, other := g1, g2
 	if g2.count() == 1 {
 		first, other = g2, g1
 	}
 	// Hold an allocation, so that the next Hello must name it.
 	first.last().out <- bindCmd("al-1", 0)
-	waitFor(t, 5*time.Second, "BOUND", func() bool { return len(first.last().reports()) == 1 })
+	poll.Until(t, "BOUND", func() bool { return len(first.last().reports()) == 1 }, poll.Within(5*time.Second))
 
 	first.srv.Stop() // the gateway goes away: connections close
-	waitFor(t, 10*time.Second, "a session on the other gateway", func() bool { return other.count() == 1 })
-	waitFor(t, 5*time.Second, "two Connected events", func() bool { return len(h.rec.get(&h.rec.connected)) == 2 })
+	poll.Until(t, "a session on the other gateway", func() bool { return other.count() == 1 }, poll.Within(10*time.Second))
+	poll.Until(t, "two Connected events", func() bool { return len(h.rec.get(&h.rec.connected)) == 2 }, poll.Within(5*time.Second))
 	ev := h.rec.get(&h.rec.connected)[1].ev.(agent.ConnectedEvent)
 	if ev.First || ev.Gateway != other.addr || ev.Outage <= 0 || ev.Outage > 5*time.Second {
 		t.Errorf("re-home Connected event %+v, want gateway %s and a short outage", ev, other.addr)
@@ -231,7 +232,7 @@ func TestRehomesWhenTheGatewayGoes(t *testing.T) {
 	if len(dis) == 0 || dis[0].ev.(agent.DisconnectedEvent).Cause != agent.CauseError {
 		t.Errorf("Disconnected events %+v, want cause error first", dis)
 	}
-	waitFor(t, 5*time.Second, "heartbeats on the new session", func() bool { return len(other.last().heartbeats()) >= 2 })
+	poll.Until(t, "heartbeats on the new session", func() bool { return len(other.last().heartbeats()) >= 2 }, poll.Within(5*time.Second))
 	// The gateways share their ticket keys: the node resumed its TLS
 	// session at the other gateway, with the certificate it had.
 	if s := other.last(); !s.resumed || s.peerCN != "node-1" {
@@ -248,7 +249,7 @@ func TestRehomesWhenDrained(t *testing.T) {
 	g2 := startGateway(t, ca, "gw-2", time.Hour)
 	h := newHarness(t, g1, g2)
 	h.start("node-1", nil)
-	waitFor(t, 10*time.Second, "a session", func() bool { return g1.count()+g2.count() == 1 })
+	poll.Until(t, "a session", func() bool { return g1.count()+g2.count() == 1 }, poll.Within(10*time.Second))
 	first, other := g1, g2
 	if g2.count() == 1 {
 		first, other = g2, g1
@@ -258,7 +259,7 @@ func TestRehomesWhenDrained(t *testing.T) {
 	st, _ := status.New(codes.Unavailable, "draining").WithDetails(&errdetails.RetryInfo{RetryDelay: durationpb.New(retry)})
 	drained := time.Now()
 	first.last().end <- ending{msg: &fleetpb.GatewayMessage{Body: &fleetpb.GatewayMessage_Refusal{Refusal: ref}}, err: st.Err()}
-	waitFor(t, 10*time.Second, "a session on the other gateway", func() bool { return other.count() == 1 })
+	poll.Until(t, "a session on the other gateway", func() bool { return other.count() == 1 }, poll.Within(10*time.Second))
 	if d := other.last().start.Sub(drained); d < retry {
 		t.Errorf("redialed %s after the drain, want >= %s", d, retry)
 	}
@@ -266,7 +267,7 @@ func TestRehomesWhenDrained(t *testing.T) {
 	if len(ev) != 1 || ev[0].ev.(agent.RefusedEvent).Code != "draining" || !ev[0].ev.(agent.RefusedEvent).Welcomed {
 		t.Errorf("Refused events %+v, want one draining after the Welcome", ev)
 	}
-	waitFor(t, 5*time.Second, "the Connected event", func() bool { return len(h.rec.get(&h.rec.connected)) == 2 })
+	poll.Until(t, "the Connected event", func() bool { return len(h.rec.get(&h.rec.connected)) == 2 }, poll.Within(5*time.Second))
 	if c := h.rec.get(&h.rec.connected)[1].ev.(agent.ConnectedEvent); c.Outage < retry || c.Gateway != other.addr {
 		t.Errorf("re-home %+v, want an outage of at least %s on %s", c, retry, other.addr)
 	}
@@ -295,7 +296,7 @@ func TestBindIsIdempotent(t *testing.T) {
 			return nil
 		}
 	})
-	waitFor(t, 10*time.Second, "a session", func() bool { return g.count() == 1 })
+	poll.Until(t, "a session", func() bool { return g.count() == 1 }, poll.Within(10*time.Second))
 	s := g.last()
 	type rep struct {
 		id    string
@@ -314,7 +315,7 @@ func TestBindIsIdempotent(t *testing.T) {
 	}
 	for i, st := range steps {
 		s.out <- st.cmd
-		waitFor(t, 5*time.Second, "a report", func() bool { return len(s.reports()) == i+1 })
+		poll.Until(t, "a report", func() bool { return len(s.reports()) == i+1 }, poll.Within(5*time.Second))
 		r := s.reports()[i]
 		if got := (rep{r.GetAllocationId(), r.GetState(), r.GetError()}); got != st.want {
 			t.Errorf("step %d: report %+v, want %+v", i, got, st.want)
@@ -371,12 +372,12 @@ func TestStatusOnlyOnChange(t *testing.T) {
 		Gauges:     []*fleetpb.GpuGauges{{Index: 0, Utilization: 0.1}},
 	}}
 	a := h.start("node-1", func(c *agent.Config) { c.Status = src.get })
-	waitFor(t, 10*time.Second, "a session", func() bool { return g.count() == 1 })
+	poll.Until(t, "a session", func() bool { return g.count() == 1 }, poll.Within(10*time.Second))
 	s := g.last()
 	beatsAfter := func(n int) {
 		t.Helper()
 		k := len(s.heartbeats())
-		waitFor(t, 5*time.Second, "heartbeats", func() bool { return len(s.heartbeats()) >= k+n })
+		poll.Until(t, "heartbeats", func() bool { return len(s.heartbeats()) >= k+n }, poll.Within(5*time.Second))
 	}
 	beatsAfter(5)
 	if n := len(s.statuses()); n != 1 {
@@ -394,7 +395,7 @@ func TestStatusOnlyOnChange(t *testing.T) {
 	// A health change, notified: sent at once.
 	src.set(func(st *fleetpb.StatusReport) { st.Gpus[0].Health = fleetpb.GpuHealth_GPU_HEALTH_DEGRADED })
 	a.NotifyStatus()
-	waitFor(t, 5*time.Second, "the second report", func() bool { return len(s.statuses()) == 2 })
+	poll.Until(t, "the second report", func() bool { return len(s.statuses()) == 2 }, poll.Within(5*time.Second))
 	if got := s.statuses()[1].GetGpus()[0].GetHealth(); got != fleetpb.GpuHealth_GPU_HEALTH_DEGRADED {
 		t.Errorf("second report's GPU health %s", got)
 	}
@@ -406,7 +407,7 @@ func TestStatusOnlyOnChange(t *testing.T) {
 
 	// A condition change without notify: found at a heartbeat.
 	src.set(func(st *fleetpb.StatusReport) { st.Conditions[0].Status = false })
-	waitFor(t, 5*time.Second, "the third report", func() bool { return len(s.statuses()) == 3 })
+	poll.Until(t, "the third report", func() bool { return len(s.statuses()) == 3 }, poll.Within(5*time.Second))
 	beatsAfter(3)
 	if n := len(s.statuses()); n != 3 {
 		t.Fatalf("%d status reports, want 3", n)
@@ -429,7 +430,7 @@ func TestGaugesPeriodically(t *testing.T) {
 	h.set.GaugeInterval = 100 * time.Millisecond
 	src := &statusSource{st: &fleetpb.StatusReport{Gauges: []*fleetpb.GpuGauges{{Index: 0, Utilization: 0.5}}}}
 	h.start("node-1", func(c *agent.Config) { c.Status = src.get })
-	waitFor(t, 10*time.Second, "three status reports", func() bool { s := g.last(); return s != nil && len(s.statuses()) >= 3 })
+	poll.Until(t, "three status reports", func() bool { s := g.last(); return s != nil && len(s.statuses()) >= 3 }, poll.Within(10*time.Second))
 }
 
 func TestSilentGatewayIsLeft(t *testing.T) {
@@ -439,15 +440,15 @@ func TestSilentGatewayIsLeft(t *testing.T) {
 	g1.noAcks, g2.noAcks = true, true
 	h := newHarness(t, g1, g2)
 	h.start("node-1", nil)
-	waitFor(t, 10*time.Second, "a silence disconnect", func() bool {
+	poll.Until(t, "a silence disconnect", func() bool {
 		for _, d := range h.rec.get(&h.rec.disconnected) {
 			if d.ev.(agent.DisconnectedEvent).Cause == agent.CauseSilence {
 				return true
 			}
 		}
 		return false
-	})
-	waitFor(t, 10*time.Second, "sessions on both gateways", func() bool { return g1.count() >= 1 && g2.count() >= 1 })
+	}, poll.Within(10*time.Second))
+	poll.Until(t, "sessions on both gateways", func() bool { return g1.count() >= 1 && g2.count() >= 1 }, poll.Within(10*time.Second))
 }
 
 func TestSuspendAndResume(t *testing.T) {
@@ -456,7 +457,7 @@ func TestSuspendAndResume(t *testing.T) {
 	h := newHarness(t, g)
 	h.set.SilenceTimeout = -1
 	a := h.start("node-1", nil)
-	waitFor(t, 10*time.Second, "heartbeats", func() bool { s := g.last(); return s != nil && len(s.heartbeats()) >= 2 })
+	poll.Until(t, "heartbeats", func() bool { s := g.last(); return s != nil && len(s.heartbeats()) >= 2 }, poll.Within(10*time.Second))
 	s := g.last()
 	a.Suspend()
 	// Whatever was in flight lands; then nothing comes while suspended.
@@ -474,8 +475,8 @@ func TestSuspendAndResume(t *testing.T) {
 		t.Fatal("a command was answered while suspended")
 	}
 	a.Resume()
-	waitFor(t, 5*time.Second, "the bind answered after resume", func() bool { return len(s.reports()) == 1 })
-	waitFor(t, 5*time.Second, "heartbeats again", func() bool { return len(h.rec.beats()) > n+2 })
+	poll.Until(t, "the bind answered after resume", func() bool { return len(s.reports()) == 1 }, poll.Within(5*time.Second))
+	poll.Until(t, "heartbeats again", func() bool { return len(h.rec.beats()) > n+2 }, poll.Within(5*time.Second))
 	if g.count() != 1 {
 		t.Errorf("%d sessions, want the one that survived the suspension", g.count())
 	}
@@ -486,9 +487,9 @@ func TestReconnect(t *testing.T) {
 	g := startGateway(t, ca, "gw-1", time.Hour)
 	h := newHarness(t, g)
 	a := h.start("node-1", nil)
-	waitFor(t, 10*time.Second, "a session", func() bool { return a.Connected() })
+	poll.Until(t, "a session", func() bool { return a.Connected() }, poll.Within(10*time.Second))
 	a.Reconnect()
-	waitFor(t, 10*time.Second, "a second session", func() bool { return len(h.rec.get(&h.rec.connected)) == 2 })
+	poll.Until(t, "a second session", func() bool { return len(h.rec.get(&h.rec.connected)) == 2 }, poll.Within(10*time.Second))
 	d := h.rec.get(&h.rec.disconnected)[0].ev.(agent.DisconnectedEvent)
 	if d.Cause != agent.CauseDropped || d.Wait >= h.set.BackoffMin {
 		t.Errorf("Disconnected %+v, want cause dropped and a wait below BackoffMin", d)
@@ -500,7 +501,7 @@ func TestStopClosesCleanly(t *testing.T) {
 	g := startGateway(t, ca, "gw-1", time.Hour)
 	h := newHarness(t, g)
 	a := h.start("node-1", nil)
-	waitFor(t, 10*time.Second, "a session", func() bool { return a.Connected() })
+	poll.Until(t, "a session", func() bool { return a.Connected() }, poll.Within(10*time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := a.Stop(ctx); err != nil {
@@ -528,7 +529,7 @@ func TestStopWhileRefused(t *testing.T) {
 	}
 	h := newHarness(t, g)
 	a := h.start("node-1", nil)
-	waitFor(t, 10*time.Second, "a refusal", func() bool { return len(h.rec.get(&h.rec.refused)) == 1 })
+	poll.Until(t, "a refusal", func() bool { return len(h.rec.get(&h.rec.refused)) == 1 }, poll.Within(10*time.Second))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := a.Stop(ctx); err != nil {
@@ -564,7 +565,7 @@ func TestJoin(t *testing.T) {
 	}
 	a.Start()
 	defer a.Stop(ctx)
-	waitFor(t, 10*time.Second, "a session with the joined identity", func() bool { return a.Connected() })
+	poll.Until(t, "a session with the joined identity", func() bool { return a.Connected() }, poll.Within(10*time.Second))
 	if cn := g.last().peerCN; cn != "node-j" {
 		t.Errorf("session certificate names %q", cn)
 	}

@@ -379,18 +379,6 @@ func unbindCmd(id string) *fleetpb.GatewayMessage {
 	}}}
 }
 
-// waitFor polls cond until it holds or timeout passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // recorder is an Observer that keeps every event.
 type recorder struct {
 	mu           sync.Mutex

@@ -12,19 +12,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-)
 
-// waitFor polls cond until it holds or a generous deadline passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+	"github.com/millrace/millrace/internal/poll"
+)
 
 // writeFile replaces path the way operators and secret mounts do: a new
 // file renamed into place.
@@ -65,14 +55,14 @@ func TestWatcherAppliesChangesAndKeepsKeysOnBadFile(t *testing.T) {
 	go w.Run(ctx, 20*time.Millisecond)
 
 	writeFile(t, path, "a\nb\n")
-	waitFor(t, "the added key", func() bool { return *cur.Load() == "a\nb" })
+	poll.Until(t, "the added key", func() bool { return *cur.Load() == "a\nb" }, poll.Within(10*time.Second))
 
 	// In place, same size: the modification time and content still tell.
 	os.WriteFile(path, []byte("c\nb\n"), 0o600)
-	waitFor(t, "the edited key", func() bool { return *cur.Load() == "c\nb" })
+	poll.Until(t, "the edited key", func() bool { return *cur.Load() == "c\nb" }, poll.Within(10*time.Second))
 
 	writeFile(t, path, "bad\n")
-	waitFor(t, "the error counted", func() bool { return testutil.ToFloat64(m.errors.WithLabelValues(path)) == 1 })
+	poll.Until(t, "the error counted", func() bool { return testutil.ToFloat64(m.errors.WithLabelValues(path)) == 1 }, poll.Within(10*time.Second))
 	if got := *cur.Load(); got != "c\nb" {
 		t.Fatalf("a bad file replaced the keys with %q", got)
 	}
@@ -87,7 +77,7 @@ func TestWatcherAppliesChangesAndKeepsKeysOnBadFile(t *testing.T) {
 		t.Fatalf("a missing file replaced the keys with %q", got)
 	}
 	writeFile(t, path, "d\n")
-	waitFor(t, "recovery", func() bool { return *cur.Load() == "d" })
+	poll.Until(t, "recovery", func() bool { return *cur.Load() == "d" }, poll.Within(10*time.Second))
 	if testutil.ToFloat64(m.failing.WithLabelValues(path)) != 0 {
 		t.Fatal("failing gauge not cleared")
 	}
@@ -107,7 +97,7 @@ func TestReloadAll(t *testing.T) {
 	go w.Run(ctx, time.Hour)
 	writeFile(t, path, "b")
 	// Run registers itself when it starts: poke until it has.
-	waitFor(t, "the reload", func() bool { ReloadAll(); return *cur.Load() == "b" })
+	poll.Until(t, "the reload", func() bool { ReloadAll(); return *cur.Load() == "b" }, poll.Within(10*time.Second))
 }
 
 func TestNewFailsOnBadFile(t *testing.T) {

@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/millrace/millrace/internal/poll"
 )
 
 // serve accepts on l and answers each connection with one byte, then
@@ -74,12 +76,8 @@ func TestPerAddrAndMax(t *testing.T) {
 	c.Close()
 	a.Close()
 	// The freed slot is given back once the server side has closed too.
-	deadline := time.Now().Add(10 * time.Second)
-	for l.Open() != 1 {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d connections held after one closed", l.Open())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !poll.True(func() bool { return l.Open() == 1 }, poll.Within(10*time.Second)) {
+		t.Fatalf("%d connections held after one closed", l.Open())
 	}
 	d, ok := dial(t, addr)
 	if !ok {

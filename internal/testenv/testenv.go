@@ -21,6 +21,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/millrace/millrace/internal/devdb"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/migrations"
 )
 
@@ -98,20 +99,17 @@ func NATSCluster(t testing.TB, n int) []*server.Server {
 		t.Cleanup(ns.Shutdown)
 		servers[i] = ns
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	poll.Until(t, fmt.Sprintf("the %d-node JetStream cluster to elect a meta leader", n), func() bool {
 		// Only the meta leader lists the peers, and only those it has
 		// current stats from.
 		for _, ns := range servers {
 			if ns.JetStreamIsLeader() && len(ns.JetStreamClusterPeers()) == n {
-				return servers
+				return true
 			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the %d-node JetStream cluster elected no meta leader in 30 s", n)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return false
+	}, poll.Within(30*time.Second), poll.Every(50*time.Millisecond))
+	return servers
 }
 
 var (

@@ -265,15 +265,3 @@ func dump(t testing.TB, q Querier) []byte {
 	fmt.Fprintf(&buf, "counts %s\n", js)
 	return buf.Bytes()
 }
-
-// waitFor polls cond until it holds or 20 s pass.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
@@ -125,7 +126,7 @@ func TestRunnerRedelivery(t *testing.T) {
 	// Live: the first batch is applied, rolled back and applied again.
 	p := &flakyProjector{Projector: New(Config{})}
 	stop := run(p)
-	waitFor(t, "the whole stream applied", func() bool { return position() == last })
+	poll.Until(t, "the whole stream applied", func() bool { return position() == last }, poll.Within(20*time.Second))
 	stop()
 	if !p.failed.Load() || p.applied.Load() != int64(last) {
 		t.Fatalf("applied %d messages (failed once: %v), want %d", p.applied.Load(), p.failed.Load(), last)
@@ -166,7 +167,7 @@ func TestRunnerRedelivery(t *testing.T) {
 	p2 := &flakyProjector{Projector: New(Config{})}
 	p2.failed.Store(true)
 	stop = run(p2)
-	waitFor(t, "the runner to go idle", func() bool { return p2.sweeps.Load() > 0 })
+	poll.Until(t, "the runner to go idle", func() bool { return p2.sweeps.Load() > 0 }, poll.Within(20*time.Second))
 	if n := p2.applied.Load(); n != 0 {
 		t.Fatalf("the runner applied %d messages again after a crash between commit and ack", n)
 	}
@@ -178,7 +179,7 @@ func TestRunnerRedelivery(t *testing.T) {
 	}
 	stop()
 	stop = run(p2)
-	waitFor(t, "the last batch applied again", func() bool { return p2.applied.Load() == 7 && position() == last })
+	poll.Until(t, "the last batch applied again", func() bool { return p2.applied.Load() == 7 && position() == last }, poll.Within(20*time.Second))
 	stop()
 	if d := digestOf(t, pool); !maps.Equal(d, live) {
 		t.Fatalf("redelivery changed the projection:\n%s", dump(t, pool))

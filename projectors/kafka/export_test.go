@@ -18,6 +18,7 @@ import (
 
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/streams"
@@ -125,17 +126,6 @@ func (p *exportProcess) stop() {
 	p.exp.Close()
 }
 
-func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // TestExportSurvivesBrokerRestartAndCrash: Kafka restarts mid-export (its
 // data kept on disk) while the export goes on; then Kafka goes away again
 // and the exporting process is stopped with records in flight, and a new
@@ -163,14 +153,14 @@ func TestExportSurvivesBrokerRestartAndCrash(t *testing.T) {
 
 	p := startExport(t, b, brokers)
 	last := b.publish(t, 0, perRound, keys)
-	waitFor(t, "a third of the first round exported", 30*time.Second, func() bool { return b.ackFloor(t, "export-bes") >= last/3 })
+	poll.Until(t, "a third of the first round exported", func() bool { return b.ackFloor(t, "export-bes") >= last/3 }, poll.Within(30*time.Second))
 
 	// Kafka goes away while messages keep coming, and comes back.
 	k.Close()
 	last = b.publish(t, perRound, perRound, keys)
 	time.Sleep(300 * time.Millisecond)
 	restart()
-	waitFor(t, "two thirds exported", 60*time.Second, func() bool { return b.ackFloor(t, "export-bes") >= last*2/3 })
+	poll.Until(t, "two thirds exported", func() bool { return b.ackFloor(t, "export-bes") >= last*2/3 }, poll.Within(60*time.Second))
 
 	// Kafka goes away again, and the process stops with records in
 	// flight (it must not wait for Kafka); another takes over.
@@ -191,7 +181,7 @@ func TestExportSurvivesBrokerRestartAndCrash(t *testing.T) {
 	restart()
 	p = startExport(t, b, brokers)
 	defer p.stop()
-	waitFor(t, "everything exported", 60*time.Second, func() bool { return b.ackFloor(t, "export-bes") == last })
+	poll.Until(t, "everything exported", func() bool { return b.ackFloor(t, "export-bes") == last }, poll.Within(60*time.Second))
 
 	recs := readAll(t, brokers, "millrace.bes", int(last), 30*time.Second)
 	checkExport(t, b, recs, last)
@@ -287,7 +277,7 @@ func TestExportAgainstRealBroker(t *testing.T) {
 	}()
 	defer func() { cancel(); wg.Wait() }()
 	last := b.publish(t, 0, 2000, 20)
-	waitFor(t, "everything exported", 60*time.Second, func() bool { return b.ackFloor(t, "export-bes") == last })
+	poll.Until(t, "everything exported", func() bool { return b.ackFloor(t, "export-bes") == last }, poll.Within(60*time.Second))
 	checkExport(t, b, readAll(t, strings.Split(env, ","), topic, int(last), 60*time.Second), last)
 }
 
@@ -352,7 +342,7 @@ func TestCommitsExportWhileCompacting(t *testing.T) {
 
 	p := start()
 	put(0)
-	waitFor(t, "the first round exported", 30*time.Second, func() bool { return floor() >= 20 })
+	poll.Until(t, "the first round exported", func() bool { return floor() >= 20 }, poll.Within(30*time.Second))
 	k.Close() // Kafka away: the export falls behind
 	put(1)
 	time.Sleep(200 * time.Millisecond) // delivered to the exporter, stuck there
@@ -372,7 +362,7 @@ func TestCommitsExportWhileCompacting(t *testing.T) {
 	}
 	p = start()
 	defer p.stop()
-	waitFor(t, "everything exported", 60*time.Second, func() bool { return floor() >= 80 })
+	poll.Until(t, "everything exported", func() bool { return floor() >= 80 }, poll.Within(60*time.Second))
 	got := map[uint64]string{}
 	for _, r := range readAll(t, brokers, "millrace.commits", len(versions), 30*time.Second) {
 		seq, _ := strconv.ParseUint(header(r, HeaderSeq), 10, 64)

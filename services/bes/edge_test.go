@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/millrace/millrace/internal/grpclimit"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/subjects"
 )
 
@@ -27,7 +28,7 @@ func TestFirstMessageDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the silent stream to be waiting", func() bool { return e.unauthenticatedStreams() == 1 })
+	poll.Until(t, "the silent stream to be waiting", func() bool { return e.unauthenticatedStreams() == 1 })
 	// Both slots are free for streams that say who they are.
 	held, err := e.client.PublishBuildToolEventStream(ctx)
 	if err != nil {
@@ -38,7 +39,7 @@ func TestFirstMessageDeadline(t *testing.T) {
 	if err := held.Send(toolReq(other, 1)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the held stream to be open", func() bool { return e.openStreams() == 1 })
+	poll.Until(t, "the held stream to be open", func() bool { return e.openStreams() == 1 })
 	if r := publish(ctx, t, e.client, invocation(defaultIDs(), 1, 2, true)); r.err != nil {
 		t.Fatalf("a complete invocation beside a silent stream: %v", r.err)
 	}
@@ -48,7 +49,7 @@ func TestFirstMessageDeadline(t *testing.T) {
 	}
 	_, err = silent.Recv()
 	wantCode(t, err, codes.DeadlineExceeded, "no build event within")
-	eventually(t, "the silent stream to be gone", func() bool { return e.unauthenticatedStreams() == 0 })
+	poll.Until(t, "the silent stream to be gone", func() bool { return e.unauthenticatedStreams() == 0 })
 }
 
 // Streams that have not said who they are count against MaxStreams on
@@ -59,7 +60,7 @@ func TestUnauthenticatedStreamsCapped(t *testing.T) {
 	if _, err := e.client.PublishBuildToolEventStream(ctx); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the silent stream to be waiting", func() bool { return e.unauthenticatedStreams() == 1 })
+	poll.Until(t, "the silent stream to be waiting", func() bool { return e.unauthenticatedStreams() == 1 })
 	second, err := e.client.PublishBuildToolEventStream(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +108,7 @@ func TestIdleTimeout(t *testing.T) {
 	wantCode(t, r.err, codes.DeadlineExceeded, "sent nothing for")
 	checkAcks(t, id, r.acks, 1, 3)
 	checkExactlyOnce(t, b, subjects.BES(testProject, testInvocation), 3)
-	eventually(t, "the stream's slot to be released", func() bool { return e.openStreams() == 0 })
+	poll.Until(t, "the stream's slot to be released", func() bool { return e.openStreams() == 0 })
 }
 
 // The edge tells each client connection how many streams it may open at
@@ -165,7 +166,7 @@ func TestPendingStreamsCappedPerAddress(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "two silent streams waiting", func() bool { return e.unauthenticatedStreams() == 2 })
+	poll.Until(t, "two silent streams waiting", func() bool { return e.unauthenticatedStreams() == 2 })
 	third, err := e.client.PublishBuildToolEventStream(ctx)
 	if err != nil {
 		t.Fatal(err)

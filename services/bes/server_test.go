@@ -25,6 +25,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/schemas/bep"
 	"github.com/millrace/millrace/schemas/envelope"
@@ -138,18 +139,6 @@ func testCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// eventually polls cond until it holds or the time is up.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 // --- requests as Bazel 4.2.3 builds them ---
@@ -477,7 +466,7 @@ func TestHappyPath(t *testing.T) {
 	if got := ev.GetProgress().GetStdout(); got != "INFO: event 8\n" {
 		t.Fatalf("event 8 stdout %q", got)
 	}
-	eventually(t, "streams to close", func() bool { return e.openStreams() == 0 })
+	poll.Until(t, "streams to close", func() bool { return e.openStreams() == 0 })
 }
 
 func TestEmptyStream(t *testing.T) {
@@ -681,12 +670,12 @@ func TestResumeAfterBrokenStream(t *testing.T) {
 					t.Fatalf("send: %v", err)
 				}
 			}
-			eventually(t, "100 events stored", func() bool { return b.count(t, subject) == 100 })
+			poll.Until(t, "100 events stored", func() bool { return b.count(t, subject) == 100 })
 			cancel()
 			if r := readAcks(st); status.Code(r.err) != codes.Canceled {
 				t.Fatalf("cancelled stream ended with %v", r.err)
 			}
-			eventually(t, "the broken stream to close", func() bool { return e.openStreams() == 0 })
+			poll.Until(t, "the broken stream to close", func() bool { return e.openStreams() == 0 })
 
 			if restart {
 				e.stop()
@@ -727,7 +716,7 @@ func TestResumeFromStart(t *testing.T) {
 		t.Fatal(r.err)
 	}
 	checkAcks(t, id, r.acks, 1, 101)
-	eventually(t, "the broken stream to close", func() bool { return e.openStreams() == 0 })
+	poll.Until(t, "the broken stream to close", func() bool { return e.openStreams() == 0 })
 	checkExactlyOnce(t, b, subject, 101)
 }
 
@@ -1091,7 +1080,7 @@ func TestMaxStreams(t *testing.T) {
 	if err := st.Send(toolReq(first, 1)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the first stream to be open", func() bool { return e.openStreams() == 1 })
+	poll.Until(t, "the first stream to be open", func() bool { return e.openStreams() == 1 })
 
 	r := publish(ctx, t, e.client, invocation(second, 1, 3, true))
 	wantCode(t, r.err, codes.ResourceExhausted)
@@ -1108,7 +1097,7 @@ func TestMaxStreams(t *testing.T) {
 	if r := readAcks(st); r.err != nil || len(r.acks) != 6 {
 		t.Fatalf("first stream: %d acks, %v", len(r.acks), r.err)
 	}
-	eventually(t, "the first stream to close", func() bool { return e.openStreams() == 0 })
+	poll.Until(t, "the first stream to close", func() bool { return e.openStreams() == 0 })
 
 	r = publish(ctx, t, e.client, invocation(second, 1, 3, true))
 	if r.err != nil {
@@ -1129,7 +1118,7 @@ func TestMaxStreamsPerProject(t *testing.T) {
 	if err := st.Send(toolReq(a, 1)); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the first stream to be open", func() bool { return e.openStreams() == 1 })
+	poll.Until(t, "the first stream to be open", func() bool { return e.openStreams() == 1 })
 
 	same := a
 	same.invocation = "same-project"
@@ -1161,9 +1150,9 @@ func TestStreamsReleased(t *testing.T) {
 		t.Fatal(err)
 	}
 	st.Send(toolReq(id, 1))
-	eventually(t, "the stream to open", func() bool { return e.openStreams() == 1 })
+	poll.Until(t, "the stream to open", func() bool { return e.openStreams() == 1 })
 	cancel()
-	eventually(t, "the cancelled stream to close", func() bool { return e.openStreams() == 0 })
+	poll.Until(t, "the cancelled stream to close", func() bool { return e.openStreams() == 0 })
 
 	if r := publish(ctx, t, e.client, invocation(id, 1, 3, true)); r.err != nil {
 		t.Fatalf("slot not released: %v", r.err)
@@ -1191,7 +1180,7 @@ func TestBackboneDown(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "50 events stored", func() bool { return b.count(t, subject) == 50 })
+	poll.Until(t, "50 events stored", func() bool { return b.count(t, subject) == 50 })
 	ns.Shutdown()
 	ns.WaitForShutdown()
 	for _, req := range invocation(id, 51, 80, true) {
@@ -1206,7 +1195,7 @@ func TestBackboneDown(t *testing.T) {
 	if len(r.acks) > 50 {
 		t.Fatalf("%d acks: events 51.. were acknowledged while the backbone was down", len(r.acks))
 	}
-	eventually(t, "the stream to close", func() bool { return e.openStreams() == 0 })
+	poll.Until(t, "the stream to close", func() bool { return e.openStreams() == 0 })
 
 	// With the backbone still down a new stream is UNAVAILABLE too, never
 	// INVALID_ARGUMENT or FAILED_PRECONDITION: its resume point cannot be
@@ -1296,7 +1285,7 @@ func backboneRestart(t *testing.T, id ids, n int64) []int64 {
 			}
 		}
 	}()
-	eventually(t, "some events stored", func() bool { return b.count(t, subject) >= uint64(n/4) })
+	poll.Until(t, "some events stored", func() bool { return b.count(t, subject) >= uint64(n/4) })
 	ns.Shutdown()
 	ns.WaitForShutdown()
 	close(down)
@@ -1305,7 +1294,7 @@ func backboneRestart(t *testing.T, id ids, n int64) []int64 {
 	checkAckPrefix(t, id, r.acks, 1)
 
 	testenv.NATSAt(t, dir, port)
-	eventually(t, "the edge to reconnect", func() bool { return b.nc.IsConnected() })
+	poll.Until(t, "the edge to reconnect", func() bool { return b.nc.IsConnected() })
 
 	// Every event acknowledged before the crash survived it.
 	held := map[int64]bool{}
@@ -1321,7 +1310,7 @@ func backboneRestart(t *testing.T, id ids, n int64) []int64 {
 	// Bazel retries from the first unacknowledged event.
 	from := int64(len(r.acks)) + 1
 	var res result
-	eventually(t, "a retry to succeed", func() bool {
+	poll.Until(t, "a retry to succeed", func() bool {
 		res = publish(ctx, t, e.client, invocation(id, from, n, true))
 		if res.err != nil && res.code() != codes.Unavailable {
 			t.Fatalf("retry from %d: %v", from, res.err)

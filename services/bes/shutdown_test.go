@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/subjects"
 )
 
@@ -23,7 +24,7 @@ func TestGracefulStopDrainsOpenStream(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "the stream is open", func() bool { return e.openStreams() == 1 })
+	poll.Until(t, "the stream is open", func() bool { return e.openStreams() == 1 })
 
 	stopped := make(chan struct{})
 	go func() { e.g.GracefulStop(); close(stopped) }()

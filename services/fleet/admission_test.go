@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
@@ -147,7 +148,7 @@ func TestSessionsFull(t *testing.T) {
 	// A session that ends makes room.
 	first.st.CloseSend()
 	first.end()
-	eventually(t, "room", func() bool { return gw.srv.Sessions() < 2 })
+	poll.Until(t, "room", func() bool { return gw.srv.Sessions() < 2 })
 	gw.connect(t, "n3", "p")
 }
 

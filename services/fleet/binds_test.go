@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/subjects"
@@ -99,7 +100,7 @@ func TestPendingBindSentOnConnect(t *testing.T) {
 	b := newBackbone(t)
 	gw := startGateway(t, b, Config{})
 	b.publishDecision(t, placed("d1", "p", "r1", alloc("a1", "n1", 0), alloc("a2", "n1", 1), alloc("a3", "n2", 0)))
-	eventually(t, "pending binds", func() bool {
+	poll.Until(t, "pending binds", func() bool {
 		gw.srv.mu.Lock()
 		defer gw.srv.mu.Unlock()
 		return gw.srv.binds.count == 3

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	"github.com/millrace/millrace/internal/poll"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
 
@@ -109,7 +110,7 @@ func TestSilentClientDroppedAtHandshakeDeadline(t *testing.T) {
 	if !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) && !strings.Contains(err.Error(), "reset") {
 		t.Fatalf("read: %v", err)
 	}
-	eventually(t, "the timeout counted", func() bool {
+	poll.Until(t, "the timeout counted", func() bool {
 		return counter(t, gw.reg, "millrace_fleet_tls_handshakes_total", "timeout") == 1
 	})
 	// A real node still connects.
@@ -169,7 +170,7 @@ func TestRevokedCertificateClosedAndRefused(t *testing.T) {
 	if err := os.WriteFile(deny, []byte("not a serial\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the bad list noticed", func() bool {
+	poll.Until(t, "the bad list noticed", func() bool {
 		return counter(t, gw.reg, "millrace_fleet_deny_list_reloads_total", "error") >= 1
 	})
 	r, err = openSession(t, gw.dial(t, tc), helloMsg(testHello("n1", "p"))).refused()
@@ -198,7 +199,7 @@ func TestRevokedCertificateClosedAndRefused(t *testing.T) {
 	if err := os.WriteFile(deny, []byte("p/n2\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "n1 let back in", func() bool {
+	poll.Until(t, "n1 let back in", func() bool {
 		_, ok := gw.srv.denied.Load().denies(serialKey(cert.SerialNumber), nodeKey{"p", "n1"})
 		return !ok
 	})

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc/credentials"
+
+	"github.com/millrace/millrace/internal/poll"
 )
 
 // blockingCreds is a handshake that takes until release is closed, and
@@ -50,10 +52,9 @@ func TestHandshakesAreAdmitted(t *testing.T) {
 			}
 		})
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for shed.Load() < 12 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	// The check below, not the wait, says whether too few or too many
+	// were shed.
+	poll.True(func() bool { return shed.Load() >= 12 }, poll.Within(10*time.Second))
 	if got := shed.Load(); got != 12 {
 		t.Fatalf("%d connections shed, want 12 (20 - 3 running - 5 waiting)", got)
 	}
@@ -73,9 +74,7 @@ func TestHandshakeWaitIsBounded(t *testing.T) {
 	defer close(inner.release)
 	c := newLimitedCredsN(inner, NewMetrics(nil), 1, 5, 50*time.Millisecond)
 	go c.ServerHandshake(nil) // holds the one slot
-	for inner.now.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	poll.Until(t, "the first handshake to take the slot", func() bool { return inner.now.Load() != 0 }, poll.Every(time.Millisecond))
 	if _, _, err := c.ServerHandshake(nil); err != errHandshakeBusy {
 		t.Fatalf("err %v, want errHandshakeBusy", err)
 	}

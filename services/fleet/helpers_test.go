@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
@@ -144,7 +145,7 @@ func (b *backbone) liveness(t testing.TB) []*fleetpb.LivenessBatch {
 func (b *backbone) waitEvents(t testing.TB, what string, n int, match func(*fleetpb.NodeEvent) bool) []storedEvent {
 	t.Helper()
 	var got []storedEvent
-	eventually(t, what, func() bool {
+	poll.Until(t, what, func() bool {
 		got = got[:0]
 		for _, e := range b.nodeEvents(t) {
 			if match(e.ev) {
@@ -173,18 +174,6 @@ func (b *backbone) publishDecision(t testing.TB, d *fleetpb.PlacementDecision) {
 	defer cancel()
 	if err := b.pub.Publish(ctx, msg); err != nil {
 		t.Fatal(err)
-	}
-}
-
-// eventually polls cond until it holds or the time is up.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc/codes"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
@@ -140,7 +141,7 @@ func waitRows(t testing.TB, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }, what, sql string, n int) {
 	t.Helper()
-	eventually(t, what, func() bool {
+	poll.Until(t, what, func() bool {
 		var got int
 		return db.QueryRow(context.Background(), sql).Scan(&got) == nil && got == n
 	})

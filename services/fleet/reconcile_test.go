@@ -3,6 +3,7 @@ package fleet
 import (
 	"testing"
 
+	"github.com/millrace/millrace/internal/poll"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
 
@@ -25,14 +26,14 @@ func TestHelloReconciled(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Released while the node was away: the Unbind had no session to go to.
-	eventually(t, "the session gone", func() bool {
+	poll.Until(t, "the session gone", func() bool {
 		gw.srv.mu.Lock()
 		defer gw.srv.mu.Unlock()
 		return gw.srv.sessions[nodeKey{pool: "p", node: "n1"}] == nil
 	})
 	b.publishDecision(t, released("d4", "p", "r1", "cancelled", "gone"))
 	b.publishDecision(t, placed("d5", "p", "r5", alloc("new", "n1", 0)))
-	eventually(t, "the release read", func() bool {
+	poll.Until(t, "the release read", func() bool {
 		gw.srv.mu.Lock()
 		defer gw.srv.mu.Unlock()
 		_, ok := gw.srv.binds.released["gone"]
@@ -107,7 +108,7 @@ func TestBindsWaitForTheHead(t *testing.T) {
 	<-atRelease // "gone" is read as placed on n1, its release not yet
 	c := openSession(t, gw.nodeConn(t, nil, "n1", "p"), helloMsg(testHello("n1", "p")))
 	c.welcome()
-	eventually(t, "the session established", func() bool {
+	poll.Until(t, "the session established", func() bool {
 		gw.srv.mu.Lock()
 		defer gw.srv.mu.Unlock()
 		sess := gw.srv.sessions[nodeKey{pool: "p", node: "n1"}]

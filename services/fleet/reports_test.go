@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/millrace/millrace/internal/poll"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
 )
@@ -196,7 +197,7 @@ func TestNoisyNodeLeavesOthersFlowing(t *testing.T) {
 			}()
 			t.Cleanup(func() { close(stop); noisy.st.CloseSend(); wg.Wait() })
 			// The flood is on once it has sent more than the queue holds.
-			eventually(t, "the flood to start", func() bool { return sent.Load() > 300 })
+			poll.Until(t, "the flood to start", func() bool { return sent.Load() > 300 })
 
 			const quiet, each = 4, 5
 			var clients []*client

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/streams"
@@ -200,7 +201,7 @@ func TestLivenessFlushTicker(t *testing.T) {
 		c.heartbeat()
 		c.expectAck(c.seq)
 	}
-	eventually(t, "a liveness batch", func() bool { return len(b.liveness(t)) > 0 })
+	poll.Until(t, "a liveness batch", func() bool { return len(b.liveness(t)) > 0 })
 	if n := len(b.liveness(t)); n >= beats/2 {
 		t.Fatalf("%d liveness messages for %d heartbeats", n, beats)
 	}
@@ -311,7 +312,7 @@ func TestCloseSend(t *testing.T) {
 	if r := got[0].ev.GetDisconnected().GetReason(); r != reasonClosed {
 		t.Fatalf("reason %q", r)
 	}
-	eventually(t, "no session left", func() bool { return gw.srv.Sessions() == 0 })
+	poll.Until(t, "no session left", func() bool { return gw.srv.Sessions() == 0 })
 }
 
 // A newer session for the same node replaces the older one, which gets
@@ -338,7 +339,7 @@ func TestNewerSessionReplacesOlder(t *testing.T) {
 		}
 		t.Fatal("want connect(old), disconnect(old, replaced), connect(new)")
 	}
-	eventually(t, "one session", func() bool { return gw.srv.Sessions() == 1 })
+	poll.Until(t, "one session", func() bool { return gw.srv.Sessions() == 1 })
 }
 
 // The inventory is republished every ResyncEvery with the allocations the

@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/schemas/envelope"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
@@ -128,18 +129,6 @@ func as(t testing.TB, key string) context.Context {
 	return metadata.AppendToOutgoingContext(testCtx(t), "authorization", "Bearer "+key)
 }
 
-// eventually polls cond until it holds or the time is up.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // --- the streams ---
 
 // resvMsgs returns every message stored in FLEET_RESV.
@@ -178,10 +167,10 @@ func (e *env) tryResvMsgs() ([]*jetstream.RawStreamMsg, error) {
 func (e *env) waitResvMsgs(n int) []*jetstream.RawStreamMsg {
 	e.t.Helper()
 	var msgs []*jetstream.RawStreamMsg
-	eventually(e.t, "reservation events in the stream", func() bool {
+	poll.Until(e.t, "reservation events in the stream", func() bool {
 		msgs = e.resvMsgs()
 		return len(msgs) >= n
-	})
+	}, poll.Within(20*time.Second))
 	if len(msgs) != n {
 		e.t.Fatalf("FLEET_RESV holds %d messages, want %d", len(msgs), n)
 	}

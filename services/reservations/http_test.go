@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/millrace/millrace/internal/poll"
 )
 
 // TestHTTPRoundTrip drives the JSON API as curl would, and checks the
@@ -76,13 +78,8 @@ func TestHTTPRoundTrip(t *testing.T) {
 
 	// Cancel; the projector applies it once it is in the stream.
 	go func() {
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			if msgs, _ := e.tryResvMsgs(); len(msgs) == 2 {
-				e.db.Exec(testCtx(t), `update fleet_reservations set cancelled_at = now() where id = $1`, id)
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
+		if poll.True(func() bool { msgs, _ := e.tryResvMsgs(); return len(msgs) == 2 }, poll.Within(20*time.Second)) {
+			e.db.Exec(testCtx(t), `update fleet_reservations set cancelled_at = now() where id = $1`, id)
 		}
 	}()
 	r := e.do("POST", "/v1/reservations/"+id+":cancel", aliceKey, nil).reservation(t)

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/millrace/millrace/internal/poll"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/subjects"
 )
@@ -484,16 +485,13 @@ func TestCancel(t *testing.T) {
 	// The projector's part: once the cancel is in the stream, apply it.
 	applied := make(chan error, 1)
 	go func() {
-		deadline := time.Now().Add(20 * time.Second)
-		for time.Now().Before(deadline) {
-			if msgs, _ := e.tryResvMsgs(); len(msgs) == 1 {
-				_, err := e.db.Exec(testCtx(t), `update fleet_reservations set cancelled_at = $2 where id = $1`, "r-1", t0.Add(time.Minute))
-				applied <- err
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
+		inStream := func() bool { msgs, _ := e.tryResvMsgs(); return len(msgs) == 1 }
+		if !poll.True(inStream, poll.Within(20*time.Second)) {
+			applied <- nil
+			return
 		}
-		applied <- nil
+		_, err := e.db.Exec(testCtx(t), `update fleet_reservations set cancelled_at = $2 where id = $1`, "r-1", t0.Add(time.Minute))
+		applied <- err
 	}()
 	r, err := e.client.Cancel(as(t, aliceKey), &fleetpb.CancelReservationRequest{Id: "r-1"})
 	if err != nil {

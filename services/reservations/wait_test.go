@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/millrace/millrace/internal/poll"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
 
@@ -37,16 +38,17 @@ func (e *env) placer(fail bool) <-chan string {
 	done := make(chan string, 1)
 	go func() {
 		var ev *fleetpb.ReservationEvent
-		deadline := time.Now().Add(20 * time.Second)
-		for ev == nil && time.Now().Before(deadline) {
-			if msgs, err := e.tryResvMsgs(); err == nil && len(msgs) > 0 {
-				ev = &fleetpb.ReservationEvent{}
-				if proto.Unmarshal(msgs[0].Data, ev) != nil {
-					break
-				}
+		poll.True(func() bool {
+			msgs, err := e.tryResvMsgs()
+			if err != nil || len(msgs) == 0 {
+				return false
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			// One that does not decode ends the wait too: the check below
+			// then fails.
+			ev = &fleetpb.ReservationEvent{}
+			proto.Unmarshal(msgs[0].Data, ev)
+			return true
+		}, poll.Within(20*time.Second))
 		if ev.GetRequested() == nil {
 			done <- ""
 			return
@@ -139,7 +141,7 @@ func TestWaitRecheck(t *testing.T) {
 	id := requestReservationID("alice", "again")
 	e.reservation(id, "alice", spec("a100", 1), t0)
 	res := e.createAsync(as(t, aliceKey), &fleetpb.CreateReservationRequest{Spec: spec("a100", 1), RequestId: "again", Wait: durationpb.New(longWait)})
-	eventually(t, "the Create to wait", func() bool { return e.srv.waiters.has(id) })
+	poll.Until(t, "the Create to wait", func() bool { return e.srv.waiters.has(id) }, poll.Within(20*time.Second))
 	// The report first, so that the reservation goes from PENDING to ACTIVE
 	// in one step.
 	e.report("al-1", "n1", "bound", t0.Add(2*time.Second))
@@ -211,7 +213,7 @@ func TestWaitClose(t *testing.T) {
 	e := newEnv(t, Config{})
 	res := e.createAsync(as(t, aliceKey), &fleetpb.CreateReservationRequest{Spec: spec("a100", 1), RequestId: "c", Wait: durationpb.New(longWait)})
 	id := requestReservationID("alice", "c")
-	eventually(t, "the Create to wait", func() bool { return e.srv.waiters.has(id) })
+	poll.Until(t, "the Create to wait", func() bool { return e.srv.waiters.has(id) }, poll.Within(20*time.Second))
 	e.srv.Close()
 	c := <-res
 	if c.err != nil || c.r.State != pending || c.elapsed >= longWait/2 {
