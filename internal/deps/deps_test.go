@@ -51,7 +51,19 @@ func TestDependencyDirection(t *testing.T) {
 // projectors included, so it may not drag in anything but the standard
 // library (NATS least of all).
 func TestSubjectsStandardOnly(t *testing.T) {
-	const pkg = "github.com/millrace/millrace/subjects"
+	standardOnly(t, "github.com/millrace/millrace/subjects")
+}
+
+// TestSharedHelpersStandardOnly: the key table and the test poll are used
+// by every edge and every test package, the agent's included; they must
+// not bring anything along.
+func TestSharedHelpersStandardOnly(t *testing.T) {
+	standardOnly(t, "github.com/millrace/millrace/internal/apikey")
+	standardOnly(t, "github.com/millrace/millrace/internal/poll")
+}
+
+func standardOnly(t *testing.T, pkg string) {
+	t.Helper()
 	out, err := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", pkg).Output()
 	if err != nil {
 		t.Fatalf("go list -deps %s: %v", pkg, err)

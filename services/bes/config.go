@@ -1,14 +1,11 @@
 package bes
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
-	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/apikey"
 	"github.com/millrace/millrace/internal/netlimit"
 	"github.com/millrace/millrace/services/bes/redact"
 )
@@ -142,74 +139,35 @@ func CheckExposure(listen string, keys int, insecureOpen bool) error {
 		ErrOpenWithoutKeys, listen)
 }
 
-// Keys maps API keys to projects. Keys are kept only as SHA-256 digests
-// and compared in constant time.
-type Keys struct {
-	entries keyfile.Set[keyEntry] // read without a lock: a reload swaps it whole
+// Keys maps API keys to the project each belongs to: an apikey.Table,
+// kept as digests and compared in constant time.
+type Keys apikey.Table[string]
+
+var keySyntax = apikey.Syntax[string]{
+	What: "API key", Name: "project", Form: "project=key",
+	Principal: func(project string) (string, error) { return project, nil },
 }
 
-type keyEntry struct {
-	digest  [32]byte
-	project string
-}
-
-// ParseKeys reads "project=key,project=key" (or one pair per line).
+// ParseKeys reads "project=key,project=key" (or one pair per line; the
+// syntax is apikey's). A project may have several keys.
 func ParseKeys(s string) (*Keys, error) {
-	k := &Keys{}
-	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' }) {
-		f = strings.TrimSpace(f)
-		if f == "" || strings.HasPrefix(f, "#") {
-			continue
-		}
-		project, key, ok := strings.Cut(f, "=")
-		project, key = strings.TrimSpace(project), strings.TrimSpace(key)
-		if !ok || project == "" || key == "" {
-			return nil, errors.New("bes: API keys must be written project=key")
-		}
-		if len(key) < 16 {
-			return nil, fmt.Errorf("bes: the API key of project %q is shorter than 16 characters", project)
-		}
-		k.Add(project, key)
+	t, err := apikey.Parse(s, keySyntax)
+	if err != nil {
+		return nil, fmt.Errorf("bes: %w", err)
 	}
-	return k, nil
+	return (*Keys)(t), nil
 }
 
-// Add gives project one more key.
-func (k *Keys) Add(project, key string) {
-	k.add(keyEntry{digest: sha256.Sum256([]byte(key)), project: project})
-}
+func (k *Keys) table() *apikey.Table[string] { return (*apikey.Table[string])(k) }
 
 // Len is the number of keys.
-func (k *Keys) Len() int {
-	if k == nil {
-		return 0
-	}
-	return k.entries.Len()
-}
-
-func (k *Keys) list() []keyEntry {
-	if k == nil {
-		return nil
-	}
-	return k.entries.List()
-}
-
-func (k *Keys) add(e keyEntry) { k.entries.Add(e) }
+func (k *Keys) Len() int { return k.table().Len() }
 
 // Replace makes k hold exactly the keys of from, at once: a request sees
 // either the old keys or the new ones, never a mix. It is how a file of
 // keys is reloaded while the server runs (a removed one is refused from the
 // next request on).
-func (k *Keys) Replace(from *Keys) { k.entries.Replace(&from.entries) }
+func (k *Keys) Replace(from *Keys) { k.table().Replace(from.table()) }
 
 // Project returns the project a key belongs to.
-func (k *Keys) Project(key string) (string, bool) {
-	d := sha256.Sum256([]byte(key))
-	project, found := "", false
-	for _, e := range k.list() {
-		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
-			project, found = e.project, true
-		}
-	}
-	return project, found
-}
+func (k *Keys) Project(key string) (string, bool) { return k.table().Lookup(key) }

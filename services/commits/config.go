@@ -1,8 +1,6 @@
 package commits
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"strings"
@@ -10,7 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/millrace/millrace/commitlog/layout"
-	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/apikey"
 )
 
 // Config of the commits edge. The zero value takes the defaults; Keys is
@@ -91,98 +89,49 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Keys are API keys, each for one world or for all of them.
-type Keys struct {
-	entries keyfile.Set[keyEntry] // read without a lock: a reload swaps it whole
-}
+// Keys are API keys, each for one world or for all of them: an
+// apikey.Table of worlds ("*": every world), kept as digests and compared
+// in constant time.
+type Keys apikey.Table[string]
 
-type keyEntry struct {
-	digest [32]byte
-	world  string // "*": every world
+var keySyntax = apikey.Syntax[string]{
+	What: "API key", Name: "world", Form: "world=key (or *=key for every world)",
+	Principal: func(world string) (string, error) {
+		if world == "*" {
+			return world, nil
+		}
+		return world, checkWorld(world)
+	},
 }
 
 // ParseKeys reads API keys separated by commas or newlines (blank lines and
-// lines starting with # are skipped): world=key for one world, *=key for
-// every world. A world may have several keys; keys are at least 16
-// characters and may themselves contain '='.
+// lines starting with # are skipped; the syntax is apikey's): world=key for
+// one world, *=key for every world. A world may have several keys; keys are
+// at least 16 characters and may themselves contain '='.
 func ParseKeys(s string) (*Keys, error) {
-	k := &Keys{}
-	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' }) {
-		f = strings.TrimSpace(f)
-		if f == "" || strings.HasPrefix(f, "#") {
-			continue
-		}
-		world, key, ok := strings.Cut(f, "=")
-		if !ok {
-			return nil, errors.New("commits: API keys are written world=key (or *=key for every world)")
-		}
-		if err := k.Add(strings.TrimSpace(world), strings.TrimSpace(key)); err != nil {
-			return nil, err
-		}
+	t, err := apikey.Parse(s, keySyntax)
+	if err != nil {
+		return nil, fmt.Errorf("commits: %w", err)
 	}
-	return k, nil
+	return (*Keys)(t), nil
 }
 
-// Add gives world ("*": every world) one more key.
-func (k *Keys) Add(world, key string) error {
-	if world != "*" {
-		if err := checkWorld(world); err != nil {
-			return fmt.Errorf("commits: API key: %w", err)
-		}
-	}
-	if len(key) < 16 {
-		return fmt.Errorf("commits: the API key of world %q is shorter than 16 characters", world)
-	}
-	d := sha256.Sum256([]byte(key))
-	for _, e := range k.list() {
-		if e.digest == d {
-			return fmt.Errorf("commits: the API key of world %q is given twice", world)
-		}
-	}
-	k.add(keyEntry{digest: d, world: world})
-	return nil
-}
+func (k *Keys) table() *apikey.Table[string] { return (*apikey.Table[string])(k) }
 
 // Len is the number of keys.
-func (k *Keys) Len() int {
-	if k == nil {
-		return 0
-	}
-	return k.entries.Len()
-}
-
-func (k *Keys) list() []keyEntry {
-	if k == nil {
-		return nil
-	}
-	return k.entries.List()
-}
-
-func (k *Keys) add(e keyEntry) { k.entries.Add(e) }
+func (k *Keys) Len() int { return k.table().Len() }
 
 // Replace makes k hold exactly the keys of from, at once: a request sees
 // either the old keys or the new ones, never a mix. It is how a file of
 // keys is reloaded while the server runs (a removed one is refused from the
 // next request on).
-func (k *Keys) Replace(from *Keys) { k.entries.Replace(&from.entries) }
+func (k *Keys) Replace(from *Keys) { k.table().Replace(from.table()) }
 
 // allows reports whether key may use world, and whether it is a key at
-// all. Every entry is compared, so the time taken does not tell which one
-// matched.
+// all.
 func (k *Keys) allows(key, world string) (known, allowed bool) {
-	if k == nil || key == "" {
-		return false, false
-	}
-	d := sha256.Sum256([]byte(key))
-	for _, e := range k.list() {
-		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
-			known = true
-			if e.world == "*" || e.world == world {
-				allowed = true
-			}
-		}
-	}
-	return known, allowed
+	w, known := k.table().Lookup(key)
+	return known, known && (w == "*" || w == world)
 }
 
 // checkWorld: 1..MaxWorldBytes of UTF-8 without control characters or

@@ -1,16 +1,13 @@
 package fleet
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"time"
 
-	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/apikey"
 )
 
 // Config of a fleet gateway. The zero value takes the defaults, except CA
@@ -298,85 +295,36 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// JoinTokens maps join tokens to pools. Tokens are kept only as SHA-256
-// digests and compared in constant time.
-type JoinTokens struct {
-	entries keyfile.Set[tokenEntry] // read without a lock: a reload swaps it whole
-}
+// JoinTokens maps join tokens to pools: an apikey.Table, kept as digests
+// and compared in constant time.
+type JoinTokens apikey.Table[string]
 
-type tokenEntry struct {
-	digest [32]byte
-	pool   string
+var tokenSyntax = apikey.Syntax[string]{
+	What: "join token", Name: "pool", Form: "pool=token",
+	Principal: func(pool string) (string, error) { return pool, CheckID("the pool", pool) },
 }
 
 // ParseJoinTokens reads "pool=token,pool=token" (or one pair per line;
-// lines starting with # are comments).
+// lines starting with # are comments; the syntax is apikey's). A pool may
+// have several tokens, each at least 16 characters.
 func ParseJoinTokens(s string) (*JoinTokens, error) {
-	k := &JoinTokens{}
-	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' }) {
-		f = strings.TrimSpace(f)
-		if f == "" || strings.HasPrefix(f, "#") {
-			continue
-		}
-		pool, token, ok := strings.Cut(f, "=")
-		pool, token = strings.TrimSpace(pool), strings.TrimSpace(token)
-		if !ok || pool == "" || token == "" {
-			return nil, errors.New("fleet: join tokens must be written pool=token")
-		}
-		if err := k.Add(pool, token); err != nil {
-			return nil, err
-		}
+	t, err := apikey.Parse(s, tokenSyntax)
+	if err != nil {
+		return nil, fmt.Errorf("fleet: %w", err)
 	}
-	return k, nil
+	return (*JoinTokens)(t), nil
 }
 
-// Add gives pool one more token (at least 16 characters).
-func (k *JoinTokens) Add(pool, token string) error {
-	if err := CheckID("fleet: join token pool", pool); err != nil {
-		return err
-	}
-	if len(token) < 16 {
-		return fmt.Errorf("fleet: the join token of pool %q is shorter than 16 characters", pool)
-	}
-	k.add(tokenEntry{digest: sha256.Sum256([]byte(token)), pool: pool})
-	return nil
-}
+func (k *JoinTokens) table() *apikey.Table[string] { return (*apikey.Table[string])(k) }
 
 // Len is the number of tokens.
-func (k *JoinTokens) Len() int {
-	if k == nil {
-		return 0
-	}
-	return k.entries.Len()
-}
-
-func (k *JoinTokens) list() []tokenEntry {
-	if k == nil {
-		return nil
-	}
-	return k.entries.List()
-}
-
-func (k *JoinTokens) add(e tokenEntry) { k.entries.Add(e) }
+func (k *JoinTokens) Len() int { return k.table().Len() }
 
 // Replace makes k hold exactly the tokens of from, at once: a request sees
 // either the old tokens or the new ones, never a mix. It is how a file of
 // tokens is reloaded while the server runs (a removed one is refused from the
 // next request on).
-func (k *JoinTokens) Replace(from *JoinTokens) { k.entries.Replace(&from.entries) }
+func (k *JoinTokens) Replace(from *JoinTokens) { k.table().Replace(from.table()) }
 
-// Pool returns the pool a token admits to. Every entry is compared, so the
-// time taken says nothing about which one matched.
-func (k *JoinTokens) Pool(token string) (string, bool) {
-	if k == nil {
-		return "", false
-	}
-	d := sha256.Sum256([]byte(token))
-	pool, found := "", false
-	for _, e := range k.list() {
-		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
-			pool, found = e.pool, true
-		}
-	}
-	return pool, found
-}
+// Pool returns the pool a token admits to.
+func (k *JoinTokens) Pool(token string) (string, bool) { return k.table().Lookup(token) }

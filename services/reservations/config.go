@@ -1,8 +1,6 @@
 package reservations
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"slices"
@@ -10,7 +8,7 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/apikey"
 )
 
 // Config of the reservations API. The zero value takes the defaults, except
@@ -97,23 +95,20 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// Keys maps API keys to owners, each key optionally limited to pools. Keys
-// are kept only as SHA-256 digests and compared in constant time.
-type Keys struct {
-	entries keyfile.Set[keyEntry] // read without a lock: a reload swaps it whole
-}
-
-type keyEntry struct {
-	digest [32]byte
-	owner  string
-	pools  []string // nil: every pool
-}
+// Keys maps API keys to owners, each key optionally limited to pools: an
+// apikey.Table, kept as digests and compared in constant time.
+type Keys apikey.Table[principal]
 
 // MaxOwnerBytes bounds an owner's name.
 const MaxOwnerBytes = 128
 
+var keySyntax = apikey.Syntax[principal]{
+	What: "API key", Name: "owner", Form: "owner=key or owner:pool1|pool2=key",
+	Principal: parsePrincipal,
+}
+
 // ParseKeys reads API keys, separated by commas or newlines (blank lines
-// and lines starting with # are skipped):
+// and lines starting with # are skipped; the syntax is apikey's):
 //
 //	owner=key                 the key acts for owner in every pool
 //	owner:pool1|pool2=key     the key acts for owner in pool1 and pool2 only
@@ -123,88 +118,50 @@ const MaxOwnerBytes = 128
 // cannot contain ':', '=', ',' or control characters; pools in a key's list
 // cannot contain '|', '=', ',' or control characters.
 func ParseKeys(s string) (*Keys, error) {
-	k := &Keys{}
-	for _, f := range strings.FieldsFunc(s, func(r rune) bool { return r == ',' || r == '\n' }) {
-		f = strings.TrimSpace(f)
-		if f == "" || strings.HasPrefix(f, "#") {
+	t, err := apikey.Parse(s, keySyntax)
+	if err != nil {
+		return nil, fmt.Errorf("reservations: %w", err)
+	}
+	return (*Keys)(t), nil
+}
+
+// parsePrincipal reads "owner" or "owner:pool1|pool2".
+func parsePrincipal(who string) (principal, error) {
+	owner, poolList, limited := strings.Cut(who, ":")
+	owner = strings.TrimSpace(owner)
+	if owner == "" || len(owner) > MaxOwnerBytes || strings.ContainsAny(owner, ":=,") || hasControl(owner) {
+		return principal{}, fmt.Errorf("owner %q is not a valid owner name (1..%d bytes, no ':', '=', ',' or control characters)", owner, MaxOwnerBytes)
+	}
+	if !limited {
+		return principal{owner: owner}, nil
+	}
+	var pools []string
+	for _, p := range strings.Split(poolList, "|") {
+		if p = strings.TrimSpace(p); p == "" {
 			continue
 		}
-		who, key, ok := strings.Cut(f, "=")
-		who, key = strings.TrimSpace(who), strings.TrimSpace(key)
-		if !ok || who == "" || key == "" {
-			return nil, errors.New("reservations: API keys must be written owner=key or owner:pool1|pool2=key")
+		if err := checkPool("pool", p); err != nil {
+			return principal{}, fmt.Errorf("the API key of owner %q names an invalid pool: %v", owner, err)
 		}
-		owner, poolList, limited := strings.Cut(who, ":")
-		owner = strings.TrimSpace(owner)
-		var pools []string
-		if limited {
-			for _, p := range strings.Split(poolList, "|") {
-				if p = strings.TrimSpace(p); p != "" {
-					pools = append(pools, p)
-				}
-			}
-			if len(pools) == 0 {
-				return nil, fmt.Errorf("reservations: the API key of owner %q names no pool after ':'", owner)
-			}
-		}
-		if err := k.Add(owner, key, pools...); err != nil {
-			return nil, err
-		}
+		pools = append(pools, p)
 	}
-	return k, nil
+	if len(pools) == 0 {
+		return principal{}, fmt.Errorf("the API key of owner %q names no pool after ':'", owner)
+	}
+	slices.Sort(pools)
+	return principal{owner: owner, pools: slices.Compact(pools)}, nil
 }
 
-// Add gives owner one more key; with pools, the key may use only those.
-func (k *Keys) Add(owner, key string, pools ...string) error {
-	if owner == "" || len(owner) > MaxOwnerBytes || strings.ContainsAny(owner, ":=,") || hasControl(owner) {
-		return fmt.Errorf("reservations: owner %q is not a valid owner name (1..%d bytes, no ':', '=', ',' or control characters)", owner, MaxOwnerBytes)
-	}
-	if len(key) < 16 {
-		return fmt.Errorf("reservations: the API key of owner %q is shorter than 16 characters", owner)
-	}
-	for _, p := range pools {
-		if err := checkPool("pool", p); err != nil {
-			return fmt.Errorf("reservations: the API key of owner %q names an invalid pool: %v", owner, err)
-		}
-	}
-	d := sha256.Sum256([]byte(key))
-	for _, e := range k.list() {
-		if e.digest == d {
-			return fmt.Errorf("reservations: the API key of owner %q is given twice", owner)
-		}
-	}
-	var ps []string
-	if len(pools) > 0 {
-		ps = slices.Clone(pools)
-		slices.Sort(ps)
-		ps = slices.Compact(ps)
-	}
-	k.add(keyEntry{digest: d, owner: owner, pools: ps})
-	return nil
-}
+func (k *Keys) table() *apikey.Table[principal] { return (*apikey.Table[principal])(k) }
 
 // Len is the number of keys.
-func (k *Keys) Len() int {
-	if k == nil {
-		return 0
-	}
-	return k.entries.Len()
-}
-
-func (k *Keys) list() []keyEntry {
-	if k == nil {
-		return nil
-	}
-	return k.entries.List()
-}
-
-func (k *Keys) add(e keyEntry) { k.entries.Add(e) }
+func (k *Keys) Len() int { return k.table().Len() }
 
 // Replace makes k hold exactly the keys of from, at once: a request sees
 // either the old keys or the new ones, never a mix. It is how a file of
 // keys is reloaded while the server runs (a removed one is refused from the
 // next request on).
-func (k *Keys) Replace(from *Keys) { k.entries.Replace(&from.entries) }
+func (k *Keys) Replace(from *Keys) { k.table().Replace(from.table()) }
 
 // principal is who a key acts for.
 type principal struct {
@@ -220,22 +177,8 @@ func (p principal) allows(pool string) bool {
 	return found
 }
 
-// lookup returns who key acts for. Every entry is compared, so the time
-// taken does not tell which one matched.
-func (k *Keys) lookup(key string) (principal, bool) {
-	if k == nil || key == "" {
-		return principal{}, false
-	}
-	d := sha256.Sum256([]byte(key))
-	var p principal
-	found := false
-	for _, e := range k.list() {
-		if subtle.ConstantTimeCompare(d[:], e.digest[:]) == 1 {
-			p, found = principal{owner: e.owner, pools: e.pools}, true
-		}
-	}
-	return p, found
-}
+// lookup returns who key acts for.
+func (k *Keys) lookup(key string) (principal, bool) { return k.table().Lookup(key) }
 
 func hasControl(s string) bool {
 	for _, r := range s {

@@ -20,5 +20,5 @@ func ExampleParseKeys() {
 	fmt.Println(err)
 	// Output:
 	// 2 keys
-	// reservations: the API key of owner "ml-team" is shorter than 16 characters
+	// reservations: line 1: the API key of owner "ml-team" is shorter than 16 characters
 }
