@@ -9,6 +9,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -224,15 +225,7 @@ func (a *Agent) Allocations() []Allocation {
 		out = append(out, *al)
 	}
 	a.mu.Unlock()
-	slices.SortFunc(out, func(x, y Allocation) int {
-		switch {
-		case x.ID < y.ID:
-			return -1
-		case x.ID > y.ID:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(x, y Allocation) int { return cmp.Compare(x.ID, y.ID) })
 	return out
 }
 

@@ -6,6 +6,7 @@
 package devdb
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -15,7 +16,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -71,7 +72,7 @@ func binDir() (string, error) {
 		return filepath.Dir(p), nil
 	}
 	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) > version(dirs[j]) })
+	slices.SortFunc(dirs, func(a, b string) int { return cmp.Compare(version(b), version(a)) }) // newest first
 	for _, d := range dirs {
 		if _, err := os.Stat(filepath.Join(d, "pg_ctl")); err == nil {
 			return d, nil

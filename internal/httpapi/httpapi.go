@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc/codes"
 )
 
@@ -73,44 +74,13 @@ func Status(c codes.Code) int {
 	}
 }
 
-// CodeName is the canonical name of a code, as google.rpc.Code spells it.
+// CodeName is the canonical name of a code, as google.rpc.Code spells it
+// ("CANCELLED", where gRPC's Go constant says Canceled), or CODE_n for a
+// code it does not know.
 func CodeName(c codes.Code) string {
-	switch c {
-	case codes.OK:
-		return "OK"
-	case codes.Canceled:
-		return "CANCELLED"
-	case codes.Unknown:
-		return "UNKNOWN"
-	case codes.InvalidArgument:
-		return "INVALID_ARGUMENT"
-	case codes.DeadlineExceeded:
-		return "DEADLINE_EXCEEDED"
-	case codes.NotFound:
-		return "NOT_FOUND"
-	case codes.AlreadyExists:
-		return "ALREADY_EXISTS"
-	case codes.PermissionDenied:
-		return "PERMISSION_DENIED"
-	case codes.ResourceExhausted:
-		return "RESOURCE_EXHAUSTED"
-	case codes.FailedPrecondition:
-		return "FAILED_PRECONDITION"
-	case codes.Aborted:
-		return "ABORTED"
-	case codes.OutOfRange:
-		return "OUT_OF_RANGE"
-	case codes.Unimplemented:
-		return "UNIMPLEMENTED"
-	case codes.Internal:
-		return "INTERNAL"
-	case codes.Unavailable:
-		return "UNAVAILABLE"
-	case codes.DataLoss:
-		return "DATA_LOSS"
-	case codes.Unauthenticated:
-		return "UNAUTHENTICATED"
-	default:
-		return "CODE_" + strconv.Itoa(int(c))
+	// A code of 2^31 or more turns negative, which no name has.
+	if n, ok := rpccode.Code_name[int32(c)]; ok {
+		return n
 	}
+	return "CODE_" + strconv.Itoa(int(c))
 }

@@ -43,3 +43,21 @@ func TestStatusAndJSONError(t *testing.T) {
 		t.Errorf("WriteJSONError: %d %q %v", w.Code, w.Body.String(), w.Header())
 	}
 }
+
+// The names clients see in {"code": ...}: google.rpc.Code's, whatever
+// gRPC's Go constants are called.
+func TestCodeName(t *testing.T) {
+	want := []string{"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+		"PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED",
+		"INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"}
+	for c, name := range want {
+		if got := CodeName(codes.Code(c)); got != name {
+			t.Errorf("CodeName(%d) = %q, want %q", c, got, name)
+		}
+	}
+	for c, name := range map[codes.Code]string{17: "CODE_17", 1 << 31: "CODE_2147483648", 1<<32 - 1: "CODE_4294967295"} {
+		if got := CodeName(c); got != name {
+			t.Errorf("CodeName(%d) = %q, want %q", c, got, name)
+		}
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+
+	"github.com/millrace/millrace/schemas/bep"
 )
 
 // WorkspaceName is the name in the generated WORKSPACE file; test scripts find their runfiles under it.
@@ -53,13 +55,14 @@ const (
 	TestBroken  Kind = "test_broken"  // depends on a failing genrule, so it fails to build and never runs
 )
 
-// Test statuses as Bazel's build_event_stream.TestStatus enum spells them.
-const (
-	StatusNoStatus      = "NO_STATUS"
-	StatusPassed        = "PASSED"
-	StatusFlaky         = "FLAKY"
-	StatusFailed        = "FAILED"
-	StatusFailedToBuild = "FAILED_TO_BUILD"
+// Test statuses as Bazel's build_event_stream.TestStatus enum spells them
+// (the generated names of schemas/bep, which are Bazel's).
+var (
+	StatusNoStatus      = bep.TestStatus_NO_STATUS.String()
+	StatusPassed        = bep.TestStatus_PASSED.String()
+	StatusFlaky         = bep.TestStatus_FLAKY.String()
+	StatusFailed        = bep.TestStatus_FAILED.String()
+	StatusFailedToBuild = bep.TestStatus_FAILED_TO_BUILD.String()
 )
 
 // Mix says how many targets of each kind other than GenruleOK a workspace has.
@@ -158,7 +161,8 @@ func (e *Expected) Labels() []string {
 }
 
 // ExitCode is the exit code, and its name as BuildFinished.ExitCode spells it, of `bazel <command> //...
-// --keep_going` on the workspace. Any failed build action wins over failed tests: with a failing genrule
+// --keep_going` on the workspace. The names are written out: Bazel's exit codes are no proto enum (the
+// event carries a name and a number), so there are no generated names to take them from. Any failed build action wins over failed tests: with a failing genrule
 // in the workspace `bazel test` exits 1 (BUILD_FAILURE), not 3.
 func (e *Expected) ExitCode(command string) (int, string) {
 	if e.Mix.FailingGenrules > 0 {

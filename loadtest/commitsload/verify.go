@@ -1,6 +1,7 @@
 package commitsload
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -170,15 +171,8 @@ func runVerify(ctx context.Context, cfg Config, led *ledger, out *printer) (*Ver
 // in (world, number) order.
 func (v *verifier) index() {
 	acks := slices.Clone(v.led.acks)
-	sort.Slice(acks, func(i, j int) bool {
-		a, b := acks[i], acks[j]
-		if a.world != b.world {
-			return a.world < b.world
-		}
-		if a.doc != b.doc {
-			return a.doc < b.doc
-		}
-		return a.version < b.version
+	slices.SortFunc(acks, func(a, b ack) int {
+		return cmp.Or(cmp.Compare(a.world, b.world), cmp.Compare(a.doc, b.doc), cmp.Compare(a.version, b.version))
 	})
 	for i := 0; i < len(acks); {
 		j := i + 1

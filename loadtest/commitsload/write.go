@@ -1,11 +1,12 @@
 package commitsload
 
 import (
+	"cmp"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -166,7 +167,7 @@ func runWrites(ctx context.Context, cfg Config, led *ledger, seed uint64, out *p
 			led.doubts = append(led.doubts, s.doubts...)
 		}
 	}
-	sort.Slice(led.acks, func(i, j int) bool { return led.acks[i].version < led.acks[j].version })
+	slices.SortFunc(led.acks, func(a, b ack) int { return cmp.Compare(a.version, b.version) })
 	for i := 1; i < len(led.acks); i++ {
 		if led.acks[i].version == led.acks[i-1].version {
 			rep.DuplicateVersions++

@@ -4,7 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"sort"
+	"slices"
 
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -137,7 +137,7 @@ func (s *Script) finish() error {
 		for seq := range bySeq {
 			seqs = append(seqs, seq)
 		}
-		sort.Slice(seqs, func(i, j int) bool { return seqs[i] < seqs[j] })
+		slices.Sort(seqs)
 		ts.Requests = ts.Requests[:0]
 		for i, seq := range seqs {
 			if seq != int64(i+1) {

@@ -208,7 +208,10 @@ func cleanSlow(s string) string {
 }
 
 // gpuHealth is a GpuHealth as fleet_devices.health spells it; values a
-// newer schema may add read as "unspecified".
+// newer schema may add read as "unspecified". The spellings are the
+// column's (its check constraint, migrations/003_fleet.sql), not derived
+// from the enum's generated names: renaming an enum value must not change
+// what is stored or what queries match.
 func gpuHealth(h fleetpb.GpuHealth) string {
 	switch h {
 	case fleetpb.GpuHealth_GPU_HEALTH_OK:
@@ -223,7 +226,8 @@ func gpuHealth(h fleetpb.GpuHealth) string {
 }
 
 // allocationState is an AllocationState as fleet_allocation_reports.state
-// spells it, or "" for one that a report cannot carry.
+// spells it, or "" for one that a report cannot carry. Written out for the
+// same reason as gpuHealth's: they are the column's values.
 func allocationState(s fleetpb.AllocationState) string {
 	switch s {
 	case fleetpb.AllocationState_ALLOCATION_STATE_PENDING:

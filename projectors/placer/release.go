@@ -1,6 +1,7 @@
 package placer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -186,12 +187,7 @@ func (p *Placer) confirm(ctx context.Context, tx pgx.Tx, w *work) error {
 		}
 		byGroup[g] = append(byGroup[g], &fleetpb.Allocation{Id: x.id, NodeId: x.node.id})
 	}
-	slices.SortFunc(order, func(a, b group) int {
-		if a.pool != b.pool {
-			return compareStrings(a.pool, b.pool)
-		}
-		return compareStrings(a.rid, b.rid)
-	})
+	slices.SortFunc(order, func(a, b group) int { return cmp.Or(cmp.Compare(a.pool, b.pool), cmp.Compare(a.rid, b.rid)) })
 	for _, g := range order {
 		w.out = append(w.out, &fleetpb.PlacementDecision{
 			DecisionId:    fmt.Sprintf("%s/unbind-again/%d", g.rid, w.now.UnixMicro()),
@@ -202,16 +198,6 @@ func (p *Placer) confirm(ctx context.Context, tx pgx.Tx, w *work) error {
 		})
 	}
 	return nil
-}
-
-func compareStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func freedDecision(rid string, a liveAlloc, reason string, fenced bool, now time.Time) *fleetpb.PlacementDecision {

@@ -1,6 +1,7 @@
 package commits
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"slices"
@@ -76,7 +77,7 @@ func (f *folded) version(ctx context.Context, world, id string, seq uint64, aske
 	}
 	// Segments are in pass order, and in id order within a pass: the
 	// pass holding seq starts at the first segment whose range reaches it.
-	i, _ := slices.BinarySearchFunc(m.History, seq, func(s layout.Segment, v uint64) int { return cmpUint(s.To, v) })
+	i, _ := slices.BinarySearchFunc(m.History, seq, func(s layout.Segment, v uint64) int { return cmp.Compare(s.To, v) })
 	for ; i < len(m.History) && m.History[i].From < seq; i++ {
 		s := m.History[i]
 		if !s.Holds(id) {
@@ -139,7 +140,7 @@ func (f *folded) history(ctx context.Context, world, id string, after uint64, n 
 		return nil, 0, err
 	}
 	var out []layout.Record
-	i, _ := slices.BinarySearchFunc(m.History, after+1, func(s layout.Segment, v uint64) int { return cmpUint(s.To, v) })
+	i, _ := slices.BinarySearchFunc(m.History, after+1, func(s layout.Segment, v uint64) int { return cmp.Compare(s.To, v) })
 	for ; i < len(m.History); i++ {
 		s := m.History[i]
 		if !s.Holds(id) {
@@ -180,16 +181,6 @@ func (f *folded) read(ctx context.Context, kind byte, key string) ([]layout.Reco
 	}
 	f.files.put(key, recs)
 	return recs, nil
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // fileCache keeps decoded record files, least recently used out first,

@@ -1,6 +1,7 @@
 package commits
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -500,7 +501,7 @@ func (s *Server) history(ctx context.Context, world, id string, after uint64, pa
 						Deleted: r.Deleted, CommittedAt: timestamppb.New(r.Time)})
 				}
 			}
-			slices.SortFunc(page, func(a, b *commitspb.Version) int { return cmpUint(a.Version, b.Version) })
+			slices.SortFunc(page, func(a, b *commitspb.Version) int { return cmp.Compare(a.Version, b.Version) })
 		}
 	}
 	resp := &commitspb.HistoryResponse{Versions: page}

@@ -160,6 +160,10 @@ func (s store) allocations(ctx context.Context, rs []*fleetpb.Reservation) error
 	return err
 }
 
+// allocationState reads fleet_allocation_reports.state. Its values are the
+// column's (its check constraint, migrations/003_fleet.sql), not the enum's
+// generated names, so they are written out: renaming an enum value must not
+// change how stored rows read.
 func allocationState(s string) fleetpb.AllocationState {
 	switch s {
 	case "bound":

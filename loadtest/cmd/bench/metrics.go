@@ -2,9 +2,10 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"math"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -104,7 +105,7 @@ func (s promSample) quantileMS(name string, q float64, filters ...string) float6
 	if len(bs) == 0 {
 		return 0
 	}
-	sort.Slice(bs, func(i, j int) bool { return bs[i].le < bs[j].le })
+	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
 	total := bs[len(bs)-1].n
 	if total <= 0 {
 		return 0
