@@ -186,3 +186,28 @@ func TestPendingStreamsCappedPerAddress(t *testing.T) {
 		t.Fatalf("%d streams counted as waiting, want the 2 silent ones", n)
 	}
 }
+
+func TestParseKeys(t *testing.T) {
+	k, err := ParseKeys("# projects\nalpha=" + alphaKey + ", beta = beta-key-0123456789==\nalpha=alpha-second-key-0123")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{alphaKey: "alpha", "beta-key-0123456789==": "beta", "alpha-second-key-0123": "alpha"} {
+		if p, ok := k.Project(key); !ok || p != want {
+			t.Errorf("Project(%q) = %q, %v; want %q", key, p, ok, want)
+		}
+	}
+	if _, ok := k.Project("nope-nope-nope-nope"); ok || k.Len() != 3 {
+		t.Errorf("%d keys, or an unknown key accepted", k.Len())
+	}
+	// One key for two projects would belong to whichever came last.
+	for _, bad := range []string{"alpha", "=" + alphaKey, "alpha=short", "alpha=" + alphaKey + "\nbeta=" + alphaKey} {
+		if _, err := ParseKeys(bad); err == nil {
+			t.Errorf("ParseKeys(%q) accepted", bad)
+		}
+	}
+	var none *Keys
+	if _, ok := none.Project(alphaKey); ok || none.Len() != 0 {
+		t.Error("nil keys")
+	}
+}

@@ -148,7 +148,8 @@ func TestJoinTokens(t *testing.T) {
 	if _, ok := k.Pool("dddddddddddddddd"); ok {
 		t.Error("unknown token accepted")
 	}
-	for _, bad := range []string{"nopool", "p=short", "=aaaaaaaaaaaaaaaa"} {
+	// The same token for two pools would admit to whichever came last.
+	for _, bad := range []string{"nopool", "p=short", "=aaaaaaaaaaaaaaaa", "p=aaaaaaaaaaaaaaaa,q=aaaaaaaaaaaaaaaa"} {
 		if _, err := ParseJoinTokens(bad); err == nil {
 			t.Errorf("%q parsed", bad)
 		}
