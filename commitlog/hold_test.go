@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/commitlog"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/subjects"
 )
@@ -164,12 +165,12 @@ func TestFoldRunnerMissingHolder(t *testing.T) {
 	for round := range 3 {
 		e.put("w", 5, 2)
 		written += 10
-		waitUntil(t, 10*time.Second, func() error {
+		poll.NoError(t, fmt.Sprintf("round %d folded", round), func() error {
 			if c, last := e.covered("w"), e.lastOf("w"); c != last {
 				return fmt.Errorf("round %d: checkpoint at %d, last version %d", round, c, last)
 			}
 			return nil
-		})
+		}, poll.Within(10*time.Second))
 		e.waitAcked("compactor")
 		if n := e.streamMsgs(); n != uint64(written) {
 			t.Fatalf("round %d: %d versions in COMMITS, want all %d while the holder does not exist", round, n, written)

@@ -1,6 +1,7 @@
 package commitlog
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -626,7 +627,7 @@ func (r *FoldRunner) take(msgs []jetstream.Msg) {
 	}
 }
 
-func cmpWait(v waitVersion, seq uint64) int { return cmpUint(v.seq, seq) }
+func cmpWait(v waitVersion, seq uint64) int { return cmp.Compare(v.seq, seq) }
 
 // ack acknowledges one delivery. A lost ack costs a redelivery after
 // AckWait, which finds the version folded and acks it again.
@@ -674,7 +675,7 @@ func (r *FoldRunner) schedule(ctx context.Context, done chan<- passDone, now tim
 			ready = append(ready, due{floor, floorSeq})
 		}
 	}
-	slices.SortFunc(ready, func(a, b due) int { return cmpUint(a.first, b.first) })
+	slices.SortFunc(ready, func(a, b due) int { return cmp.Compare(a.first, b.first) })
 	for _, d := range ready {
 		if r.inFlight >= r.cfg.Concurrency {
 			break
@@ -684,16 +685,6 @@ func (r *FoldRunner) schedule(ctx context.Context, done chan<- passDone, now tim
 		r.inFlight++
 		go r.pass(ctx, d.world, len(w.waiting), done)
 	}
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // pass runs FoldWorld on one world and reports; a panic in the folder is

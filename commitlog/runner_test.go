@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog"
 	"github.com/millrace/millrace/commitlog/layout"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/schemas/envelope"
@@ -213,25 +214,9 @@ func (e *foldEnv) run(f projection.Folder, cfg commitlog.FoldRunnerConfig) (stop
 	return stop
 }
 
-// waitUntil polls cond until it returns nil or the time is up.
-func waitUntil(t *testing.T, limit time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %v", limit, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func (e *foldEnv) waitFolded(worlds ...string) {
 	e.t.Helper()
-	waitUntil(e.t, 15*time.Second, func() error {
+	poll.NoError(e.t, fmt.Sprintf("worlds %q folded", worlds), func() error {
 		for _, w := range worlds {
 			if err := e.folded(w); err != nil {
 				return err
@@ -244,12 +229,12 @@ func (e *foldEnv) waitFolded(worlds ...string) {
 // waitAcked waits until the consumer has acknowledged the whole stream.
 func (e *foldEnv) waitAcked(durable string) {
 	e.t.Helper()
-	waitUntil(e.t, 10*time.Second, func() error {
+	poll.NoError(e.t, durable+" to acknowledge the whole stream", func() error {
 		if f, last := e.ackFloor(durable), e.streamLast(); f != last {
 			return fmt.Errorf("ack floor %d, stream's last %d", f, last)
 		}
 		return nil
-	})
+	}, poll.Within(10*time.Second))
 }
 
 // Several worlds, written interleaved, are discovered and folded: each
@@ -304,13 +289,13 @@ func TestFoldRunnerIntervalTrigger(t *testing.T) {
 	start := time.Now()
 	e.put("w", 5, 1)
 	var seen time.Duration
-	waitUntil(t, 10*time.Second, func() error {
+	poll.NoError(t, "the first fold", func() error {
 		if e.covered("w") == 0 {
 			return errors.New("not folded yet")
 		}
 		seen = time.Since(start)
 		return nil
-	})
+	}, poll.Within(10*time.Second))
 	if seen < interval {
 		t.Fatalf("folded %s after the first write, before the %s interval", seen, interval)
 	}
@@ -382,12 +367,12 @@ func TestFoldRunnerPassErrorDoesNotBlockOthers(t *testing.T) {
 	f.failing.Store(true)
 	e.run(f, commitlog.FoldRunnerConfig{Interval: 50 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
 	e.waitFolded("ok1", "ok2")
-	waitUntil(t, 5*time.Second, func() error {
+	poll.NoError(t, "the bad world retried", func() error {
 		if f.failures.Load() < 3 {
 			return errors.New("the bad world was not retried")
 		}
 		return nil
-	})
+	}, poll.Within(5*time.Second))
 	if err := e.folded("bad"); err == nil {
 		t.Fatal("the failing world looks folded")
 	}

@@ -59,6 +59,17 @@ func Until(t testing.TB, what string, cond func() bool, opts ...Option) {
 	}
 }
 
+// NoError is Until for a condition that says why it does not hold yet:
+// the failure ends with the last error cond returned.
+func NoError(t testing.TB, what string, cond func() error, opts ...Option) {
+	t.Helper()
+	c := settings(opts)
+	var err error
+	if !wait(func() bool { err = cond(); return err == nil }, c) {
+		t.Fatalf("timed out after %s waiting for %s: %v", c.within, what, err)
+	}
+}
+
 // True checks cond until it holds or the deadline passes, and reports
 // whether it held. It is for goroutines other than the test's, and for
 // callers that word their own failure.

@@ -62,3 +62,22 @@ func TestTrue(t *testing.T) {
 		t.Fatal("True missed a condition that came")
 	}
 }
+
+func TestNoErrorEndsWithTheLastError(t *testing.T) {
+	r := &recorder{TB: t}
+	calls := 0
+	NoError(r, "the count", func() error { calls++; return fmt.Errorf("count %d", calls) }, Within(20*time.Millisecond), Every(100*time.Millisecond))
+	if want := "timed out after 20ms waiting for the count: count 2"; r.failed != want {
+		t.Errorf("message %q, want %q", r.failed, want)
+	}
+	r.failed = ""
+	NoError(r, "the fifth call", func() error {
+		if calls++; calls < 5 {
+			return fmt.Errorf("call %d", calls)
+		}
+		return nil
+	})
+	if r.failed != "" || calls != 5 {
+		t.Errorf("failed %q after %d calls", r.failed, calls)
+	}
+}
