@@ -65,6 +65,12 @@ type Config struct {
 	// live reservation must still be there (a few hundred bytes each).
 	FleetResvMaxAge  time.Duration
 	FleetPlaceMaxAge time.Duration
+	// LeaseTTL is how long a key-value lease (the export's, the fold's:
+	// streams/lease.go) outlives its holder's last renewal: the lease
+	// bucket's MaxAge. A standby takes over at most this long after a
+	// holder crashed; a holder that cannot renew for 9/10 of it stops
+	// leading. Default 15s.
+	LeaseTTL time.Duration
 }
 
 // Defaults.
@@ -78,6 +84,10 @@ const (
 	DefaultDeadMaxAge       = 90 * 24 * time.Hour
 	DefaultFleetNodesMaxAge = 7 * 24 * time.Hour
 )
+
+// MinLeaseTTL is the shortest LeaseTTL: renewals go every TTL/3, and a
+// holder stops leading a tenth of a TTL before the entry could lapse.
+const MinLeaseTTL = time.Second
 
 // WithDefaults returns c with zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
@@ -111,6 +121,9 @@ func (c Config) WithDefaults() Config {
 	if c.FleetNodesMaxAge == 0 {
 		c.FleetNodesMaxAge = DefaultFleetNodesMaxAge
 	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = DefaultLeaseTTL
+	}
 	return c
 }
 
@@ -138,8 +151,10 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("nats credentials and TLS options are for an external cluster (--nats-url); the embedded server uses its own identities"))
 	}
 	if c.SyncInterval < 0 || c.BESMaxAge < 0 || c.DeadMaxAge < 0 ||
-		c.FleetNodesMaxAge < 0 || c.FleetResvMaxAge < 0 || c.FleetPlaceMaxAge < 0 {
+		c.FleetNodesMaxAge < 0 || c.FleetResvMaxAge < 0 || c.FleetPlaceMaxAge < 0 || c.LeaseTTL < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
+	} else if c.LeaseTTL < MinLeaseTTL {
+		errs = append(errs, fmt.Errorf("lease TTL %s is below %s", c.LeaseTTL, MinLeaseTTL))
 	}
 	return errors.Join(errs...)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	retry "github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
 )
@@ -35,7 +36,13 @@ type ExportConfig struct {
 	// RetryMin and RetryMax bound the pause before a failed session
 	// starts again from the ack floor. Defaults 1s and 30s.
 	RetryMin, RetryMax time.Duration
-	Logger             *slog.Logger
+	// StandbyEvery is how often an exporter on standby (another process
+	// holds the export's lease) tries to take it. Default 2s.
+	StandbyEvery time.Duration
+	// Metrics, if set, receives the consumer metrics of the export
+	// (millrace_consumer_*{consumer=<Durable>,kind="export"}).
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
 func (c ExportConfig) withDefaults() ExportConfig {
@@ -66,23 +73,29 @@ func (c ExportConfig) withDefaults() ExportConfig {
 // outage is likely to be: a redelivery costs a message read, not a record.
 const exportAckWait = 10 * time.Minute
 
-// ExportRunner copies one stream to an Exporter. Its position is a durable
-// consumer's ack floor: a message is acked (AckAll, the highest message of
-// the acknowledged prefix) only once the exporter reported it and every
-// message before it durable. A session that fails, and a new process,
-// reset the consumer to its ack floor, so they resume at once rather than
-// after the ack wait. Messages sent but not
-// acknowledged when a session failed or the process died are sent again:
-// the only duplicates, with the same stream sequence.
-//
-// Run one exporter per stream and durable name: a second would take the
-// consumer away from the first.
+// ExportRunner is the consumer core's user for exports: it copies one
+// stream to an Exporter. Its position is a durable consumer's ack floor: a
+// message is acked (AckAll, the highest message of the acknowledged
+// prefix) only once the exporter reported it and every message before it
+// durable, and only while the export holds its lease (Fence before each
+// ack). One process leads each durable by a KVLease (key
+// export.<durable>); others stand by. A session that fails, and a new
+// leader, attach the consumer at its ack floor, so they resume at once
+// rather than after the ack wait. Messages sent but not acknowledged when
+// a session failed or the process died are sent again: the only
+// duplicates, with the same stream sequence.
 type ExportRunner struct {
-	js  jetstream.JetStream
-	exp projection.Exporter
-	cfg ExportConfig
-	m   *ExportMetrics
-	log *slog.Logger
+	js   jetstream.JetStream
+	exp  projection.Exporter
+	cfg  ExportConfig
+	m    *ExportMetrics
+	cm   ConsumerMetrics
+	log  *slog.Logger
+	loop Loop
+	held Held
+	// acked is the highest sequence this process acked: every message up
+	// to it is in the other system.
+	acked atomic.Uint64
 }
 
 // NewExportRunner makes a runner of exp over cfg.Stream.
@@ -91,47 +104,48 @@ func NewExportRunner(js jetstream.JetStream, exp projection.Exporter, cfg Export
 	if m == nil {
 		m = NewExportMetrics(nil)
 	}
-	return &ExportRunner{js: js, exp: exp, cfg: cfg, m: m, log: cfg.Logger.With("stream", cfg.Stream, "consumer", cfg.Durable)}
+	r := &ExportRunner{js: js, exp: exp, cfg: cfg, m: m, cm: cfg.Metrics.Consumer(cfg.Durable, KindExport),
+		log: cfg.Logger.With("stream", cfg.Stream, "consumer", cfg.Durable)}
+	r.loop = Loop{Name: cfg.Durable, Kind: KindExport, Lease: NewKVLease(js, ExportLeaseKey(cfg.Durable)),
+		StandbyEvery: cfg.StandbyEvery, Metrics: r.cm, Logger: r.log,
+		Retry: retry.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}}
+	return r
 }
+
+// ExportLeaseKey is the key of durable's lease in LeaseBucket.
+func ExportLeaseKey(durable string) string { return "export." + durable }
 
 // Run exports until ctx ends, starting each failed session again.
 func (r *ExportRunner) Run(ctx context.Context) error {
-	backoff := r.cfg.RetryMin
-	for {
-		start := time.Now()
-		err := r.session(ctx)
-		if ctx.Err() != nil {
-			return nil
-		}
-		r.m.errors.WithLabelValues(r.cfg.Stream).Inc()
-		if time.Since(start) > 2*r.cfg.RetryMax {
-			backoff = r.cfg.RetryMin // it ran for a while: a new failure
-		}
-		r.log.Warn("export paused; it starts again from the last acknowledged message", "err", err, "retry_in", backoff)
-		if !sleep(ctx, backoff) {
-			return nil
-		}
-		backoff = min(2*backoff, r.cfg.RetryMax)
-	}
+	r.loop.Run(ctx, Session{
+		Begin:    func(_ context.Context, h Held) error { r.held = h; return nil },
+		Step:     r.step,
+		Retrying: "export paused; it starts again from the last acknowledged message",
+	})
+	return nil
 }
 
-// consumer creates the durable consumer, or resets the existing one to
-// deliver again from its ack floor (nothing in flight survives a session),
-// and returns the floor. The consumer is never deleted: its floor is the
-// export's position, and the compactor reads it.
-func (r *ExportRunner) consumer(ctx context.Context) (jetstream.Consumer, uint64, error) {
-	stream, err := r.js.Stream(ctx, r.cfg.Stream)
-	if err != nil {
-		return nil, 0, fmt.Errorf("the %s stream: %w", r.cfg.Stream, err)
+// step is one session; a failed one counts as a batch in error.
+func (r *ExportRunner) step(ctx context.Context) error {
+	err := r.session(ctx)
+	if err != nil && ctx.Err() == nil {
+		r.cm.Batch("error")
 	}
+	return err
+}
+
+// consumer attaches the durable consumer at its ack floor (nothing in
+// flight survives a session), or where this process last acked when that
+// is later (the consumer was deleted under it), and returns the floor. The
+// consumer is never deleted: its floor is the export's position, and the
+// compactor reads it.
+func (r *ExportRunner) consumer(ctx context.Context) (jetstream.Consumer, uint64, error) {
 	cfg := jetstream.ConsumerConfig{
 		Durable:       r.cfg.Durable,
 		Description:   "millrace export; its ack floor is the export's position",
-		AckPolicy:     jetstream.AckAllPolicy,
 		AckWait:       exportAckWait,
 		MaxAckPending: r.cfg.MaxInFlight,
 		MaxDeliver:    -1,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
 	switch len(r.cfg.Filters) {
 	case 0:
@@ -140,36 +154,11 @@ func (r *ExportRunner) consumer(ctx context.Context) (jetstream.Consumer, uint64
 	default:
 		cfg.FilterSubjects = r.cfg.Filters
 	}
-	old, err := stream.Consumer(ctx, r.cfg.Durable)
-	switch {
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-		cons, err := stream.CreateConsumer(ctx, cfg)
-		if err != nil {
-			return nil, 0, fmt.Errorf("create consumer: %w", err)
-		}
-		return cons, 0, nil
-	case err != nil:
-		return nil, 0, fmt.Errorf("consumer: %w", err)
-	}
-	// Where it starts cannot change; the rest (filters, limits) can.
-	was := old.CachedInfo().Config
-	cfg.DeliverPolicy, cfg.OptStartSeq, cfg.OptStartTime = was.DeliverPolicy, was.OptStartSeq, was.OptStartTime
-	if _, err := stream.UpdateConsumer(ctx, cfg); err != nil {
-		return nil, 0, fmt.Errorf("update consumer: %w", err)
-	}
-	reset, err := r.js.ResetConsumer(ctx, r.cfg.Stream, r.cfg.Durable)
+	cons, from, err := Attach(ctx, r.js, r.cfg.Stream, KindExport, cfg, Position{Next: r.acked.Load() + 1, AfterFloor: true}, r.log)
 	if err != nil {
-		return nil, 0, fmt.Errorf("reset consumer to its ack floor: %w", err)
+		return nil, 0, err
 	}
-	cons, err := stream.Consumer(ctx, r.cfg.Durable)
-	if err != nil {
-		return nil, 0, fmt.Errorf("consumer: %w", err)
-	}
-	floor := uint64(0)
-	if reset.ConsumerInfo != nil {
-		floor = reset.ConsumerInfo.AckFloor.Stream
-	}
-	return cons, floor, nil
+	return cons, from - 1, nil
 }
 
 // inFlight is one message sent and not yet acked on the stream.
@@ -199,11 +188,11 @@ func (r *ExportRunner) session(ctx context.Context) error {
 		window  []*inFlight // delivered and not yet acked, in stream order
 		pending atomic.Int64
 		sent    sync.WaitGroup
-		acked   atomic.Uint64
 	)
-	acked.Store(floor)
+	r.acked.Store(floor)
 	wake := make(chan struct{}, 1)
 	ackerDone := make(chan struct{})
+	a := &acker{r: r, mu: &mu, window: &window, pending: &pending}
 	go func() {
 		defer close(ackerDone)
 		t := time.NewTicker(r.cfg.AckEvery)
@@ -214,34 +203,7 @@ func (r *ExportRunner) session(ctx context.Context) error {
 			case <-wake:
 			case <-sctx.Done():
 			}
-			mu.Lock()
-			n := 0
-			for n < len(window) && window[n].done.Load() {
-				n++
-			}
-			var last *inFlight
-			if n > 0 {
-				last = window[n-1]
-				clear(window[:n])
-				window = window[n:]
-			}
-			lag := 0.0
-			if len(window) > 0 {
-				lag = time.Since(window[0].stored).Seconds()
-			}
-			inWindow := len(window)
-			mu.Unlock()
-			if last != nil {
-				// One ack covers the prefix (AckAll). A lost ack is
-				// answered by the redelivery check below.
-				if err := last.msg.Ack(); err != nil && sctx.Err() == nil {
-					r.log.Debug("ack", "seq", last.seq, "err", err)
-				}
-				acked.Store(last.seq)
-				r.m.position.WithLabelValues(r.cfg.Stream).Set(float64(last.seq))
-			}
-			r.m.lagSeconds.WithLabelValues(r.cfg.Stream).Set(lag)
-			r.m.lagMessages.WithLabelValues(r.cfg.Stream).Set(float64(pending.Load() + int64(inWindow)))
+			a.ack(sctx)
 			if sctx.Err() != nil {
 				return
 			}
@@ -281,7 +243,7 @@ func (r *ExportRunner) session(ctx context.Context) error {
 		if seq <= delivered {
 			// A redelivery (the ack wait passed during an outage, or an
 			// ack was lost): in flight already, or acknowledged.
-			if seq <= acked.Load() {
+			if seq <= r.acked.Load() {
 				msg.Ack()
 			}
 			continue
@@ -318,14 +280,67 @@ func (r *ExportRunner) session(ctx context.Context) error {
 	}
 }
 
-// ExportMetrics of export runners, by stream.
+// acker acks the acknowledged prefix of a session's window.
+type acker struct {
+	r       *ExportRunner
+	mu      *sync.Mutex
+	window  *[]*inFlight // delivered and not yet acked, in stream order
+	pending *atomic.Int64
+}
+
+// ack acks the longest prefix of the window the other system has
+// acknowledged, if the lease still holds: a process that lost it must not
+// move the position (another leads from it now). One ack covers the
+// prefix (AckAll); a lost ack is answered by the session's redelivery
+// check.
+func (a *acker) ack(ctx context.Context) {
+	a.mu.Lock()
+	w := *a.window
+	n := 0
+	for n < len(w) && w[n].done.Load() {
+		n++
+	}
+	lag := 0.0
+	if n < len(w) {
+		lag = time.Since(w[n].stored).Seconds()
+	}
+	left := len(w) - n
+	a.mu.Unlock()
+	a.r.cm.Lag(time.Duration(lag*float64(time.Second)), uint64(a.pending.Load()+int64(left)))
+	if n == 0 {
+		return
+	}
+	// The last round runs after the session's context ended: on shutdown
+	// the lease still holds until it is released, and what the other
+	// system acknowledged is acked.
+	began := time.Now()
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	err := a.r.held.Fence(fctx)
+	cancel()
+	a.r.cm.Step("fence", time.Since(began))
+	if err != nil {
+		a.r.log.Warn("not acking: the export's lease cannot be confirmed", "err", err)
+		return // lost: the session's context ends; unreadable: the next round tries again
+	}
+	a.mu.Lock()
+	last := (*a.window)[n-1]
+	clear((*a.window)[:n])
+	*a.window = (*a.window)[n:]
+	a.mu.Unlock()
+	if err := last.msg.Ack(); err != nil {
+		a.r.log.Debug("ack", "seq", last.seq, "err", err)
+	}
+	a.r.acked.Store(last.seq)
+	a.r.cm.Position(last.seq)
+	a.r.cm.Batch("acked")
+}
+
+// ExportMetrics of export runners, by stream: what the other system
+// acknowledged, and how long it took. The consumer metrics (lead,
+// position, lag, failed sessions) are the core's (ExportConfig.Metrics).
 type ExportMetrics struct {
-	exported    *prometheus.CounterVec
-	errors      *prometheus.CounterVec
-	delay       *prometheus.HistogramVec
-	lagSeconds  *prometheus.GaugeVec
-	lagMessages *prometheus.GaugeVec
-	position    *prometheus.GaugeVec
+	exported *prometheus.CounterVec
+	delay    *prometheus.HistogramVec
 }
 
 // NewExportMetrics registers export metrics with reg (nil: unregistered).
@@ -335,30 +350,14 @@ func NewExportMetrics(reg prometheus.Registerer) *ExportMetrics {
 			Name: "millrace_export_messages_total",
 			Help: "Stream messages the other system acknowledged, by stream.",
 		}, []string{"stream"}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "millrace_export_errors_total",
-			Help: "Export sessions that failed and started again from the ack floor, by stream.",
-		}, []string{"stream"}),
 		delay: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "millrace_export_delay_seconds",
 			Help:    "Time from a message's storing in JetStream to its acknowledgement by the other system, by stream.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
 		}, []string{"stream"}),
-		lagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "millrace_export_lag_seconds",
-			Help: "Age of the oldest message sent and not yet acknowledged (0: none), by stream.",
-		}, []string{"stream"}),
-		lagMessages: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "millrace_export_lag_messages",
-			Help: "Messages of the stream not yet acknowledged by the other system: in flight plus not yet read, by stream.",
-		}, []string{"stream"}),
-		position: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "millrace_export_position",
-			Help: "The stream sequence up to which every message is exported, by stream.",
-		}, []string{"stream"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.exported, m.errors, m.delay, m.lagSeconds, m.lagMessages, m.position)
+		reg.MustRegister(m.exported, m.delay)
 	}
 	return m
 }

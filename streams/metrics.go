@@ -39,41 +39,41 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"family"}),
 		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_consumer_messages_total",
-			Help: "Messages handled by a projector's consumer, by outcome (applied, skipped, dead).",
-		}, []string{"consumer", "outcome"}),
+			Help: "Messages a consumer handled, by outcome (a projection: applied, skipped, dead).",
+		}, []string{"consumer", "kind", "outcome"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_consumer_batches_total",
-			Help: "Batches handled by a consumer, by result (committed, transient_error, naked).",
-		}, []string{"consumer", "result"}),
+			Help: "Batches or attempts of a consumer, by result (a projection: committed, transient_error, rewound, naked; export and outbox: error, a session or relay attempt that failed).",
+		}, []string{"consumer", "kind", "result"}),
 		stepSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "millrace_consumer_step_seconds",
-			Help:    "Time of each step of the consumer loop (fetch, apply, commit, ack).",
+			Help:    "Time of each step of a consumer (a projection: fetch, apply_commit, ack; the outbox: publish, delete; the export: fence).",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
-		}, []string{"consumer", "step"}),
+		}, []string{"consumer", "kind", "step"}),
 		position: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "millrace_consumer_position",
-			Help: "Highest stream sequence the consumer has applied and committed.",
-		}, []string{"consumer"}),
+			Help: "Where the consumer is: the highest stream sequence committed (projection), acknowledged by the other system with every one before it (export), or the last outbox row id stored (outbox).",
+		}, []string{"consumer", "kind"}),
 		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "millrace_consumer_pending",
-			Help: "Messages in the stream not yet delivered to the consumer.",
-		}, []string{"consumer"}),
+			Help: "Messages behind the position: in the stream and not yet delivered (projection), in flight plus not yet read (export), outbox rows not yet published, by id (outbox).",
+		}, []string{"consumer", "kind"}),
 		lagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "millrace_consumer_lag_seconds",
-			Help: "Age of the newest applied message when its batch committed.",
-		}, []string{"consumer"}),
+			Help: "How far behind the consumer is: the age of the newest message when its batch committed (projection), of the oldest message in flight (export, 0: none), of the newest row published (outbox).",
+		}, []string{"consumer", "kind"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_consumer_retries_total",
-			Help: "Batch attempts that failed with a transient error and were retried.",
-		}, []string{"consumer"}),
+			Help: "Attempts that failed and were retried after a backoff while the consumer kept the lead.",
+		}, []string{"consumer", "kind"}),
 		deadLetters: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_consumer_dead_letters_total",
 			Help: "Messages parked in the dead-letter stream.",
-		}, []string{"consumer"}),
+		}, []string{"consumer", "kind"}),
 		leaderStatus: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "millrace_consumer_active",
-			Help: "1 while this process holds the consumer's lock and applies batches, 0 on standby.",
-		}, []string{"consumer"}),
+			Help: "1 while this process holds the consumer's lease and leads it, 0 on standby.",
+		}, []string{"consumer", "kind"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.publishTotal, m.publishSeconds, m.messages, m.batches, m.stepSeconds,
@@ -100,51 +100,77 @@ func (m *Metrics) published(subject, outcome string, d time.Duration) {
 	}
 }
 
-func (m *Metrics) active(consumer string, v float64) {
-	if m != nil {
-		m.leaderStatus.WithLabelValues(consumer).Set(v)
+// Consumer binds the metrics of one consumer; a nil Metrics records
+// nothing.
+func (m *Metrics) Consumer(name string, kind Kind) ConsumerMetrics {
+	return ConsumerMetrics{m: m, name: name, kind: string(kind)}
+}
+
+// ConsumerMetrics are the millrace_consumer_* series of one consumer,
+// labelled by consumer and kind. The zero value records nothing.
+type ConsumerMetrics struct {
+	m    *Metrics
+	name string
+	kind string
+}
+
+// Active records whether this process leads the consumer.
+func (c ConsumerMetrics) Active(leading bool) {
+	if c.m != nil {
+		v := 0.0
+		if leading {
+			v = 1
+		}
+		c.m.leaderStatus.WithLabelValues(c.name, c.kind).Set(v)
 	}
 }
 
-func (m *Metrics) step(consumer, step string, d time.Duration) {
-	if m != nil {
-		m.stepSeconds.WithLabelValues(consumer, step).Observe(d.Seconds())
+// Step records the time of one step.
+func (c ConsumerMetrics) Step(step string, d time.Duration) {
+	if c.m != nil {
+		c.m.stepSeconds.WithLabelValues(c.name, c.kind, step).Observe(d.Seconds())
 	}
 }
 
-func (m *Metrics) batch(consumer, result string) {
-	if m != nil {
-		m.batches.WithLabelValues(consumer, result).Inc()
+// Batch counts a batch or an attempt by its result.
+func (c ConsumerMetrics) Batch(result string) {
+	if c.m != nil {
+		c.m.batches.WithLabelValues(c.name, c.kind, result).Inc()
 	}
 }
 
-func (m *Metrics) count(consumer, outcome string, n int) {
-	if m != nil && n > 0 {
-		m.messages.WithLabelValues(consumer, outcome).Add(float64(n))
+// Messages counts n messages by outcome.
+func (c ConsumerMetrics) Messages(outcome string, n int) {
+	if c.m != nil && n > 0 {
+		c.m.messages.WithLabelValues(c.name, c.kind, outcome).Add(float64(n))
 	}
 }
 
-func (m *Metrics) retry(consumer string) {
-	if m != nil {
-		m.retries.WithLabelValues(consumer).Inc()
+// Retry counts an attempt retried after a backoff.
+func (c ConsumerMetrics) Retry() {
+	if c.m != nil {
+		c.m.retries.WithLabelValues(c.name, c.kind).Inc()
 	}
 }
 
-func (m *Metrics) dead(consumer string) {
-	if m != nil {
-		m.deadLetters.WithLabelValues(consumer).Inc()
+// DeadLetter counts a message parked in DEAD.
+func (c ConsumerMetrics) DeadLetter() {
+	if c.m != nil {
+		c.m.deadLetters.WithLabelValues(c.name, c.kind).Inc()
 	}
 }
 
-func (m *Metrics) positionAt(consumer string, pos uint64) {
-	if m != nil {
-		m.position.WithLabelValues(consumer).Set(float64(pos))
+// Position records where the consumer is.
+func (c ConsumerMetrics) Position(pos uint64) {
+	if c.m != nil {
+		c.m.position.WithLabelValues(c.name, c.kind).Set(float64(pos))
 	}
 }
 
-func (m *Metrics) lag(consumer string, age time.Duration, pending uint64) {
-	if m != nil {
-		m.lagSeconds.WithLabelValues(consumer).Set(age.Seconds())
-		m.pending.WithLabelValues(consumer).Set(float64(pending))
+// Lag records how far behind the consumer is, in time and in messages.
+func (c ConsumerMetrics) Lag(age time.Duration, pending uint64) {
+	if c.m != nil {
+		c.m.lagSeconds.WithLabelValues(c.name, c.kind).Set(age.Seconds())
+		c.m.pending.WithLabelValues(c.name, c.kind).Set(float64(pending))
 	}
 }

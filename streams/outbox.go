@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
+	retry "github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/schemas/envelope"
 )
 
@@ -43,9 +44,13 @@ type OutboxConfig struct {
 	// StandbyEvery is how often a relay on standby tries to take the lead.
 	// Default 2s.
 	StandbyEvery time.Duration
-	// Registerer, if set, receives the relay's metrics.
+	// Registerer, if set, receives the relay's own metrics
+	// (millrace_outbox_published_total, millrace_outbox_reordered_total).
 	Registerer prometheus.Registerer
-	Logger     *slog.Logger
+	// Metrics, if set, receives the consumer metrics of the relay
+	// (millrace_consumer_*{consumer="outbox",kind="outbox"}).
+	Metrics *Metrics
+	Logger  *slog.Logger
 }
 
 func (c OutboxConfig) withDefaults() OutboxConfig {
@@ -126,8 +131,8 @@ func (p *Publisher) LastMsgID(ctx context.Context, subject string) (stream, msgI
 //   - At most one copy is stored: a crash between publish and delete
 //     publishes again with the same Nats-Msg-Id, which JetStream drops
 //     inside the stream's duplicate window (2 min by default).
-//   - Order: one relay publishes at a time (a PostgreSQL advisory lock on
-//     its connection, as the consumer runner holds), in id order,
+//   - Order: one relay publishes at a time (a PGLease, an advisory lock on
+//     the connection it reads and deletes on, as the runner's), in id order,
 //     pipelined a batch at a time. Each message carries
 //     Nats-Expected-Last-Msg-Id naming the message before it in its stream,
 //     so when JetStream refuses one (a full stream, a leader change) it
@@ -143,14 +148,18 @@ func (p *Publisher) LastMsgID(ctx context.Context, subject string) (stream, msgI
 // Waking: the relay LISTENs on OutboxChannel and polls every PollEvery;
 // Notify wakes it from inside the process.
 type Outbox struct {
-	pool *pgxpool.Pool
-	pub  OutboxPublisher
-	cfg  OutboxConfig
-	m    *outboxMetrics
-	log  *slog.Logger
-	wake chan struct{}
+	pool  *pgxpool.Pool
+	pub   OutboxPublisher
+	cfg   OutboxConfig
+	om    *outboxMetrics
+	m     ConsumerMetrics
+	log   *slog.Logger
+	wake  chan struct{}
+	lease *PGLease
+	loop  Loop
 
-	conn *pgx.Conn // Run's own connection while it leads
+	conn *pgx.Conn // Run's lease's connection while it leads
+	last chain
 
 	mu      sync.Mutex
 	streams map[string]string // subject → stream
@@ -177,8 +186,12 @@ func (c chain) reset() {
 // NewOutbox makes a relay of the outbox table in pool's database.
 func NewOutbox(pool *pgxpool.Pool, pub OutboxPublisher, cfg OutboxConfig) *Outbox {
 	cfg = cfg.withDefaults()
-	return &Outbox{pool: pool, pub: pub, cfg: cfg, m: newOutboxMetrics(cfg.Registerer),
-		log: cfg.Logger.With("component", "outbox"), wake: make(chan struct{}, 1), streams: map[string]string{}}
+	o := &Outbox{pool: pool, pub: pub, cfg: cfg, om: newOutboxMetrics(cfg.Registerer), m: cfg.Metrics.Consumer(outboxName, KindOutbox),
+		log: cfg.Logger.With("component", "outbox"), wake: make(chan struct{}, 1), streams: map[string]string{},
+		lease: NewPGLease(pool, outboxLockKey), last: newChain()}
+	o.loop = Loop{Name: outboxName, Kind: KindOutbox, Lease: o.lease, StandbyEvery: cfg.StandbyEvery, Metrics: o.m, Logger: o.log,
+		Retry: retry.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}}
+	return o
 }
 
 // Notify wakes the relay to look at the table now. It never blocks.
@@ -189,110 +202,45 @@ func (o *Outbox) Notify() {
 	}
 }
 
-const outboxLockKey = "millrace.outbox"
+const (
+	outboxLockKey = "millrace.outbox"
+	outboxName    = "outbox" // its consumer label
+)
 
 // Run relays until ctx ends. A relay that cannot take the lead (another
 // relay has it) waits on standby.
 func (o *Outbox) Run(ctx context.Context) error {
-	defer func() {
-		o.closeConn(o.conn)
-		o.conn = nil
-	}()
-	backoff := o.cfg.RetryMin
-	standby := false
-	last := newChain()
-	for ctx.Err() == nil {
-		if o.conn == nil {
-			last.reset()
-			conn, err := o.lead(ctx)
-			if err != nil {
-				if ctx.Err() != nil {
-					break
-				}
-				if !errors.Is(err, ErrLocked) {
-					o.log.Warn("cannot take the lead; retrying", "err", err)
-				} else if !standby {
-					o.log.Info("another relay publishes the outbox; standing by")
-				}
-				standby = true
-				sleep(ctx, o.cfg.StandbyEvery)
-				continue
-			}
-			if _, err := conn.Exec(ctx, "listen "+OutboxChannel); err != nil {
-				o.closeConn(conn)
-				o.log.Warn("listen failed; retrying", "err", err)
-				sleep(ctx, o.cfg.RetryMin)
-				continue
-			}
-			standby = false
-			o.conn = conn
-			o.m.active.Set(1)
-			o.log.Info("relaying the outbox")
-		}
-		n, err := o.relay(ctx, o.conn, 0, last)
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			last.reset()
-			o.m.errors.Inc()
-			o.log.Warn("outbox relay failed; retrying", "err", err, "backoff", backoff)
-			if o.broken(o.conn) {
-				o.closeConn(o.conn)
-				o.conn = nil
-			}
-			sleep(ctx, backoff)
-			backoff = min(2*backoff, o.cfg.RetryMax)
-			continue
-		}
-		backoff = o.cfg.RetryMin
-		if n < o.cfg.Batch {
-			o.wait(ctx, o.conn)
-		}
-	}
+	o.loop.Run(ctx, Session{Begin: o.begin, Step: o.step, Retrying: "outbox relay failed; retrying"})
 	return nil
 }
 
-// lead takes a connection out of the pool and the relay's advisory lock on
-// it; ErrLocked when another relay holds it. Closing the connection gives
-// the lock (and LISTEN) up.
-func (o *Outbox) lead(ctx context.Context) (*pgx.Conn, error) {
-	pc, err := o.pool.Acquire(ctx)
+// begin starts to lead: LISTEN on the lock's connection, and read the
+// streams' chains afresh.
+func (o *Outbox) begin(ctx context.Context, h Held) error {
+	o.conn = h.(*PGHeld).Conn() // the outbox's lease is a PGLease
+	o.last.reset()
+	if _, err := o.conn.Exec(ctx, "listen "+OutboxChannel); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	o.log.Info("relaying the outbox")
+	return nil
+}
+
+// step relays one batch, then waits for more when it was not full.
+func (o *Outbox) step(ctx context.Context) error {
+	n, err := o.relay(ctx, o.conn, 0, o.last)
 	if err != nil {
-		return nil, fmt.Errorf("acquire connection: %w", err)
+		o.last.reset()
+		o.m.Batch("error")
+		return err
 	}
-	conn := pc.Hijack()
-	var ok bool
-	if err := conn.QueryRow(ctx, "select pg_try_advisory_lock(hashtextextended($1, 0))", outboxLockKey).Scan(&ok); err != nil {
-		o.closeConn(conn)
-		return nil, fmt.Errorf("take lock: %w", err)
+	if n == 0 {
+		o.m.Lag(0, 0) // caught up
 	}
-	if !ok {
-		o.closeConn(conn)
-		return nil, ErrLocked
+	if n < o.cfg.Batch {
+		o.wait(ctx, o.conn)
 	}
-	return conn, nil
-}
-
-func (o *Outbox) closeConn(conn *pgx.Conn) {
-	if conn == nil {
-		return
-	}
-	if conn == o.conn {
-		o.m.active.Set(0)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	conn.Close(ctx)
-}
-
-func (o *Outbox) broken(conn *pgx.Conn) bool {
-	if conn.IsClosed() {
-		return true
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	return conn.Ping(ctx) != nil
+	return nil
 }
 
 // wait returns after PollEvery, or earlier on a notification or Notify.
@@ -356,7 +304,9 @@ func (o *Outbox) relay(ctx context.Context, conn *pgx.Conn, upTo int64, last cha
 	if len(batch) == 0 {
 		return 0, nil
 	}
+	began := time.Now()
 	stored, err := o.publish(ctx, conn, batch, last)
+	o.m.Step("publish", time.Since(began))
 	if ctx.Err() != nil {
 		// Published perhaps, not deleted: the next relay publishes these
 		// again and JetStream drops the duplicates.
@@ -367,10 +317,13 @@ func (o *Outbox) relay(ctx context.Context, conn *pgx.Conn, upTo int64, last cha
 		for i := range ids {
 			ids[i] = batch[i].id
 		}
+		began := time.Now()
 		if _, derr := conn.Exec(ctx, sqlOutboxDelete, ids); derr != nil {
 			return 0, fmt.Errorf("delete published outbox rows: %w", derr)
 		}
-		o.m.lag.Set(time.Since(batch[stored-1].created).Seconds())
+		o.m.Step("delete", time.Since(began))
+		o.m.Batch("published")
+		o.published(ctx, conn, batch[stored-1], len(batch) == o.cfg.Batch)
 	}
 	if err != nil {
 		return 0, err
@@ -434,7 +387,7 @@ func (o *Outbox) publish(ctx context.Context, conn *pgx.Conn, batch []outboxRow,
 	var firstErr error
 	for i, f := range futures {
 		if f == nil {
-			o.m.published.WithLabelValues("skipped").Inc()
+			o.om.published.WithLabelValues("skipped").Inc()
 			continue
 		}
 		dup, err := f.Wait(ctx)
@@ -442,18 +395,18 @@ func (o *Outbox) publish(ctx context.Context, conn *pgx.Conn, batch []outboxRow,
 		case err != nil && ctx.Err() != nil:
 			return 0, ctx.Err()
 		case err != nil:
-			o.m.published.WithLabelValues("error").Inc()
+			o.om.published.WithLabelValues("error").Inc()
 			if stored < 0 {
 				stored = i
 				firstErr = fmt.Errorf("outbox row %d (%s): %w", batch[i].id, batch[i].msgID, err)
 			}
 		case dup:
-			o.m.published.WithLabelValues("duplicate").Inc()
+			o.om.published.WithLabelValues("duplicate").Inc()
 		default:
-			o.m.published.WithLabelValues("stored").Inc()
+			o.om.published.WithLabelValues("stored").Inc()
 			if stored >= 0 && sameStream(o, batch[i].subject, batch[stored].subject) {
 				// The chain should have made this impossible.
-				o.m.reordered.Inc()
+				o.om.reordered.Inc()
 				o.log.Error("outbox message stored after an earlier one of its stream failed: the stream holds them out of order",
 					"row", batch[i].id, "msg_id", batch[i].msgID, "failed_row", batch[stored].id)
 			}
@@ -526,6 +479,21 @@ func (r *outboxRow) message() (*nats.Msg, error) {
 	return msg, nil
 }
 
+// published records where the relay is after it deleted the rows up to
+// last: its id, its age, and (after a full batch, when more may wait) how
+// many ids are left above it.
+func (o *Outbox) published(ctx context.Context, conn *pgx.Conn, last outboxRow, full bool) {
+	o.m.Position(uint64(last.id))
+	var left int64
+	if full {
+		var top int64
+		if err := conn.QueryRow(ctx, "select coalesce(max(id), 0) from outbox").Scan(&top); err == nil && top > last.id {
+			left = top - last.id
+		}
+	}
+	o.m.Lag(time.Since(last.created), uint64(left))
+}
+
 // Flush publishes every row in the outbox when it is called and returns
 // once they are all stored (replay calls it before it resets the tables
 // the rows describe). When another relay leads, Flush waits for it to
@@ -538,7 +506,6 @@ func (o *Outbox) Flush(ctx context.Context) error {
 	if upTo == 0 {
 		return nil
 	}
-	backoff := o.cfg.RetryMin
 	for {
 		var left bool
 		if err := o.pool.QueryRow(ctx, "select exists (select 1 from outbox where id <= $1)", upTo).Scan(&left); err != nil {
@@ -547,50 +514,59 @@ func (o *Outbox) Flush(ctx context.Context) error {
 		if !left {
 			return nil
 		}
-		conn, err := o.lead(ctx)
+		h, err := o.lease.AcquirePG(ctx)
 		switch {
 		case errors.Is(err, ErrLocked):
-			if !sleep(ctx, o.cfg.PollEvery) {
+			if !retry.Sleep(ctx, o.cfg.PollEvery) {
 				return ctx.Err()
 			}
 			continue
 		case err != nil:
 			return fmt.Errorf("outbox flush: %w", err)
 		}
-		last := newChain()
-		for {
-			n, err := o.relay(ctx, conn, upTo, last)
-			if err == nil && n == 0 {
-				break
-			}
-			if err != nil {
-				last.reset()
-				if ctx.Err() != nil {
-					o.closeConn(conn)
-					return ctx.Err()
-				}
-				o.m.errors.Inc()
-				o.log.Warn("outbox flush failed; retrying", "err", err, "backoff", backoff)
-				if o.broken(conn) {
-					break
-				}
-				if !sleep(ctx, backoff) {
-					o.closeConn(conn)
-					return ctx.Err()
-				}
-				backoff = min(2*backoff, o.cfg.RetryMax)
-			}
+		err = o.flushHeld(ctx, h, upTo)
+		releaseHeld(h)
+		if err != nil {
+			return err
 		}
-		o.closeConn(conn)
 	}
 }
 
+// flushHeld relays rows up to upTo while it holds h; it returns nil when
+// none is left or the lease is lost (Flush then leads again).
+func (o *Outbox) flushHeld(ctx context.Context, h *PGHeld, upTo int64) error {
+	wait := retry.Backoff{Min: o.cfg.RetryMin, Max: o.cfg.RetryMax}
+	last := newChain()
+	for {
+		n, err := o.relay(ctx, h.Conn(), upTo, last)
+		if err == nil && n == 0 {
+			return nil
+		}
+		if err == nil {
+			wait.Reset()
+			continue
+		}
+		last.reset()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		o.m.Batch("error")
+		if h.Fence(ctx) != nil {
+			return nil
+		}
+		d := wait.Next()
+		o.log.Warn("outbox flush failed; retrying", "err", err, "backoff", d)
+		if !retry.Sleep(ctx, d) {
+			return ctx.Err()
+		}
+	}
+}
+
+// outboxMetrics are the relay's own: what became of each row. The
+// consumer metrics (lead, position, lag, errors) are the core's.
 type outboxMetrics struct {
 	published *prometheus.CounterVec
-	errors    prometheus.Counter
 	reordered prometheus.Counter
-	lag       prometheus.Gauge
-	active    prometheus.Gauge
 }
 
 func newOutboxMetrics(reg prometheus.Registerer) *outboxMetrics {
@@ -599,25 +575,13 @@ func newOutboxMetrics(reg prometheus.Registerer) *outboxMetrics {
 			Name: "millrace_outbox_published_total",
 			Help: "Outbox rows published, by outcome (stored, duplicate, error; skipped: found already stored after a restart, not sent).",
 		}, []string{"outcome"}),
-		errors: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "millrace_outbox_errors_total",
-			Help: "Relay attempts that failed (backbone or database) and were retried.",
-		}),
 		reordered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "millrace_outbox_reordered_total",
 			Help: "Messages stored after an earlier message of their stream and batch failed (out of order; the expected-last-msg-id chain should make it 0).",
 		}),
-		lag: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "millrace_outbox_lag_seconds",
-			Help: "Age of the newest outbox row when it was published and deleted.",
-		}),
-		active: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "millrace_outbox_active",
-			Help: "1 while this process holds the outbox lock and relays, 0 on standby.",
-		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.published, m.errors, m.reordered, m.lag, m.active)
+		reg.MustRegister(m.published, m.reordered)
 	}
 	return m
 }

@@ -189,6 +189,7 @@ func TestOutboxFailsMidwayThenRecovers(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	ocfg := outboxConfig()
 	ocfg.Registerer = reg
+	ocfg.Metrics = streams.NewMetrics(reg)
 	o := streams.NewOutbox(e.pool, e.pub, ocfg)
 	startOutbox(t, o)
 	waitFor(t, "the stream to fill", func() bool { return streamCount(t, e.js) == 150 })
@@ -200,7 +201,7 @@ func TestOutboxFailsMidwayThenRecovers(t *testing.T) {
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d in outbox order", len(got), len(want))
 	}
-	if n := metric(t, reg, "millrace_outbox_errors_total"); n == 0 {
+	if n := metric(t, reg, "millrace_consumer_batches_total", `kind="outbox"`, `result="error"`); n == 0 {
 		t.Error("no failed attempts counted")
 	}
 	if n := metric(t, reg, "millrace_outbox_reordered_total"); n != 0 {
@@ -208,8 +209,9 @@ func TestOutboxFailsMidwayThenRecovers(t *testing.T) {
 	}
 }
 
-// metric sums a metric's samples.
-func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+// metric sums a metric's samples, of those with every label given
+// (`name="value"`).
+func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -220,7 +222,17 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		if mf.GetName() != name {
 			continue
 		}
+	samples:
 		for _, m := range mf.GetMetric() {
+			have := map[string]bool{}
+			for _, l := range m.GetLabel() {
+				have[fmt.Sprintf("%s=%q", l.GetName(), l.GetValue())] = true
+			}
+			for _, l := range labels {
+				if !have[l] {
+					continue samples
+				}
+			}
 			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	retry "github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
@@ -42,6 +43,9 @@ type RunnerConfig struct {
 	// (idle, or fetching less than a full batch) calls the projector's
 	// Sweep. Default 30s.
 	SweepEvery time.Duration
+	// StandbyEvery is how often a runner on standby (another process
+	// holds the projector's lock) tries to take the lead. Default 2s.
+	StandbyEvery time.Duration
 	// Progress, if set, is called after each committed batch.
 	Progress func(Progress)
 	Logger   *slog.Logger
@@ -79,29 +83,35 @@ func (c RunnerConfig) withDefaults() RunnerConfig {
 	return c
 }
 
-// Runner is the one consumer loop: fetch a batch, apply it in a PostgreSQL
-// transaction that also records the consumer position, commit, then ack.
+// Runner is the consumer core's user for projections: fetch a batch, apply
+// it in a PostgreSQL transaction that also records the consumer position,
+// commit, then ack (consumer.go has what every consumer shares).
 //
 // Exactly-once effect rests on two rules. Only one process applies a given
-// projection at a time: the runner holds a PostgreSQL advisory lock on the
-// very connection its transactions run on, so a runner that lost its
+// projection at a time: the runner leads by a PGLease, an advisory lock on
+// the very connection its transactions run on, so a runner that lost its
 // connection has lost its lock and cannot commit. And messages are applied
-// in stream order: whenever the runner (re)takes the lock it recreates the
-// durable consumer to start right after the committed position, and a
-// batch that fails with a transient error is retried in place (its messages
-// kept in progress) rather than handed back, since a handed-back message
-// would come again after newer ones had moved the position past it.
+// in stream order: whenever the runner takes the lead it attaches the
+// durable consumer right after the committed position, and a batch that
+// fails with a transient error is retried in place (its messages kept in
+// progress) rather than handed back, since a handed-back message would
+// come again after newer ones had moved the position past it.
 type Runner struct {
-	js   jetstream.JetStream
-	pool *pgxpool.Pool
-	p    projection.Projector
-	cfg  RunnerConfig
-	m    *Metrics
-	log  *slog.Logger
-	name string
+	js    jetstream.JetStream
+	pool  *pgxpool.Pool
+	p     projection.Projector
+	cfg   RunnerConfig
+	mset  *Metrics
+	m     ConsumerMetrics
+	log   *slog.Logger
+	name  string
+	lease *PGLease
+	loop  Loop
 
-	conn      *pgxpool.Conn
+	held      *PGHeld
+	conn      *pgx.Conn // held's: the lock and the transactions
 	cons      jetstream.Consumer
+	delivered uint64 // the last delivery sequence fetched (0: none since point)
 	position  uint64
 	applied   uint64
 	lastSweep time.Time
@@ -112,90 +122,31 @@ type Runner struct {
 // NewRunner makes a runner of projector p.
 func NewRunner(js jetstream.JetStream, pool *pgxpool.Pool, p projection.Projector, cfg RunnerConfig, m *Metrics) *Runner {
 	cfg = cfg.withDefaults()
-	return &Runner{js: js, pool: pool, p: p, cfg: cfg, m: m, name: p.Name(),
-		log: cfg.Logger.With("consumer", p.Name())}
+	r := &Runner{js: js, pool: pool, p: p, cfg: cfg, mset: m, m: m.Consumer(p.Name(), KindProjection), name: p.Name(),
+		log: cfg.Logger.With("consumer", p.Name()), lease: ConsumerLease(pool, p.Name())}
+	r.loop = Loop{Name: r.name, Kind: KindProjection, Lease: r.lease, StandbyEvery: cfg.StandbyEvery, Metrics: r.m, Logger: r.log,
+		Retry: retry.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}}
+	return r
 }
-
-// ErrLocked is returned by Replay when another process runs the projector.
-var ErrLocked = errors.New("the projector is running in another process")
 
 // Run applies batches until ctx ends. A runner that cannot take the lock
 // waits on standby.
 func (r *Runner) Run(ctx context.Context) error {
-	defer r.release()
-	backoff := r.cfg.RetryMin
-	for ctx.Err() == nil {
-		if r.conn == nil {
-			if err := r.lead(ctx, true); err != nil {
-				if ctx.Err() != nil {
-					break
-				}
-				r.log.Warn("cannot take the lead; retrying", "err", err)
-				sleep(ctx, 2*time.Second)
-				continue
-			}
-		}
-		if err := r.step(ctx); err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			// A step that keeps failing (the DEAD stream gone, a projector
-			// that names a foreign message) backs off rather than
-			// re-pointing its consumer ten times a second.
-			r.log.Warn("consumer step failed", "err", err, "backoff", backoff)
-			sleep(ctx, backoff)
-			backoff = min(2*backoff, r.cfg.RetryMax)
-			continue
-		}
-		backoff = r.cfg.RetryMin
-	}
+	r.loop.Run(ctx, Session{Begin: r.begin, Step: r.step})
 	return nil
 }
 
-func lockKey(name string) string { return "millrace.consumer." + name }
-
-// lead takes the advisory lock on a connection of its own (waiting while
-// another process holds it when wait is set) and points the durable
-// consumer right after the committed position.
-func (r *Runner) lead(ctx context.Context, wait bool) error {
-	conn, err := r.pool.Acquire(ctx)
-	if err != nil {
-		return fmt.Errorf("acquire connection: %w", err)
-	}
-	standby := false
-	for {
-		var ok bool
-		err := conn.QueryRow(ctx, "select pg_try_advisory_lock(hashtextextended($1, 0))", lockKey(r.name)).Scan(&ok)
-		if err != nil {
-			conn.Release()
-			return fmt.Errorf("take lock: %w", err)
-		}
-		if ok {
-			break
-		}
-		if !wait {
-			conn.Release()
-			return ErrLocked
-		}
-		if !standby {
-			r.log.Info("another process applies this projection; standing by")
-			standby = true
-		}
-		if !sleep(ctx, 2*time.Second) {
-			conn.Release()
-			return ctx.Err()
-		}
-	}
-	r.conn = conn
-	r.m.active(r.name, 1)
+// begin starts to lead: a projector's cache forgets what it held, and the
+// durable consumer is pointed right after the committed position.
+func (r *Runner) begin(ctx context.Context, h Held) error {
+	r.held = h.(*PGHeld) // the runner's lease is a PGLease
+	r.conn = r.held.Conn()
 	r.settle(false)
 	pos, err := r.readPosition(ctx)
 	if err != nil {
-		r.drop()
 		return err
 	}
-	if err := r.point(ctx, pos, true); err != nil {
-		r.drop()
+	if err := r.point(ctx, pos); err != nil {
 		return err
 	}
 	r.position = pos
@@ -210,26 +161,22 @@ func (r *Runner) lead(ctx context.Context, wait bool) error {
 // fetch returns later messages, their commit moves the position past the
 // failed batch and their AckAll acknowledges it: lost without a trace.
 // When the consumer cannot be re-pointed the runner gives up the lead
-// instead, and whoever leads next points it (lead). Messages of the batch
-// already parked are parked again on redelivery, a no-op inside the DEAD
-// stream's duplicate window (their Nats-Msg-Id names consumer and
-// sequence).
-func (r *Runner) rewind(ctx context.Context) {
-	r.m.batch(r.name, "rewound")
-	if r.conn == nil {
-		return // the lock is gone: the next lead points the consumer
-	}
+// instead (the error wraps ErrLeaseLost), and whoever leads next points it
+// (begin). Messages of the batch already parked are parked again on
+// redelivery, a no-op inside the DEAD stream's duplicate window (their
+// Nats-Msg-Id names consumer and sequence).
+func (r *Runner) rewind(ctx context.Context) error {
+	r.m.Batch("rewound")
 	pos, err := r.readPosition(ctx)
 	if err == nil {
-		err = r.point(ctx, pos, false)
+		err = r.point(ctx, pos)
 	}
 	if err != nil {
-		r.log.Warn("cannot re-point the consumer after a failed batch; giving up the lead", "err", err)
-		r.drop()
-		return
+		return fmt.Errorf("%w: cannot re-point the consumer after a failed batch, so the runner gives the lead up: %w", ErrLeaseLost, err)
 	}
 	r.position = pos
 	r.backlogged = true // what was handed back is waiting
+	return nil
 }
 
 func (r *Runner) readPosition(ctx context.Context) (uint64, error) {
@@ -244,55 +191,16 @@ func (r *Runner) readPosition(ctx context.Context) (uint64, error) {
 	return uint64(pos), nil
 }
 
-// point recreates the durable consumer so that it delivers from pos+1.
-// Deliveries left unacknowledged by a previous holder are discarded with it.
-// With reuse, a consumer that has nothing outstanding and whose ack floor
-// is pos is kept as it is (the common restart).
-func (r *Runner) point(ctx context.Context, pos uint64, reuse bool) error {
+// point attaches the durable consumer to deliver from pos+1; deliveries
+// left unacknowledged by a previous holder or a failed batch are dropped.
+func (r *Runner) point(ctx context.Context, pos uint64) error {
 	spec := ConsumerSpec(r.name, r.cfg.Filter, r.cfg.Batch, r.cfg.AckWait)
-	spec.DeliverPolicy = jetstream.DeliverByStartSequencePolicy
-	spec.OptStartSeq = pos + 1
-	if info, err := r.js.Consumer(ctx, r.cfg.Stream, r.name); err == nil {
-		ci := info.CachedInfo()
-		if reuse && ci.NumAckPending == 0 && ci.AckFloor.Stream == pos && ci.Config.FilterSubject == spec.FilterSubject {
-			r.cons = info // already right after the position
-			return nil
-		}
-		if err := r.js.DeleteConsumer(ctx, r.cfg.Stream, r.name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("reset consumer: %w", err)
-		}
-	} else if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return fmt.Errorf("look up consumer: %w", err)
-	}
-	cons, err := r.js.CreateConsumer(ctx, r.cfg.Stream, spec)
+	cons, _, err := Attach(ctx, r.js, r.cfg.Stream, KindProjection, spec, Position{Next: pos + 1}, r.log)
 	if err != nil {
-		return fmt.Errorf("create consumer: %w", err)
+		return err
 	}
-	r.cons = cons
+	r.cons, r.delivered = cons, 0
 	return nil
-}
-
-// drop gives up the connection and with it the lock.
-func (r *Runner) drop() {
-	if r.conn == nil {
-		return
-	}
-	r.conn.Conn().Close(context.Background()) // a closed connection leaves the pool, and its lock with it
-	r.conn.Release()
-	r.conn = nil
-	r.m.active(r.name, 0)
-}
-
-func (r *Runner) release() {
-	if r.conn == nil {
-		return
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	r.conn.Exec(ctx, "select pg_advisory_unlock(hashtextextended($1, 0))", lockKey(r.name))
-	r.conn.Release()
-	r.conn = nil
-	r.m.active(r.name, 0)
 }
 
 // step fetches and applies one batch, or sweeps when there is none.
@@ -303,35 +211,21 @@ func (r *Runner) step(ctx context.Context) error {
 	// the runner takes whole batches without waiting while it is behind,
 	// and otherwise lets messages gather for MaxWait and takes them in one
 	// pull.
-	if !r.backlogged && !sleep(ctx, r.cfg.MaxWait) {
+	if !r.backlogged && !retry.Sleep(ctx, r.cfg.MaxWait) {
 		return ctx.Err()
 	}
 	start := time.Now()
-	batch, err := r.cons.FetchNoWait(r.cfg.Batch)
+	msgs, err := r.fetch()
 	if err != nil {
-		return fmt.Errorf("fetch: %w", err)
+		// What a failed fetch had delivered may still be pending at the
+		// server, and would come after later messages: re-point first.
+		return r.refetch(ctx, err)
 	}
-	var msgs []*message
-	for jm := range batch.Messages() {
-		md, err := jm.Metadata()
-		if err != nil {
-			r.log.Warn("message without metadata; terminated", "err", err)
-			jm.Term()
-			continue
-		}
-		msgs = append(msgs, &message{Msg: jm, seq: md.Sequence.Stream, stored: md.Timestamp, pending: md.NumPending})
-	}
-	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && len(msgs) == 0 {
-		return fmt.Errorf("fetch: %w", err)
-	}
-	r.m.step(r.name, "fetch", time.Since(start))
+	r.m.Step("fetch", time.Since(start))
 	r.backlogged = len(msgs) == r.cfg.Batch
 	if len(msgs) > 0 {
 		if err := r.handle(ctx, msgs); err != nil {
-			if ctx.Err() == nil {
-				r.rewind(ctx)
-			}
-			return err
+			return r.refetch(ctx, err)
 		}
 	}
 	// Sweep once the projection has caught up (this fetch did not fill a
@@ -346,6 +240,52 @@ func (r *Runner) step(ctx context.Context) error {
 	return nil
 }
 
+// fetch takes what is waiting, up to a batch. A delivery sequence that
+// skips one means deliveries were lost in transit (a connection dropped
+// with a fetch's answer): they are pending at the server and would come
+// after the messages that follow, so fetch fails rather than hand those
+// over.
+func (r *Runner) fetch() ([]*message, error) {
+	batch, err := r.cons.FetchNoWait(r.cfg.Batch)
+	if err != nil {
+		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	var msgs []*message
+	var gap error
+	for jm := range batch.Messages() {
+		md, err := jm.Metadata()
+		if err != nil {
+			r.log.Warn("message without metadata; terminated", "err", err)
+			jm.Term()
+			continue
+		}
+		if r.delivered != 0 && md.Sequence.Consumer != r.delivered+1 && gap == nil {
+			gap = fmt.Errorf("fetch: delivery %d follows %d: deliveries were lost in transit", md.Sequence.Consumer, r.delivered)
+		}
+		r.delivered = md.Sequence.Consumer
+		msgs = append(msgs, &message{Msg: jm, seq: md.Sequence.Stream, stored: md.Timestamp, pending: md.NumPending})
+	}
+	if gap != nil {
+		return nil, gap
+	}
+	if err := batch.Error(); err != nil && !errors.Is(err, nats.ErrTimeout) && len(msgs) == 0 {
+		return nil, fmt.Errorf("fetch: %w", err)
+	}
+	return msgs, nil
+}
+
+// refetch re-points the consumer after a failed fetch (or gives the lead
+// up when it cannot) and returns err.
+func (r *Runner) refetch(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err
+	}
+	if rerr := r.rewind(ctx); rerr != nil {
+		return errors.Join(err, rerr)
+	}
+	return err
+}
+
 // sweep lets a projector act on the passage of time (see projection.Sweeper).
 func (r *Runner) sweep(ctx context.Context) error {
 	s, ok := r.p.(projection.Sweeper)
@@ -355,7 +295,7 @@ func (r *Runner) sweep(ctx context.Context) error {
 	err := r.inTx(ctx, func(tx pgx.Tx) error { return s.Sweep(ctx, tx, time.Now()) })
 	r.settle(err == nil)
 	if err != nil {
-		return r.checkConn(fmt.Errorf("sweep: %w", err))
+		return fmt.Errorf("sweep: %w", err)
 	}
 	r.lastSweep = time.Now()
 	return nil
@@ -367,14 +307,14 @@ func (r *Runner) handle(ctx context.Context, msgs []*message) error {
 	upTo := msgs[len(msgs)-1].seq
 	live := msgs
 	var dead []*message
-	backoff := r.cfg.RetryMin
+	wait := retry.Backoff{Min: r.cfg.RetryMin, Max: r.cfg.RetryMax}
 	for attempt := 1; ; attempt++ {
 		n, err := r.commit(ctx, live, upTo)
 		if err == nil {
 			r.applied += uint64(n)
-			r.m.batch(r.name, "committed")
-			r.m.count(r.name, "applied", n)
-			r.m.count(r.name, "skipped", len(live)-n)
+			r.m.Batch("committed")
+			r.m.Messages("applied", n)
+			r.m.Messages("skipped", len(live)-n)
 			break
 		}
 		if pe, ok := projection.AsPoison(err); ok {
@@ -401,27 +341,26 @@ func (r *Runner) handle(ctx context.Context, msgs []*message) error {
 			}
 			return r.isolate(ctx, live, msgs, dead)
 		}
-		r.m.batch(r.name, "transient_error")
-		r.m.retry(r.name)
+		r.m.Batch("transient_error")
+		r.m.Retry()
 		if ctx.Err() != nil {
 			r.handBack(live)
 			return ctx.Err()
 		}
-		if cerr := r.checkConn(err); cerr != nil && r.conn == nil {
+		if ferr := r.held.Fence(ctx); ferr != nil {
 			// The lock went with the connection: whoever leads next starts
 			// from the committed position, so this batch is handed back.
 			r.handBack(live)
-			return cerr
+			return errors.Join(err, ferr)
 		}
 		r.log.Warn("batch failed; retrying", "attempt", attempt, "messages", len(live), "err", err)
 		for _, m := range live {
 			m.InProgress()
 		}
-		if !sleep(ctx, backoff) {
+		if !wait.Wait(ctx) {
 			r.handBack(live)
 			return ctx.Err()
 		}
-		backoff = min(2*backoff, r.cfg.RetryMax)
 	}
 	return r.ack(msgs, dead)
 }
@@ -442,11 +381,11 @@ func (r *Runner) isolate(ctx context.Context, live, all, dead []*message) error 
 				// As in handle: a connection that is gone took the lock
 				// with it, and retrying on it would spin for ever while the
 				// runner still counted itself the leader.
-				if r.checkConn(err); r.conn == nil {
-					return fmt.Errorf("isolate message %d: %w", m.seq, err)
+				if ferr := r.held.Fence(ctx); ferr != nil {
+					return fmt.Errorf("isolate message %d: %w", m.seq, errors.Join(err, ferr))
 				}
-				r.m.retry(r.name)
-				if !sleep(ctx, r.cfg.RetryMax) {
+				r.m.Retry()
+				if !retry.Sleep(ctx, r.cfg.RetryMax) {
 					r.handBack(live)
 					return ctx.Err()
 				}
@@ -498,7 +437,7 @@ func (r *Runner) commit(ctx context.Context, msgs []*message, upTo uint64) (int,
 			r.name, r.cfg.Stream, int64(upTo))
 		return err
 	})
-	r.m.step(r.name, "apply_commit", time.Since(start))
+	r.m.Step("apply_commit", time.Since(start))
 	r.settle(err == nil)
 	if err != nil {
 		return 0, err
@@ -506,10 +445,10 @@ func (r *Runner) commit(ctx context.Context, msgs []*message, upTo uint64) (int,
 	if upTo > r.position {
 		r.position = upTo
 	}
-	r.m.positionAt(r.name, r.position)
+	r.m.Position(r.position)
 	if len(msgs) > 0 {
 		last := msgs[len(msgs)-1]
-		r.m.lag(r.name, time.Since(last.stored), last.pending)
+		r.m.Lag(time.Since(last.stored), last.pending)
 	}
 	if r.cfg.Progress != nil {
 		pending := uint64(0)
@@ -560,21 +499,6 @@ func (r *Runner) inTx(ctx context.Context, f func(pgx.Tx) error) error {
 	return pgx.BeginFunc(ctx, r.conn, f)
 }
 
-// checkConn drops the connection (and so the lock) when it is broken; the
-// loop then leads again from the committed position.
-func (r *Runner) checkConn(err error) error {
-	if r.conn == nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if r.conn.Conn().IsClosed() || r.conn.Ping(ctx) != nil {
-		r.log.Warn("database connection lost; leading again when it is back", "err", err)
-		r.drop()
-	}
-	return err
-}
-
 // ack acknowledges a committed batch: AckAll on the last message covers
 // every message before it, and dead-lettered ones are terminated.
 func (r *Runner) ack(msgs, dead []*message) error {
@@ -593,7 +517,7 @@ func (r *Runner) ack(msgs, dead []*message) error {
 			break
 		}
 	}
-	r.m.step(r.name, "ack", time.Since(start))
+	r.m.Step("ack", time.Since(start))
 	return nil
 }
 
@@ -602,7 +526,7 @@ func (r *Runner) handBack(msgs []*message) {
 	for _, m := range msgs {
 		m.NakWithDelay(time.Second)
 	}
-	r.m.batch(r.name, "naked")
+	r.m.Batch("naked")
 }
 
 func (r *Runner) deadLetter(ctx context.Context, m *message, reason error) error {
@@ -619,12 +543,12 @@ func (r *Runner) deadLetter(ctx context.Context, m *message, reason error) error
 	msg.Header.Set(envelope.Consumer, r.name)
 	msg.Header.Set(envelope.Origin, r.cfg.Stream+":"+strconv.FormatUint(m.seq, 10)+":"+m.Subject())
 	msg.Data = m.Data()
-	if err := NewPublisher(r.js, r.m).Publish(ctx, msg); err != nil {
+	if err := NewPublisher(r.js, r.mset).Publish(ctx, msg); err != nil {
 		return fmt.Errorf("dead-letter message %d: %w", m.seq, err)
 	}
 	m.TermWithReason(truncate(reason.Error(), 200))
-	r.m.count(r.name, "dead", 1)
-	r.m.dead(r.name)
+	r.m.Messages("dead", 1)
+	r.m.DeadLetter()
 	r.log.Error("message parked in the dead-letter stream", "seq", m.seq, "subject", m.Subject(), "reason", reason)
 	return nil
 }
@@ -645,18 +569,6 @@ func remove(msgs []*message, seq uint64) ([]*message, *message) {
 		}
 	}
 	return msgs, nil
-}
-
-// sleep waits d or until ctx ends; it reports whether it slept the whole d.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 // message adapts a JetStream message to projection.Message.
@@ -686,10 +598,15 @@ func (r *Runner) Replay(ctx context.Context) error {
 		return fmt.Errorf("stream %s: %w", r.cfg.Stream, err)
 	}
 	target := stream.CachedInfo().State.LastSeq
-	if err := r.lead(ctx, false); err != nil {
+	h, err := r.lease.AcquirePG(ctx)
+	if err != nil {
 		return err
 	}
-	defer r.release()
+	r.m.Active(true)
+	defer r.loop.Release(h)
+	ctx = h.Context()
+	r.held, r.conn = h, h.Conn()
+	r.settle(false)
 	err = r.inTx(ctx, func(tx pgx.Tx) error {
 		if err := rs.Reset(ctx, tx); err != nil {
 			return err
@@ -701,20 +618,29 @@ func (r *Runner) Replay(ctx context.Context) error {
 		return fmt.Errorf("reset %s: %w", r.name, err)
 	}
 	r.position = 0
-	if err := r.point(ctx, 0, false); err != nil {
+	if err := r.point(ctx, 0); err != nil {
 		return err
 	}
+	return r.replayTo(ctx, h, target)
+}
+
+// replayTo applies the stream up to target, then sweeps.
+func (r *Runner) replayTo(ctx context.Context, h *PGHeld, target uint64) error {
+	wait := retry.Backoff{Min: r.cfg.RetryMin, Max: r.cfg.RetryMax}
 	for r.position < target {
-		if err := r.step(ctx); err != nil {
-			if ctx.Err() != nil {
-				return ctx.Err()
-			}
-			if r.conn == nil {
-				return fmt.Errorf("replay %s: lost the database: %w", r.name, err)
-			}
-			r.log.Warn("replay step failed; retrying", "err", err)
-			sleep(ctx, r.cfg.RetryMin)
+		err := r.step(ctx)
+		if err == nil {
+			wait.Reset()
+			continue
 		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("replay %s: %w", r.name, context.Cause(ctx))
+		}
+		if ferr := h.Fence(ctx); ferr != nil {
+			return fmt.Errorf("replay %s: lost the database: %w", r.name, errors.Join(err, ferr))
+		}
+		r.log.Warn("replay step failed; retrying", "err", err)
+		wait.Wait(ctx)
 	}
 	return r.sweep(ctx)
 }

@@ -2,13 +2,16 @@ package streams
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
 )
@@ -44,17 +47,37 @@ func TestRunnerGuards(t *testing.T) {
 	}
 	p := &seqRecorder{}
 	r := NewRunner(js, pool, p, RunnerConfig{Stream: subjects.StreamBES, Filter: subjects.BESFilter, AckWait: time.Minute}, nil)
-	if err := r.lead(ctx, false); err != nil {
-		t.Fatal(err)
-	}
-	defer r.release()
-
-	info, err := r.cons.Info(ctx)
+	h, err := r.lease.AcquirePG(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.Config.DeliverPolicy != jetstream.DeliverByStartSequencePolicy || info.Config.OptStartSeq != 4 {
-		t.Fatalf("consumer delivers by %v from %d, want from sequence 4", info.Config.DeliverPolicy, info.Config.OptStartSeq)
+	defer r.loop.Release(h)
+	if err := r.begin(ctx, h); err != nil {
+		t.Fatal(err)
+	}
+	// The consumer's next delivery is sequence 4, right after the position.
+	pub := NewPublisher(js, nil)
+	for i := range 5 {
+		msg := nats.NewMsg(subjects.BES("p", "inv"))
+		msg.Header.Set(envelope.MsgID, fmt.Sprint(t.Name(), i))
+		if err := pub.Publish(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := r.cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := 0
+	for m := range b.Messages() {
+		md, _ := m.Metadata()
+		if md.Sequence.Stream != 4 {
+			t.Fatalf("first delivery after position 3 is sequence %d, want 4", md.Sequence.Stream)
+		}
+		got++
+	}
+	if got != 1 {
+		t.Fatalf("%d messages delivered, want sequence 4", got)
 	}
 
 	msgs := []*message{{seq: 2}, {seq: 3}, {seq: 4}, {seq: 5}}

@@ -124,7 +124,7 @@ type Backbone struct {
 }
 
 // Open starts the embedded server when c.URL is empty (or connects to
-// c.URL), and applies the stream specs.
+// c.URL), and applies the stream specs and the lease bucket.
 func Open(ctx context.Context, c Config, name string, m *Metrics) (*Backbone, error) {
 	c = c.WithDefaults()
 	if err := c.Validate(); err != nil {
@@ -166,6 +166,10 @@ func Open(ctx context.Context, c Config, name string, m *Metrics) (*Backbone, er
 	if err := Apply(ctx, b.JS, StreamSpecs(c)); err != nil {
 		b.Close()
 		return nil, err
+	}
+	if _, err := b.JS.CreateOrUpdateKeyValue(ctx, LeaseBucketSpec(c)); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("apply the lease bucket %s: %w", LeaseBucket, err)
 	}
 	b.publisher = NewPublisher(b.JS, m)
 	return b, nil

@@ -113,15 +113,16 @@ func Apply(ctx context.Context, js jetstream.JetStream, specs []jetstream.Stream
 }
 
 // ConsumerSpec is the durable pull consumer a projector reads through.
-// AckAll lets the runner ack a whole batch with one ack of its last message;
-// MaxAckPending stays well above the batch size.
+// AckAll (KindProjection's policy, consumer.go) lets the runner ack a whole
+// batch with one ack of its last message; MaxAckPending stays well above
+// the batch size. Attach sets where it starts.
 func ConsumerSpec(name, filter string, batch int, ackWait time.Duration) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       name,
 		Description:   "millrace projector " + name,
 		FilterSubject: filter,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckAllPolicy,
+		AckPolicy:     KindProjection.AckPolicy(),
 		AckWait:       ackWait,
 		MaxDeliver:    -1,
 		MaxAckPending: max(4*batch, 10000),

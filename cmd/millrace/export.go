@@ -169,7 +169,7 @@ func newKafkaExport(o kafkaOptions, js jetstream.JetStream, t *telemetry, log *s
 	k := &kafkaExport{exp: exp, log: log}
 	for stream, fs := range filters {
 		k.runners = append(k.runners, streams.NewExportRunner(js, exp, streams.ExportConfig{Stream: stream, Filters: fs,
-			Durable: kafkaDurable(stream), MaxInFlight: o.maxInFlight, Logger: log}, m))
+			Durable: kafkaDurable(stream), MaxInFlight: o.maxInFlight, Metrics: t.sm, Logger: log}, m))
 	}
 	return k, nil
 }
@@ -241,8 +241,11 @@ consumers deduplicate on them. Topics are created (kadm) with
 --kafka-create-topics=false. TLS (--kafka-tls*) and SASL PLAIN or SCRAM
 (--kafka-sasl-*) for real clusters.
 
-Run one exporter per stream and consumer name. Metrics (millrace_export_*,
-millrace_kafka_*) on --http-listen. See projectors/kafka/README.md.`,
+One process exports each stream: it holds the lease "export.<consumer>" in
+the JetStream key-value bucket millrace_leases; others started beside it
+stand by and take over within --nats-lease-ttl of its end. Metrics
+(millrace_consumer_*{kind="export"}, millrace_export_*, millrace_kafka_*)
+on --http-listen. See projectors/kafka/README.md.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo logOptions

@@ -460,7 +460,7 @@ func (o *placerOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 // runPlacer runs the placer's consumer and the outbox relay that publishes
 // its decisions, until ctx ends.
 func runPlacer(ctx context.Context, cfg placer.Config, o placerOptions, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry, log *slog.Logger) error {
-	relay := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Registerer: t.reg, Logger: log})
+	relay := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Registerer: t.reg, Metrics: t.sm, Logger: log})
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(ctx) }()
 	err := streams.NewRunner(bb.JS, pool, placer.New(cfg), o.runnerConfig(log), t.sm).Run(ctx)

@@ -302,19 +302,18 @@ left in its outbox before it starts.`,
 // FLEET_PLACE, and replays the three streams one after the other. Each
 // table is written from one stream only, so their order does not matter.
 func replayFleet(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, proj *fleetproj.Projector, rc streams.RunnerConfig, log *slog.Logger) error {
-	conn, err := pool.Acquire(ctx)
+	held, err := streams.ConsumerLease(pool, placer.ConsumerName).Acquire(ctx)
+	if errors.Is(err, streams.ErrLocked) {
+		return errors.New("the placer is running (it holds its lock): stop it, replay, then start it again")
+	}
 	if err != nil {
 		return err
 	}
-	defer conn.Release()
-	var ok bool
-	if err := conn.QueryRow(ctx, "select pg_try_advisory_lock(hashtextextended($1, 0))", "millrace.consumer."+placer.ConsumerName).Scan(&ok); err != nil {
-		return err
-	}
-	if !ok {
-		return errors.New("the placer is running (it holds its lock): stop it, replay, then start it again")
-	}
-	defer conn.Exec(context.Background(), "select pg_advisory_unlock(hashtextextended($1, 0))", "millrace.consumer."+placer.ConsumerName)
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.Background(), streams.ReleaseTimeout)
+		defer cancel()
+		held.Release(rctx)
+	}()
 
 	relay := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Logger: log})
 	if err := relay.Flush(ctx); err != nil {

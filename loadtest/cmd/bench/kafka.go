@@ -118,7 +118,11 @@ func (b *bench) kafkaScenario(ctx context.Context, rep *scenarioReport) error {
 	if err := waitReady(ctx, exp, "http://"+web+"/readyz", readyTimeout); err != nil {
 		return err
 	}
-	position := func() uint64 { return uint64(scrape(metrics).sum("millrace_export_position", besLabel)) }
+	// The export's position: the ack floor of its consumer, on the process
+	// that leads it (the only one here).
+	position := func() uint64 {
+		return uint64(scrape(metrics).sum("millrace_consumer_position", `kind="export"`, `consumer="export-kafka-bes"`))
+	}
 	wait := func(seq uint64) error {
 		deadline := time.Now().Add(kc.timeout)
 		for position() < seq {
@@ -178,7 +182,7 @@ func (b *bench) kafkaScenario(ctx context.Context, rep *scenarioReport) error {
 	r.DelayP99MS = d.quantileMS("millrace_export_delay_seconds", 0.99, besLabel)
 	r.DelayP999MS = d.quantileMS("millrace_export_delay_seconds", 0.999, besLabel)
 	r.ProduceP99MS = d.quantileMS("millrace_kafka_produce_seconds", 0.99, `topic="millrace.bes"`)
-	r.ExportErrors = scrape(metrics).sum("millrace_export_errors_total")
+	r.ExportErrors = scrape(metrics).sum("millrace_consumer_batches_total", `kind="export"`, `result="error"`)
 	r.StreamMessages = last
 
 	// Every message is in Kafka: the topic's end offsets add up to at

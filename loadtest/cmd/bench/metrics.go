@@ -148,15 +148,15 @@ func serverReport(edge, proj promSample) *serverFigures {
 		f.PublishP99MS = finite(edge.quantileMS("millrace_publish_seconds", 0.99))
 	}
 	if proj != nil {
-		f.Batches = proj.sum("millrace_consumer_batches_total", `result="committed"`)
+		f.Batches = proj.sum("millrace_consumer_batches_total", `kind="projection"`, `result="committed"`)
 		if f.Batches > 0 {
-			f.EventsPerBatch = round(proj.sum("millrace_consumer_messages_total")/f.Batches, 1)
+			f.EventsPerBatch = round(proj.sum("millrace_consumer_messages_total", `kind="projection"`)/f.Batches, 1)
 		}
 		f.StepMeanMS, f.StepTotalS = map[string]float64{}, map[string]float64{}
 		for _, step := range []string{"fetch", "apply_commit", "ack"} {
 			sel := `step="` + step + `"`
-			n := proj.sum("millrace_consumer_step_seconds_count", sel)
-			t := proj.sum("millrace_consumer_step_seconds_sum", sel)
+			n := proj.sum("millrace_consumer_step_seconds_count", `kind="projection"`, sel)
+			t := proj.sum("millrace_consumer_step_seconds_sum", `kind="projection"`, sel)
 			if n > 0 {
 				f.StepMeanMS[step] = round(t/n*1000, 2)
 				f.StepTotalS[step] = round(t, 2)
