@@ -43,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer", "kind", "outcome"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_consumer_batches_total",
-			Help: "Batches or attempts of a consumer, by result (a projection: committed, transient_error, rewound, naked; export and outbox: error, a session or relay attempt that failed).",
+			Help: "Batches or attempts of a consumer, by result (a projection: committed, transient_error, rewound, naked; the export: acked, a prefix acknowledged on the stream, and error, a session that failed; the outbox: published, a batch stored, and error, a relay attempt that failed).",
 		}, []string{"consumer", "kind", "result"}),
 		stepSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "millrace_consumer_step_seconds",
