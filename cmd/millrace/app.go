@@ -137,7 +137,10 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 		log.Warn("BES edge open to every client: no API keys and --bes-insecure-open", "addr", o.listen)
 	}
 	m := bes.NewMetrics(t.reg)
-	srv := bes.New(cfg, bb.Publisher(), stream, m, log.With("service", "bes"))
+	srv, err := bes.New(cfg, bb.Publisher(), stream, m, log.With("service", "bes"))
+	if err != nil {
+		return nil, err
+	}
 	opts := srv.ServerOptions()
 	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--bes-tls-cert", "--bes-tls-key")
 	if err != nil {
@@ -152,7 +155,11 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 	if err != nil {
 		return nil, fmt.Errorf("BES listen: %w", err)
 	}
-	capped := netlimit.Wrap(lis, netlimit.Config{PerAddr: o.connsPerAddr, ExemptLoopback: true, OnRefuse: m.RefusedConnection})
+	capped, err := netlimit.Wrap(lis, netlimit.Config{PerAddr: o.connsPerAddr, ExemptLoopback: true, OnRefuse: m.RefusedConnection})
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
 	e := &besEdge{grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
 	go func() { e.done <- g.Serve(capped) }()
 	log.Info("BES edge serving", "addr", lis.Addr().String(), "api_keys", cfg.Keys.Len(), "tls", creds != nil, "redaction", !cfg.NoRedaction)
@@ -232,7 +239,11 @@ func startHTTP(ctx context.Context, o httpOptions, t *telemetry, ready func(cont
 	// client still must send its headers promptly, may keep an idle
 	// connection only so long, and may hold only so many.
 	s := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: o.idleTimeout, MaxHeaderBytes: 64 << 10}
-	capped := netlimit.Wrap(lis, netlimit.Config{Max: o.maxConns})
+	capped, err := netlimit.Wrap(lis, netlimit.Config{Max: o.maxConns})
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
 	go func() {
 		if err := s.Serve(capped); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			log.Error("HTTP server stopped", "err", err)

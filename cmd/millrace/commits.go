@@ -74,7 +74,11 @@ func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *
 	if err != nil {
 		return nil, err
 	}
-	opts := append(grpclimit.ServerOptions(grpclimit.Config{}), grpc.MaxRecvMsgSize(o.maxBody+64<<10))
+	opts, err := grpclimit.ServerOptions(grpclimit.Config{})
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, grpc.MaxRecvMsgSize(o.maxBody+64<<10))
 	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--commits-tls-cert", "--commits-tls-key")
 	if err != nil {
 		return nil, err

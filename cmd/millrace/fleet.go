@@ -218,7 +218,11 @@ type reservationsGRPC struct {
 }
 
 func startReservationsGRPC(o reservationsOptions, l *lateReservations, log *slog.Logger) (*reservationsGRPC, error) {
-	opts := append(grpclimit.ServerOptions(grpclimit.Config{}), grpc.MaxRecvMsgSize(reservations.MaxRequestBytes))
+	opts, err := grpclimit.ServerOptions(grpclimit.Config{})
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, grpc.MaxRecvMsgSize(reservations.MaxRequestBytes))
 	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--reservations-tls-cert", "--reservations-tls-key")
 	if err != nil {
 		return nil, err

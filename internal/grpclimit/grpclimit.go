@@ -14,9 +14,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+
+	"github.com/millrace/millrace/internal/knob"
 )
 
-// Config of the options. Zero values take the defaults.
+// Config of the options. A zero field takes its default; a negative
+// duration is an error of ServerOptions.
 type Config struct {
 	// MaxStreamsPerConn is advertised to clients as HTTP/2's
 	// SETTINGS_MAX_CONCURRENT_STREAMS: a client waits for a stream to end
@@ -43,23 +46,39 @@ const (
 	minPingInterval = 10 * time.Second
 )
 
-// ServerOptions returns the options for c.
-func ServerOptions(c Config) []grpc.ServerOption {
+// Validate reports a negative duration.
+func (c Config) Validate() error {
+	return errors.Join(
+		knob.NotNegative("grpclimit", "HandshakeTimeout", c.HandshakeTimeout, DefaultHandshakeTimeout),
+		knob.NotNegative("grpclimit", "KeepaliveTime", c.KeepaliveTime, DefaultKeepaliveTime),
+	)
+}
+
+func (c Config) withDefaults() Config {
 	if c.MaxStreamsPerConn == 0 {
 		c.MaxStreamsPerConn = DefaultMaxStreamsPerConn
 	}
-	if c.HandshakeTimeout <= 0 {
+	if c.HandshakeTimeout == 0 {
 		c.HandshakeTimeout = DefaultHandshakeTimeout
 	}
-	if c.KeepaliveTime <= 0 {
+	if c.KeepaliveTime == 0 {
 		c.KeepaliveTime = DefaultKeepaliveTime
 	}
+	return c
+}
+
+// ServerOptions returns the options for c, or what is wrong with c.
+func ServerOptions(c Config) ([]grpc.ServerOption, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	c = c.withDefaults()
 	return []grpc.ServerOption{
 		grpc.MaxConcurrentStreams(c.MaxStreamsPerConn),
 		grpc.ConnectionTimeout(c.HandshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: c.KeepaliveTime, Timeout: 20 * time.Second}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: minPingInterval, PermitWithoutStream: true}),
-	}
+	}, nil
 }
 
 // ReadMaxStreams dials addr (plaintext) and returns the

@@ -10,15 +10,20 @@
 package netlimit
 
 import (
+	"errors"
 	"net"
 	"sync"
+
+	"github.com/millrace/millrace/internal/knob"
 )
 
-// Config of a Listener. Zero values mean no cap.
+// Config of a Listener. A zero cap means no cap; a negative one is an
+// error of Wrap.
 type Config struct {
-	// Max is the most connections open at once.
+	// Max is the most connections open at once. Zero: no cap.
 	Max int
 	// PerAddr is the most connections open at once from one client IP.
+	// Zero: no cap.
 	PerAddr int
 	// ExemptLoopback leaves clients on loopback out of PerAddr: a local
 	// TLS proxy or load generator is one address for many clients. They
@@ -39,9 +44,21 @@ type Listener struct {
 	byAddr map[string]int
 }
 
-// Wrap caps l's connections.
-func Wrap(l net.Listener, c Config) *Listener {
-	return &Listener{Listener: l, cfg: c, byAddr: map[string]int{}}
+// Validate reports a negative cap.
+func (c Config) Validate() error {
+	return errors.Join(
+		knob.NotNegative("netlimit", "Max", c.Max, "no cap"),
+		knob.NotNegative("netlimit", "PerAddr", c.PerAddr, "no cap"),
+	)
+}
+
+// Wrap caps l's connections, or says what is wrong with c (l is left
+// open).
+func Wrap(l net.Listener, c Config) (*Listener, error) {
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return &Listener{Listener: l, cfg: c, byAddr: map[string]int{}}, nil
 }
 
 // Accept returns the next connection within the caps, closing those over.

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -49,6 +50,42 @@ func isReset(err error) bool {
 	return errors.As(err, &op)
 }
 
+func wrap(t *testing.T, l net.Listener, c Config) *Listener {
+	t.Helper()
+	w, err := Wrap(l, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// TestWrapRefusesNegatives: a negative cap is a mistake, not "no cap".
+func TestWrapRefusesNegatives(t *testing.T) {
+	for field, c := range map[string]Config{"Max": {Max: -1}, "PerAddr": {PerAddr: -1}} {
+		if _, err := Wrap(nil, c); err == nil || !strings.Contains(err.Error(), "netlimit: "+field+" -1 is negative; set 0 for the default (no cap)") {
+			t.Errorf("%s negative: %v, want an error naming it", field, err)
+		}
+	}
+}
+
+// TestZeroIsNoCap: the zero Config holds a client to nothing.
+func TestZeroIsNoCap(t *testing.T) {
+	inner, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := wrap(t, inner, Config{})
+	defer l.Close()
+	go serve(l)
+	for i := range 20 {
+		c, ok := dial(t, inner.Addr().String())
+		if !ok {
+			t.Fatalf("connection %d refused without a cap", i+1)
+		}
+		defer c.Close()
+	}
+}
+
 func TestPerAddrAndMax(t *testing.T) {
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -56,7 +93,7 @@ func TestPerAddrAndMax(t *testing.T) {
 	}
 	var mu sync.Mutex
 	refused := map[string]int{}
-	l := Wrap(inner, Config{Max: 3, PerAddr: 2, OnRefuse: func(r string) { mu.Lock(); refused[r]++; mu.Unlock() }})
+	l := wrap(t, inner, Config{Max: 3, PerAddr: 2, OnRefuse: func(r string) { mu.Lock(); refused[r]++; mu.Unlock() }})
 	defer l.Close()
 	go serve(l)
 	addr := inner.Addr().String()
@@ -97,7 +134,7 @@ func TestMaxAndLoopbackExempt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := Wrap(inner, Config{Max: 2, PerAddr: 1, ExemptLoopback: true})
+	l := wrap(t, inner, Config{Max: 2, PerAddr: 1, ExemptLoopback: true})
 	defer l.Close()
 	go serve(l)
 	addr := inner.Addr().String()

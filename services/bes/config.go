@@ -3,14 +3,17 @@ package bes
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/millrace/millrace/internal/apikey"
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/internal/netlimit"
 	"github.com/millrace/millrace/services/bes/redact"
 )
 
-// Config of the BES edge. The zero value takes the defaults.
+// Config of the BES edge. A zero field takes its default; a negative
+// number or duration is refused by New and Validate.
 type Config struct {
 	// MaxEventBytes is the largest single build event accepted. Default
 	// 4 MiB; it must stay below the backbone's max payload.
@@ -77,16 +80,16 @@ const (
 )
 
 func (c Config) withDefaults() Config {
-	if c.MaxEventBytes <= 0 {
+	if c.MaxEventBytes == 0 {
 		c.MaxEventBytes = DefaultMaxEventBytes
 	}
-	if c.MaxStreams <= 0 {
+	if c.MaxStreams == 0 {
 		c.MaxStreams = DefaultMaxStreams
 	}
-	if c.MaxStreamsPerProject <= 0 {
+	if c.MaxStreamsPerProject == 0 {
 		c.MaxStreamsPerProject = max(1, c.MaxStreams/2)
 	}
-	if c.MaxInFlight <= 0 {
+	if c.MaxInFlight == 0 {
 		c.MaxInFlight = DefaultMaxInFlight
 	}
 	if c.DefaultProject == "" {
@@ -95,23 +98,37 @@ func (c Config) withDefaults() Config {
 	if c.Redactor == nil {
 		c.Redactor = redact.MustNew(redact.Config{Allow: redact.DefaultAllow})
 	}
-	if c.FirstMessageTimeout <= 0 {
+	if c.FirstMessageTimeout == 0 {
 		c.FirstMessageTimeout = DefaultFirstMessageTimeout
 	}
-	if c.IdleTimeout <= 0 {
+	if c.IdleTimeout == 0 {
 		c.IdleTimeout = DefaultIdleTimeout
 	}
-	if c.MaxStreamsPerConn <= 0 {
+	if c.MaxStreamsPerConn == 0 {
 		c.MaxStreamsPerConn = DefaultMaxStreamsPerConn
 	}
-	if c.MaxPendingPerAddr <= 0 {
+	if c.MaxPendingPerAddr == 0 {
 		c.MaxPendingPerAddr = DefaultMaxPendingPerAddr
 	}
 	return c
 }
 
-// Validate checks the configuration against the backbone's max payload.
+// Validate reports what is wrong with c, checking the event limit against
+// the backbone's max payload (0: not checked).
 func (c Config) Validate(maxPayload int64) error {
+	errs := []error{
+		knob.NotNegative("bes", "MaxEventBytes", c.MaxEventBytes, DefaultMaxEventBytes),
+		knob.NotNegative("bes", "MaxStreams", c.MaxStreams, DefaultMaxStreams),
+		knob.NotNegative("bes", "MaxStreamsPerProject", c.MaxStreamsPerProject, "MaxStreams/2"),
+		knob.NotNegative("bes", "MaxInFlight", c.MaxInFlight, DefaultMaxInFlight),
+		knob.NotNegative("bes", "FirstMessageTimeout", c.FirstMessageTimeout, DefaultFirstMessageTimeout),
+		knob.NotNegative("bes", "IdleTimeout", c.IdleTimeout, DefaultIdleTimeout),
+		knob.NotNegative("bes", "MaxStreamsPerConn", c.MaxStreamsPerConn, DefaultMaxStreamsPerConn),
+		knob.NotNegative("bes", "MaxPendingPerAddr", c.MaxPendingPerAddr, DefaultMaxPendingPerAddr),
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
 	c = c.withDefaults()
 	// Headers and the envelope around the event take a few hundred bytes.
 	if maxPayload > 0 && int64(c.MaxEventBytes)+64<<10 > maxPayload {
@@ -119,6 +136,9 @@ func (c Config) Validate(maxPayload int64) error {
 	}
 	if c.MaxStreamsPerProject > c.MaxStreams {
 		return fmt.Errorf("bes: per-project stream limit %d is above the total %d", c.MaxStreamsPerProject, c.MaxStreams)
+	}
+	if uint64(c.MaxStreamsPerConn) > math.MaxUint32 {
+		return fmt.Errorf("bes: MaxStreamsPerConn %d is above HTTP/2's limit of %d", c.MaxStreamsPerConn, uint32(math.MaxUint32))
 	}
 	return nil
 }

@@ -32,7 +32,11 @@ import (
 const fuzzMaxEventBytes = 64 << 10
 
 func fuzzServer() *Server {
-	return New(Config{MaxEventBytes: fuzzMaxEventBytes}, nil, nil, NewMetrics(nil), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	s, err := New(Config{MaxEventBytes: fuzzMaxEventBytes}, nil, nil, NewMetrics(nil), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		panic(err)
+	}
+	return s
 }
 
 // seedRequests are realistic tool stream requests, and a few that are not.

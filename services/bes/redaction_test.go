@@ -110,7 +110,7 @@ func BenchmarkEdgeEvent(b *testing.B) {
 			name = "redaction=off"
 		}
 		b.Run(name, func(b *testing.B) {
-			s := New(Config{NoRedaction: off}, nil, nil, NewMetrics(nil), nil)
+			s := newServer(b, Config{NoRedaction: off})
 			// The edge redacts in place: give each iteration the bytes as
 			// received again.
 			orig := make([][]byte, len(reqs))
@@ -169,8 +169,8 @@ func BenchmarkEdgeEventAB(b *testing.B) {
 		}
 		return time.Since(start)
 	}
-	off := New(Config{NoRedaction: true}, nil, nil, NewMetrics(nil), nil)
-	on := New(Config{}, nil, nil, NewMetrics(nil), nil)
+	off := newServer(b, Config{NoRedaction: true})
+	on := newServer(b, Config{})
 	bestOff, bestOn := time.Duration(1<<62), time.Duration(1<<62)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,7 @@ type Server struct {
 	stream jetstream.Stream
 	log    *slog.Logger
 	m      *Metrics
+	opts   []grpc.ServerOption
 
 	mu         sync.Mutex
 	open       int
@@ -59,12 +61,26 @@ type Server struct {
 }
 
 // New makes the edge. stream is the BES stream, used to find where a
-// resumed stream left off.
-func New(cfg Config, pub *streams.Publisher, stream jetstream.Stream, m *Metrics, log *slog.Logger) *Server {
+// resumed stream left off (nil: not resumed; tests); New checks
+// MaxEventBytes against its largest message.
+func New(cfg Config, pub *streams.Publisher, stream jetstream.Stream, m *Metrics, log *slog.Logger) (*Server, error) {
+	var maxMsg int64
+	if stream != nil {
+		maxMsg = int64(stream.CachedInfo().Config.MaxMsgSize)
+	}
+	if err := cfg.Validate(maxMsg); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	opts, err := grpclimit.ServerOptions(grpclimit.Config{MaxStreamsPerConn: uint32(cfg.MaxStreamsPerConn)})
+	if err != nil {
+		return nil, err
+	}
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Server{cfg: cfg.withDefaults(), pub: pub, stream: stream, m: m, log: log, perProject: map[string]int{}}
+	return &Server{cfg: cfg, pub: pub, stream: stream, m: m, log: log, perProject: map[string]int{},
+		opts: append(opts, grpc.MaxRecvMsgSize(cfg.MaxEventBytes+64<<10))}, nil
 }
 
 // Register adds the service to a gRPC server.
@@ -76,10 +92,7 @@ func (s *Server) Register(g *grpc.Server) { buildpb.RegisterPublishBuildEventSer
 // the streams one connection may hold; the handshake deadline and the
 // keepalive every millrace server has (which finds clients that vanished
 // without closing their streams).
-func (s *Server) ServerOptions() []grpc.ServerOption {
-	return append(grpclimit.ServerOptions(grpclimit.Config{MaxStreamsPerConn: uint32(s.cfg.MaxStreamsPerConn)}),
-		grpc.MaxRecvMsgSize(s.cfg.MaxEventBytes+64<<10))
-}
+func (s *Server) ServerOptions() []grpc.ServerOption { return slices.Clone(s.opts) }
 
 // MaxIDBytes bounds project, build and invocation ids: they become subject
 // tokens, and a subject beyond NATS's 4 KiB control line would cost the

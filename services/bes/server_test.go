@@ -85,6 +85,17 @@ func connectBackbone(t *testing.T, ns *server.Server, ackTimeout time.Duration) 
 	return &backbone{ns: ns, nc: nc, js: js, stream: stream}
 }
 
+// newServer is an edge with no backbone, for what needs none (redaction,
+// the limits of a config).
+func newServer(t testing.TB, cfg Config) *Server {
+	t.Helper()
+	s, err := New(cfg, nil, nil, NewMetrics(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // edge is one BES edge serving gRPC on a loopback port, with a client.
 type edge struct {
 	srv    *Server
@@ -96,7 +107,10 @@ type edge struct {
 
 func startEdge(t *testing.T, b *backbone, cfg Config) *edge {
 	t.Helper()
-	srv := New(cfg, streams.NewPublisher(b.js, nil), b.stream, NewMetrics(nil), nil)
+	srv, err := New(cfg, streams.NewPublisher(b.js, nil), b.stream, NewMetrics(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	g := grpc.NewServer(srv.ServerOptions()...)
 	srv.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
