@@ -9,10 +9,11 @@ import (
 
 	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/internal/apikey"
+	"github.com/millrace/millrace/internal/knob"
 )
 
-// Config of the commits edge. The zero value takes the defaults; Keys is
-// required.
+// Config of the commits edge. A zero field takes its default; a negative
+// number or duration is refused by New. Keys is required.
 type Config struct {
 	// Keys are the API keys and the worlds each may use.
 	Keys *Keys
@@ -76,17 +77,16 @@ func (c Config) withDefaults() Config {
 
 // Validate reports what is wrong with c.
 func (c Config) Validate() error {
-	switch {
-	case c.Keys.Len() == 0:
+	if c.Keys.Len() == 0 {
 		return errors.New("commits: no API keys: writers and readers authenticate with one (world=key)")
-	case c.MaxBodyBytes < 0:
-		return errors.New("commits: MaxBodyBytes is negative")
-	case c.ConflictRetries < 0:
-		return errors.New("commits: ConflictRetries is negative")
-	case c.CacheBytes < 0 || c.IndexWorlds < 0 || c.ListWait < 0:
-		return errors.New("commits: CacheBytes, IndexWorlds and ListWait may not be negative")
 	}
-	return nil
+	return errors.Join(
+		knob.NotNegative("commits", "MaxBodyBytes", c.MaxBodyBytes, DefaultMaxBodyBytes),
+		knob.NotNegative("commits", "CacheBytes", c.CacheBytes, DefaultCacheBytes),
+		knob.NotNegative("commits", "IndexWorlds", c.IndexWorlds, DefaultIndexWorlds),
+		knob.NotNegative("commits", "ListWait", c.ListWait, DefaultListWait),
+		knob.NotNegative("commits", "ConflictRetries", c.ConflictRetries, DefaultConflictRetries),
+	)
 }
 
 // Keys are API keys, each for one world or for all of them: an

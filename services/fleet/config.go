@@ -8,10 +8,11 @@ import (
 	"time"
 
 	"github.com/millrace/millrace/internal/apikey"
+	"github.com/millrace/millrace/internal/knob"
 )
 
-// Config of a fleet gateway. The zero value takes the defaults, except CA
-// and TLS, which are required.
+// Config of a fleet gateway. A zero field takes its default; a negative
+// number or duration is refused by New. CA and TLS are required.
 type Config struct {
 	// GatewayID names this instance in Welcome, node events and liveness
 	// batches. Every gateway instance needs its own. Default: the host name.
@@ -248,8 +249,11 @@ func (c Config) withDefaults() Config {
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
+	// Negatives first, on the fields as given: a default derived from a
+	// negative field (TLSHandshakeTimeout from HelloTimeout) would be
+	// reported as a second mistake.
+	errs := []error{c.negatives()}
 	c = c.withDefaults()
-	var errs []error
 	if c.CA == nil {
 		errs = append(errs, errors.New("fleet: a CA is required (LoadCA, or LoadOrCreateCA in development)"))
 	}
@@ -259,14 +263,10 @@ func (c Config) Validate() error {
 	if err := CheckID("fleet: gateway id", c.GatewayID); err != nil {
 		errs = append(errs, err)
 	}
-	if c.NodeCertValidity < 0 || c.MaxSessions < 0 || c.HandshakeRate < 0 || c.HandshakeBurst < 0 ||
-		c.MaxHellosInFlight < 0 || c.HelloTimeout < 0 || c.HeartbeatInterval < 0 || c.HeartbeatTimeout < 0 ||
-		c.FlushInterval < 0 || c.ResyncEvery < 0 || c.BindWindow < 0 || c.MaxMessageBytes < 0 ||
-		c.PublishTimeout < 0 || c.PublishQueue < 0 || c.MaxRetryAfter < 0 ||
-		c.ReportRate < 0 || c.ReportBurst < 0 || c.MaxHeldAllocations < 0 || c.SessionQueueShare < 0 ||
-		c.JoinRatePerClient < 0 || c.JoinBurstPerClient < 0 || c.JoinRate < 0 || c.JoinBurst < 0 ||
-		c.TLSHandshakeTimeout < 0 || c.DenyListCheck < 0 {
-		errs = append(errs, errors.New("fleet: limits and durations must not be negative"))
+	if errs[0] != nil {
+		// The checks below compare fields with each other; a negative one
+		// would only add confusing errors to the one that matters.
+		return errors.Join(errs...)
 	}
 	if c.NodeCertValidity > 0 && c.NodeCertValidity < time.Hour {
 		errs = append(errs, fmt.Errorf("fleet: node certificates valid %s would expire before nodes renew them; use an hour or more", c.NodeCertValidity))
@@ -293,6 +293,38 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("fleet: resync every %s would let FLEET_NODES (7 days) lose live nodes' inventory; use at most 5 days", c.ResyncEvery))
 	}
 	return errors.Join(errs...)
+}
+
+// negatives reports every field that is negative (none has a meaning for
+// a negative value).
+func (c Config) negatives() error {
+	return errors.Join(
+		knob.NotNegative("fleet", "NodeCertValidity", c.NodeCertValidity, DefaultNodeCertValidity),
+		knob.NotNegative("fleet", "MaxSessions", c.MaxSessions, DefaultMaxSessions),
+		knob.NotNegative("fleet", "HandshakeRate", c.HandshakeRate, DefaultHandshakeRate),
+		knob.NotNegative("fleet", "HandshakeBurst", c.HandshakeBurst, DefaultHandshakeBurst),
+		knob.NotNegative("fleet", "JoinRatePerClient", c.JoinRatePerClient, DefaultJoinRatePerClient),
+		knob.NotNegative("fleet", "JoinBurstPerClient", c.JoinBurstPerClient, DefaultJoinBurstPerClient),
+		knob.NotNegative("fleet", "JoinRate", c.JoinRate, DefaultJoinRate),
+		knob.NotNegative("fleet", "JoinBurst", c.JoinBurst, DefaultJoinBurst),
+		knob.NotNegative("fleet", "TLSHandshakeTimeout", c.TLSHandshakeTimeout, "5s, or HelloTimeout if shorter"),
+		knob.NotNegative("fleet", "DenyListCheck", c.DenyListCheck, DefaultDenyListCheck),
+		knob.NotNegative("fleet", "MaxHellosInFlight", c.MaxHellosInFlight, DefaultMaxHellosInFlight),
+		knob.NotNegative("fleet", "HelloTimeout", c.HelloTimeout, DefaultHelloTimeout),
+		knob.NotNegative("fleet", "HeartbeatInterval", c.HeartbeatInterval, DefaultHeartbeatInterval),
+		knob.NotNegative("fleet", "HeartbeatTimeout", c.HeartbeatTimeout, "3 x HeartbeatInterval"),
+		knob.NotNegative("fleet", "FlushInterval", c.FlushInterval, DefaultFlushInterval),
+		knob.NotNegative("fleet", "ResyncEvery", c.ResyncEvery, DefaultResyncEvery),
+		knob.NotNegative("fleet", "BindWindow", c.BindWindow, DefaultBindWindow),
+		knob.NotNegative("fleet", "MaxMessageBytes", c.MaxMessageBytes, DefaultMaxMessageBytes),
+		knob.NotNegative("fleet", "PublishTimeout", c.PublishTimeout, DefaultPublishTimeout),
+		knob.NotNegative("fleet", "PublishQueue", c.PublishQueue, DefaultPublishQueue),
+		knob.NotNegative("fleet", "MaxRetryAfter", c.MaxRetryAfter, DefaultMaxRetryAfter),
+		knob.NotNegative("fleet", "ReportRate", c.ReportRate, DefaultReportRate),
+		knob.NotNegative("fleet", "ReportBurst", c.ReportBurst, DefaultReportBurst),
+		knob.NotNegative("fleet", "MaxHeldAllocations", c.MaxHeldAllocations, DefaultMaxHeld),
+		knob.NotNegative("fleet", "SessionQueueShare", c.SessionQueueShare, "64, or PublishQueue if smaller"),
+	)
 }
 
 // JoinTokens maps join tokens to pools: an apikey.Table, kept as digests

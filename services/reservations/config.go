@@ -9,10 +9,13 @@ import (
 	"unicode"
 
 	"github.com/millrace/millrace/internal/apikey"
+	"github.com/millrace/millrace/internal/knob"
 )
 
-// Config of the reservations API. The zero value takes the defaults, except
-// Keys: the API authenticates every call and refuses to start without one.
+// Config of the reservations API. A zero field takes its default; a
+// negative number or duration is refused by New, unless its comment gives
+// negative a meaning. Keys is required: the API authenticates every call
+// and refuses to start without one.
 type Config struct {
 	// Keys authenticate every call. Each key belongs to one owner (a user
 	// or a team) and may be limited to some pools (see ParseKeys).
@@ -55,22 +58,22 @@ const (
 )
 
 func (c Config) withDefaults() Config {
-	if c.MaxPendingPerOwner <= 0 {
+	if c.MaxPendingPerOwner == 0 {
 		c.MaxPendingPerOwner = DefaultMaxPendingPerOwner
 	}
-	if c.MaxWait <= 0 {
+	if c.MaxWait == 0 {
 		c.MaxWait = DefaultMaxWait
 	}
-	if c.PublishTimeout <= 0 {
+	if c.PublishTimeout == 0 {
 		c.PublishTimeout = DefaultPublishTimeout
 	}
-	if c.SettleTimeout <= 0 {
+	if c.SettleTimeout == 0 {
 		c.SettleTimeout = DefaultSettleTimeout
 	}
 	if c.RecountEvery == 0 {
 		c.RecountEvery = DefaultRecountEvery
 	}
-	if c.RecheckInterval <= 0 {
+	if c.RecheckInterval == 0 {
 		c.RecheckInterval = DefaultRecheckInterval
 	}
 	return c
@@ -81,18 +84,14 @@ func (c Config) Validate() error {
 	if c.Keys.Len() == 0 {
 		return errors.New("reservations: no API keys configured; every call needs one (owner=key,...)")
 	}
-	for name, v := range map[string]int64{
-		"max pending per owner": int64(c.MaxPendingPerOwner),
-		"max wait":              int64(c.MaxWait),
-		"publish timeout":       int64(c.PublishTimeout),
-		"settle timeout":        int64(c.SettleTimeout),
-		"recheck interval":      int64(c.RecheckInterval),
-	} {
-		if v < 0 {
-			return fmt.Errorf("reservations: %s must not be negative", name)
-		}
-	}
-	return nil
+	// RecountEvery is missing on purpose: negative has a meaning.
+	return errors.Join(
+		knob.NotNegative("reservations", "MaxPendingPerOwner", c.MaxPendingPerOwner, DefaultMaxPendingPerOwner),
+		knob.NotNegative("reservations", "MaxWait", c.MaxWait, DefaultMaxWait),
+		knob.NotNegative("reservations", "PublishTimeout", c.PublishTimeout, DefaultPublishTimeout),
+		knob.NotNegative("reservations", "SettleTimeout", c.SettleTimeout, DefaultSettleTimeout),
+		knob.NotNegative("reservations", "RecheckInterval", c.RecheckInterval, DefaultRecheckInterval),
+	)
 }
 
 // Keys maps API keys to owners, each key optionally limited to pools: an

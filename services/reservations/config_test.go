@@ -75,3 +75,40 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("defaults %+v", c)
 	}
 }
+
+// TestNewRefusesNegatives: a negative limit or duration is an operator's
+// mistake, refused at start with a message naming the field; RecountEvery
+// alone has a meaning for negative (count on every Create).
+func TestNewRefusesNegatives(t *testing.T) {
+	for field, set := range map[string]func(*Config){
+		"MaxPendingPerOwner": func(c *Config) { c.MaxPendingPerOwner = -1 },
+		"MaxWait":            func(c *Config) { c.MaxWait = -1 },
+		"PublishTimeout":     func(c *Config) { c.PublishTimeout = -1 },
+		"SettleTimeout":      func(c *Config) { c.SettleTimeout = -1 },
+		"RecheckInterval":    func(c *Config) { c.RecheckInterval = -1 },
+	} {
+		cfg := Config{Keys: testKeys(t)}
+		set(&cfg)
+		// No database nor backbone: the config is refused before they are
+		// needed.
+		_, err := New(cfg, nil, nil, nil, nil, nil)
+		if err == nil || !strings.Contains(err.Error(), "reservations: "+field+" -1") || !strings.Contains(err.Error(), "set 0 for the default") {
+			t.Errorf("%s negative: New returned %v, want an error naming it and saying what to set", field, err)
+		}
+	}
+	if err := (Config{Keys: testKeys(t), RecountEvery: -1}).Validate(); err != nil {
+		t.Errorf("negative RecountEvery (count every time) refused: %v", err)
+	}
+}
+
+func TestNewTakesDefaults(t *testing.T) {
+	// newEnv sets a short SettleTimeout of its own; withDefaults' is
+	// checked by TestConfigValidate.
+	e := newEnv(t, Config{})
+	want := Config{Keys: e.srv.cfg.Keys, MaxPendingPerOwner: DefaultMaxPendingPerOwner, MaxWait: DefaultMaxWait,
+		PublishTimeout: DefaultPublishTimeout, SettleTimeout: 200 * time.Millisecond,
+		RecountEvery: DefaultRecountEvery, RecheckInterval: DefaultRecheckInterval}
+	if e.srv.cfg != want {
+		t.Errorf("defaults\n got %+v\nwant %+v", e.srv.cfg, want)
+	}
+}
