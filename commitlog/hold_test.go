@@ -67,7 +67,7 @@ func TestFoldMissingHolderWithholdsEverything(t *testing.T) {
 	e := newFoldEnv(t, true)
 	ctx := context.Background()
 	e.put("w", 5, 3) // 15 versions, 5 documents
-	c := compactor.New(compactor.Config{}, e.store)
+	c := compactor.MustNew(compactor.Config{}, e.store)
 	hold := commitlog.HoldFor("export-later")
 	fs, err := commitlog.FoldWorld(ctx, e.js, c, "w", hold)
 	if err != nil {
@@ -100,7 +100,7 @@ func TestFoldWithoutHoldersWithholdsNothing(t *testing.T) {
 	e := newFoldEnv(t, true)
 	e.exportConsumer("export-kafka-commits", 0)
 	e.put("w", 5, 3)
-	fs, err := commitlog.FoldWorld(context.Background(), e.js, compactor.New(compactor.Config{}, e.store), "w", commitlog.HoldFor())
+	fs, err := commitlog.FoldWorld(context.Background(), e.js, compactor.MustNew(compactor.Config{}, e.store), "w", commitlog.HoldFor())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -119,7 +119,7 @@ func TestFoldOnlyNamedHoldersHold(t *testing.T) {
 	e.put("w", 5, 3)
 	e.exportConsumer("export-named", 15)
 	e.exportConsumer("export-unnamed", 0)
-	fs, err := commitlog.FoldWorld(context.Background(), e.js, compactor.New(compactor.Config{}, e.store), "w",
+	fs, err := commitlog.FoldWorld(context.Background(), e.js, compactor.MustNew(compactor.Config{}, e.store), "w",
 		commitlog.HoldFor("export-named"))
 	if err != nil {
 		t.Fatal(err)
@@ -159,7 +159,7 @@ func TestFoldRunnerMissingHolder(t *testing.T) {
 	e := newFoldEnv(t, true)
 	var logs logBuffer
 	e.log = slog.New(slog.NewTextHandler(&logs, nil))
-	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: 50 * time.Millisecond,
+	e.run(compactor.MustNew(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: 50 * time.Millisecond,
 		HoldFor: []string{"export-later"}})
 	written := 0
 	for round := range 3 {

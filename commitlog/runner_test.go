@@ -249,7 +249,7 @@ func TestFoldRunnerFoldsEveryWorld(t *testing.T) {
 			e.put(w, 20, 1)
 		}
 	}
-	e.run(compactor.New(compactor.Config{ShardDocs: 8}, e.store), commitlog.FoldRunnerConfig{Interval: 150 * time.Millisecond})
+	e.run(compactor.MustNew(compactor.Config{ShardDocs: 8}, e.store), commitlog.FoldRunnerConfig{Interval: 150 * time.Millisecond})
 	e.waitFolded(worlds...)
 	e.waitAcked("compactor")
 
@@ -266,7 +266,7 @@ func TestFoldRunnerSizeTrigger(t *testing.T) {
 	e := newFoldEnv(t, true)
 	e.put("small", 10, 1)
 	e.put("big", 20, 3)
-	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{MinVersions: 50, Interval: time.Hour, Fetch: 16})
+	e.run(compactor.MustNew(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{MinVersions: 50, Interval: time.Hour, Fetch: 16})
 	e.waitFolded("big")
 	// A third world reaches the size after "small" was delivered: once it
 	// is folded, the runner has seen "small" and left it alone.
@@ -285,7 +285,7 @@ func TestFoldRunnerSizeTrigger(t *testing.T) {
 func TestFoldRunnerIntervalTrigger(t *testing.T) {
 	e := newFoldEnv(t, true)
 	const interval = 400 * time.Millisecond
-	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: interval})
+	e.run(compactor.MustNew(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: interval})
 	start := time.Now()
 	e.put("w", 5, 1)
 	var seen time.Duration
@@ -311,7 +311,7 @@ func TestFoldRunnerRestart(t *testing.T) {
 	e.put("b", 10, 1)
 	e.put("a", 20, 2)
 	e.put("c", 10, 1)
-	stop := e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{MinVersions: 30, Interval: time.Hour, Fetch: 8})
+	stop := e.run(compactor.MustNew(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{MinVersions: 30, Interval: time.Hour, Fetch: 8})
 	e.waitFolded("a")
 	stop()
 	if e.covered("b") != 0 || e.covered("c") != 0 {
@@ -322,7 +322,7 @@ func TestFoldRunnerRestart(t *testing.T) {
 	}
 
 	e.put("d", 5, 1)
-	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: 100 * time.Millisecond})
+	e.run(compactor.MustNew(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: 100 * time.Millisecond})
 	e.waitFolded("a", "b", "c", "d")
 	e.waitAcked("compactor")
 }
@@ -363,7 +363,7 @@ func TestFoldRunnerPassErrorDoesNotBlockOthers(t *testing.T) {
 	e.put("bad", 10, 3)
 	e.put("ok1", 10, 3)
 	e.put("ok2", 10, 3)
-	f := &flakyFolder{Compactor: compactor.New(compactor.Config{}, e.store), world: "bad"}
+	f := &flakyFolder{Compactor: compactor.MustNew(compactor.Config{}, e.store), world: "bad"}
 	f.failing.Store(true)
 	e.run(f, commitlog.FoldRunnerConfig{Interval: 50 * time.Millisecond, RetryMin: 20 * time.Millisecond, RetryMax: 100 * time.Millisecond})
 	e.waitFolded("ok1", "ok2")
@@ -388,7 +388,7 @@ func TestFoldRunnerPassErrorDoesNotBlockOthers(t *testing.T) {
 // when someone deletes it.
 func TestFoldRunnerWaitsForStreamAndRecreatesConsumer(t *testing.T) {
 	e := newFoldEnv(t, false)
-	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: 100 * time.Millisecond})
+	e.run(compactor.MustNew(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{Interval: 100 * time.Millisecond})
 	e.apply()
 	e.put("w", 5, 2)
 	e.waitFolded("w")
@@ -413,7 +413,7 @@ func TestFoldRunnerPressureTrigger(t *testing.T) {
 		e.put("q", 10, 1)
 		e.put("r", 5, 1)
 	}
-	e.run(compactor.New(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{
+	e.run(compactor.MustNew(compactor.Config{}, e.store), commitlog.FoldRunnerConfig{
 		MinVersions: 1000, Interval: time.Hour, MaxAckPending: 32, Fetch: 16})
 	e.waitFolded("p", "q", "r")
 	e.waitAcked("compactor")
@@ -443,7 +443,7 @@ func TestFoldWithholdsWhatAnExportHasNotAcked(t *testing.T) {
 	exp := export("export-test", "commits.>")
 	export("export-other", subjects.CommitsWorldFilter("other"))
 	e.put("w", 5, 3) // 15 versions, 5 documents
-	c := compactor.New(compactor.Config{}, e.store)
+	c := compactor.MustNew(compactor.Config{}, e.store)
 	hold := commitlog.HoldFor("export-test", "export-other")
 
 	// Acknowledge the first round only.

@@ -436,7 +436,10 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 		publish(id, pool, &fleetpb.ReservationEvent{Body: &fleetpb.ReservationEvent_Cancelled{Cancelled: &fleetpb.ReservationCancelled{}}})
 	}
 
-	p := placer.New(placer.Config{Logger: quietLog()})
+	p, err := placer.New(placer.Config{Logger: quietLog()})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := streams.RunnerConfig{Stream: subjects.StreamFleetResv, Filter: subjects.FleetResvFilter, Batch: 50,
 		MaxWait: 20 * time.Millisecond, RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond,
 		SweepEvery: 100 * time.Millisecond, Logger: quietLog()}

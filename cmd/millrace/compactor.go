@@ -131,7 +131,11 @@ func (o *compactorOptions) config(drain time.Duration, k kafkaOptions, log *slog
 	if err := rc.Validate(); err != nil {
 		return rc, compactor.Config{}, usageError{err.Error()}
 	}
-	return rc, compactor.Config{ShardDocs: o.shardDocs}, nil
+	cc := compactor.Config{ShardDocs: o.shardDocs}
+	if err := cc.Validate(); err != nil {
+		return rc, cc, usageError{err.Error()}
+	}
+	return rc, cc, nil
 }
 
 // newCompactor makes the fold runner of the compactor over bk, with its
@@ -143,7 +147,7 @@ func newCompactor(rc commitlog.FoldRunnerConfig, cc compactor.Config, js jetstre
 	}, []string{"op", "result"})
 	t.reg.MustRegister(ops)
 	rc.Metrics = commitlog.NewFoldMetrics(t.reg)
-	return commitlog.NewFoldRunner(js, compactor.New(cc, countingStore{bk, ops}), rc)
+	return commitlog.NewFoldRunner(js, compactor.MustNew(cc, countingStore{bk, ops}), rc)
 }
 
 // runningCompactor is a fold runner on a goroutine of its own (in dev).

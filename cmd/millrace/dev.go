@@ -161,6 +161,10 @@ func runDev(ctx context.Context, o devOptions) error {
 	if err != nil {
 		return err
 	}
+	buildsProj, err := builds.New(builds.Config{AbandonAfter: o.projector.abandonAfter})
+	if err != nil {
+		return err
+	}
 
 	var pool atomic.Pointer[pgxpool.Pool]
 	mux := http.NewServeMux()
@@ -226,7 +230,7 @@ func runDev(ctx context.Context, o devOptions) error {
 			streams.NewRunner(bb.JS, p, fleetProj, o.fleetProj.runnerConfig(log), t.sm).Run(projCtx)
 		})
 		run("placer", func() { runPlacer(projCtx, placerCfg, o.placer, bb, p, t, log) })
-		runner := streams.NewRunner(bb.JS, p, builds.New(builds.Config{AbandonAfter: o.projector.abandonAfter}),
+		runner := streams.NewRunner(bb.JS, p, buildsProj,
 			withLogger(o.projector.runnerConfig(), log), t.sm)
 		runner.Run(projCtx)
 	}()

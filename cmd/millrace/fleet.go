@@ -402,7 +402,7 @@ func (o *fleetProjectorOptions) projector(log *slog.Logger, reg prometheus.Regis
 	if err := cfg.Validate(); err != nil {
 		return nil, usageError{err.Error()}
 	}
-	return fleetproj.New(cfg), nil
+	return fleetproj.New(cfg)
 }
 
 func (o *fleetProjectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
@@ -464,10 +464,14 @@ func (o *placerOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 // runPlacer runs the placer's consumer and the outbox relay that publishes
 // its decisions, until ctx ends.
 func runPlacer(ctx context.Context, cfg placer.Config, o placerOptions, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry, log *slog.Logger) error {
+	p, err := placer.New(cfg)
+	if err != nil {
+		return err
+	}
 	relay := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Registerer: t.reg, Metrics: t.sm, Logger: log})
 	done := make(chan error, 1)
 	go func() { done <- relay.Run(ctx) }()
-	err := streams.NewRunner(bb.JS, pool, placer.New(cfg), o.runnerConfig(log), t.sm).Run(ctx)
+	err = streams.NewRunner(bb.JS, pool, p, o.runnerConfig(log), t.sm).Run(ctx)
 	if rerr := <-done; err == nil && !errors.Is(rerr, context.Canceled) {
 		err = rerr
 	}

@@ -80,8 +80,11 @@ others stand by (a PostgreSQL advisory lock decides).`,
 				}
 				return runProjectorProcess(ctx, "millrace-project-builds", no, do, ho, log,
 					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
-						return streams.NewRunner(bb.JS, pool, builds.New(builds.Config{AbandonAfter: po.abandonAfter}),
-							withLogger(po.runnerConfig(), log), t.sm).Run(ctx)
+						proj, err := builds.New(builds.Config{AbandonAfter: po.abandonAfter})
+						if err != nil {
+							return err
+						}
+						return streams.NewRunner(bb.JS, pool, proj, withLogger(po.runnerConfig(), log), t.sm).Run(ctx)
 					})
 			}
 		},

@@ -205,7 +205,11 @@ equals what the live projector would have built. Stop the builds projector first
 				start := time.Now()
 				rc := withLogger(po.runnerConfig(), log)
 				rc.Progress = replayProgress("replay builds", "events", total)
-				runner := streams.NewRunner(bb.JS, pool, builds.New(builds.Config{AbandonAfter: po.abandonAfter}), rc, nil)
+				proj, err := builds.New(builds.Config{AbandonAfter: po.abandonAfter})
+				if err != nil {
+					return err
+				}
+				runner := streams.NewRunner(bb.JS, pool, proj, rc, nil)
 				if err := runner.Replay(ctx); err != nil {
 					if errors.Is(err, streams.ErrLocked) {
 						return errors.New("the builds projector is running (it holds the lock): stop it, replay, then start it again")

@@ -37,7 +37,7 @@ func runFold(ctx context.Context, cfg Config, led *ledger, out *printer) (*Fold,
 		defer bk.Close()
 		store = bk
 	}
-	c := compactor.New(compactor.Config{}, store)
+	c := compactor.MustNew(compactor.Config{}, store)
 
 	f := &Fold{}
 	cpu0, t0 := selfCPU(), time.Now()

@@ -190,7 +190,7 @@ func TestBazelFixture(t *testing.T) {
 
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{})
+	p := newProjector(t, Config{})
 	var first map[string]string
 	for _, n := range []int{1000, 1, 7} {
 		truncate(t, pool)
@@ -260,7 +260,7 @@ func TestRecordedFixtures(t *testing.T) {
 	}
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{})
+	p := newProjector(t, Config{})
 	for _, path := range recs {
 		t.Run(filepath.Base(path), func(t *testing.T) {
 			want, err := bazelws.ParseJSONFile(strings.TrimSuffix(path, ".besrec") + ".json")

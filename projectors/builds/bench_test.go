@@ -144,7 +144,7 @@ func BenchmarkApply(b *testing.B) {
 			}
 			defer conn.Release()
 			pid := conn.Conn().PgConn().PID()
-			p := New(Config{})
+			p := newProjector(b, Config{})
 			var events int
 			var goCPU, pgCPU time.Duration
 			var wal int64

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
 )
@@ -18,7 +19,8 @@ const ConsumerName = "builds"
 // DefaultAbandonAfter is Config.AbandonAfter's default.
 const DefaultAbandonAfter = 30 * time.Minute
 
-// Config configures the builds projector. The zero value is the default.
+// Config configures the builds projector. A zero field takes its default;
+// a negative one is refused by New.
 type Config struct {
 	// AbandonAfter is how long a running invocation may go without any
 	// event before Sweep marks it abandoned. Zero means DefaultAbandonAfter.
@@ -27,10 +29,7 @@ type Config struct {
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
-	if c.AbandonAfter < 0 {
-		return fmt.Errorf("builds: AbandonAfter %v is negative", c.AbandonAfter)
-	}
-	return nil
+	return knob.NotNegative("builds", "AbandonAfter", c.AbandonAfter, DefaultAbandonAfter)
 }
 
 func (c Config) withDefaults() Config {
@@ -51,10 +50,13 @@ var (
 	_ projection.Sweeper   = (*Projector)(nil)
 )
 
-// New returns a projector. Call cfg.Validate first to reject a bad config;
-// New applies the defaults.
-func New(cfg Config) *Projector {
-	return &Projector{cfg: cfg.withDefaults()}
+// New returns a projector with cfg's defaults applied, or what is wrong
+// with cfg.
+func New(cfg Config) (*Projector, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Projector{cfg: cfg.withDefaults()}, nil
 }
 
 // Name is the durable consumer name.

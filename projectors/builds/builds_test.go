@@ -233,7 +233,7 @@ func lateB(s *stream) {
 
 func TestScenarioGolden(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := newProjector(t, Config{})
 	var first map[string]string
 	var firstSwept []byte
 	for _, n := range []int{1000, 1, 3, 7} {
@@ -309,7 +309,7 @@ func concurrentBuilds() []*msg {
 
 func TestBatchBoundariesAndRedelivery(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := newProjector(t, Config{})
 	msgs := concurrentBuilds()
 	var want map[string]string
 	for _, n := range []int{1000, 1, 7, 64} {
@@ -343,7 +343,7 @@ func TestBatchBoundariesAndRedelivery(t *testing.T) {
 func TestRollupsCountedOnce(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{AbandonAfter: 10 * time.Minute})
+	p := newProjector(t, Config{AbandonAfter: 10 * time.Minute})
 	s := newStream(t0)
 	b := synthBuild(s, "acme", "inv-x", 30, false)
 	applyAll(t, pool, p, s.msgs, 50)
@@ -415,7 +415,7 @@ func TestRollupsCountedOnce(t *testing.T) {
 func TestPoison(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{})
+	p := newProjector(t, Config{})
 	s := newStream(t0)
 	synthBuild(s, "acme", "inv-p", 5, true)
 	good := s.msgs
@@ -478,7 +478,7 @@ func TestPoison(t *testing.T) {
 func TestSweepFoldsIdleOutput(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{})
+	p := newProjector(t, Config{})
 	s := newStream(t0)
 	b := synthBuild(s, "acme", "inv-k", 10, false)
 	b.tool(finishedEv(0, "SUCCESS", s.now))
@@ -514,7 +514,7 @@ func TestResetEmptiesEveryTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := New(Config{}).Reset(ctx, tx); err != nil {
+	if err := newProjector(t, Config{}).Reset(ctx, tx); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {

@@ -39,7 +39,7 @@ var scrubSecrets = []string{"SECRET1", "SECRET2", "SECRET4", scrubToken}
 func TestScrub(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{})
+	p := newProjector(t, Config{})
 	s := newStream(t0)
 	secretBuild(s, "acme", "inv-done", true)
 	running := secretBuild(s, "acme", "inv-running", false)

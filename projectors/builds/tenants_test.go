@@ -20,7 +20,7 @@ import (
 func TestSameInvocationIDTwoProjects(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{})
+	p := newProjector(t, Config{})
 	const id = "3f1c6a52-5b7e-4c1e-9d7a-2a5f0e8b9c41"
 	acme, beta := invKey{"acme", id}, invKey{"beta", id}
 

@@ -62,7 +62,7 @@ func benchCompact(b *testing.B, n, updates int) {
 		cpu0, t0 := cpuTime(), time.Now()
 		b.StartTimer()
 		// As the compactor runner does: it knows how many versions wait.
-		c := New(Config{}, w.store)
+		c := MustNew(Config{}, w.store)
 		_, err := commitlog.FoldWorld(context.Background(), w.js, c, w.name, commitlog.FoldWaiting(changed))
 		res := c.Last(w.name)
 		b.StopTimer()

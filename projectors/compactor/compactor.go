@@ -47,6 +47,7 @@ import (
 
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog/layout"
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/streams/projection"
 )
 
@@ -58,7 +59,8 @@ type Store interface {
 	Equal(ctx context.Context, key string, data []byte) (bool, error)
 }
 
-// Config of a compactor. The zero value takes the defaults.
+// Config of a compactor. A zero field takes its default; a negative one is
+// refused by New.
 type Config struct {
 	// ShardDocs is the number of documents a shard is cut at; a shard
 	// that grows past twice this is split. Default 4096.
@@ -70,12 +72,26 @@ type Config struct {
 	HistoryVersions int
 }
 
+// Defaults.
+const (
+	DefaultShardDocs       = 4096
+	DefaultHistoryVersions = 2048
+)
+
+// Validate reports a negative field.
+func (c Config) Validate() error {
+	return errors.Join(
+		knob.NotNegative("compactor", "ShardDocs", c.ShardDocs, DefaultShardDocs),
+		knob.NotNegative("compactor", "HistoryVersions", c.HistoryVersions, DefaultHistoryVersions),
+	)
+}
+
 func (c Config) withDefaults() Config {
-	if c.ShardDocs <= 0 {
-		c.ShardDocs = 4096
+	if c.ShardDocs == 0 {
+		c.ShardDocs = DefaultShardDocs
 	}
-	if c.HistoryVersions <= 0 {
-		c.HistoryVersions = 2048
+	if c.HistoryVersions == 0 {
+		c.HistoryVersions = DefaultHistoryVersions
 	}
 	return c
 }
@@ -101,8 +117,22 @@ var _ projection.Dropper = (*Compactor)(nil)
 // New makes a compactor writing to store. One Compactor may fold many
 // worlds at once, but each world one pass at a time (as commitlog.FoldWorld
 // under commitlog.FoldRunner does).
-func New(cfg Config, store Store) *Compactor {
-	return &Compactor{cfg: cfg.withDefaults(), store: store, last: map[string]*Result{}, owed: map[string]uint64{}}
+// It returns what is wrong with cfg, if anything.
+func New(cfg Config, store Store) (*Compactor, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Compactor{cfg: cfg.withDefaults(), store: store, last: map[string]*Result{}, owed: map[string]uint64{}}, nil
+}
+
+// MustNew is New for configurations known to be valid (tests, tools with
+// the defaults).
+func MustNew(cfg Config, store Store) *Compactor {
+	c, err := New(cfg, store)
+	if err != nil {
+		panic(err)
+	}
+	return c
 }
 
 // Last is what the last Fold of world did (nil: none yet).

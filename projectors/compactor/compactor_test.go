@@ -93,7 +93,7 @@ func (w *world) mustPut(id, body string) uint64 {
 // pass runs one fold of the world into store, as the compactor command
 // does (commitlog.FoldWorld), and returns what it did.
 func (w *world) pass(store Store, shardDocs int) (*Result, error) {
-	c := New(Config{ShardDocs: shardDocs}, store)
+	c := MustNew(Config{ShardDocs: shardDocs}, store)
 	st, err := commitlog.FoldWorld(context.Background(), w.js, c, w.name)
 	res := c.Last(w.name)
 	if res == nil {
@@ -458,7 +458,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 	// ends): the checkpoint holds 30 versions, the stream keeps all 30.
 	round(3)
 	dctx, cancel := context.WithCancel(ctx)
-	st, err := commitlog.FoldWorld(dctx, w.js, diesAfterFold{New(Config{ShardDocs: 4}, w.store), cancel}, w.name)
+	st, err := commitlog.FoldWorld(dctx, w.js, diesAfterFold{MustNew(Config{ShardDocs: 4}, w.store), cancel}, w.name)
 	if err == nil {
 		t.Fatalf("the injected failure did not surface: %+v", st)
 	}
@@ -473,7 +473,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 
 	// The next pass (a new compactor, as after a restart) has nothing new
 	// to fold, and sweeps.
-	st, err = commitlog.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	st, err = commitlog.FoldWorld(ctx, w.js, MustNew(Config{ShardDocs: 4}, w.store), w.name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -490,7 +490,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 	// dead pass should have dropped (the previous last of each document,
 	// and the first of the two updates), then folds the new document.
 	round(2)
-	if _, err := commitlog.FoldWorld(ctx, w.js, diesAfterFold{Compactor: New(Config{ShardDocs: 4}, w.store)}, w.name); err == nil {
+	if _, err := commitlog.FoldWorld(ctx, w.js, diesAfterFold{Compactor: MustNew(Config{ShardDocs: 4}, w.store)}, w.name); err == nil {
 		t.Fatal("the injected failure did not surface")
 	}
 	m, _ = layout.Latest(ctx, w.store, w.name)
@@ -499,7 +499,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 	}
 	// Folding on top of the unmarked checkpoint (no sweep: Fold called
 	// directly) must not mark the new one: its base still has strays.
-	c := New(Config{ShardDocs: 4}, w.store)
+	c := MustNew(Config{ShardDocs: 4}, w.store)
 	newer := w.mustPut("other", "o1")
 	if _, err := c.Fold(ctx, w.name, []projection.Version{{Doc: "other", Seq: newer, Time: time.Now(), Body: []byte("o1")}}); err != nil {
 		t.Fatal(err)
@@ -508,7 +508,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 		t.Fatalf("a checkpoint on an unswept base was marked (%v)", err)
 	}
 	w.mustPut("new", "n1")
-	st, err = commitlog.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	st, err = commitlog.FoldWorld(ctx, w.js, MustNew(Config{ShardDocs: 4}, w.store), w.name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -533,7 +533,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 		}
 	}
 	// A healthy pass marks its checkpoint, and the one after sweeps nothing.
-	st, err = commitlog.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	st, err = commitlog.FoldWorld(ctx, w.js, MustNew(Config{ShardDocs: 4}, w.store), w.name)
 	if err != nil || st.Swept != 0 || st.Versions != 10 || st.Dropped != 10 {
 		t.Fatalf("healthy pass: %+v, %v", st, err)
 	}
@@ -541,7 +541,7 @@ func TestStrandedVersionsSwept(t *testing.T) {
 	if !w.marked(m.Seq) {
 		t.Fatal("a healthy pass left its checkpoint unmarked")
 	}
-	st, err = commitlog.FoldWorld(ctx, w.js, New(Config{ShardDocs: 4}, w.store), w.name)
+	st, err = commitlog.FoldWorld(ctx, w.js, MustNew(Config{ShardDocs: 4}, w.store), w.name)
 	if err != nil || st.Swept != 0 || st.Versions != 0 {
 		t.Fatalf("idle pass: %+v, %v", st, err)
 	}
@@ -557,7 +557,7 @@ func TestHistorySegmentsByIDRange(t *testing.T) {
 		}
 	}
 	w.mustPut("doc-03", "last")
-	c := New(Config{HistoryVersions: 4}, w.store)
+	c := MustNew(Config{HistoryVersions: 4}, w.store)
 	if _, err := commitlog.FoldWorld(context.Background(), w.js, c, w.name); err != nil {
 		t.Fatal(err)
 	}
@@ -597,5 +597,22 @@ func TestHistorySegmentsByIDRange(t *testing.T) {
 	}
 	if total != 31 {
 		t.Fatalf("%d versions in history, want 31", total)
+	}
+}
+
+// TestNewConfig: zero takes the defaults; a negative field is refused,
+// naming it, rather than taken for the default.
+func TestNewConfig(t *testing.T) {
+	c, err := New(Config{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.cfg != (Config{ShardDocs: DefaultShardDocs, HistoryVersions: DefaultHistoryVersions}) {
+		t.Errorf("defaults %+v", c.cfg)
+	}
+	for field, cfg := range map[string]Config{"ShardDocs": {ShardDocs: -1}, "HistoryVersions": {HistoryVersions: -1}} {
+		if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "compactor: "+field+" -1 is negative; set 0 for the default") {
+			t.Errorf("%s negative: New returned %v", field, err)
+		}
 	}
 }

@@ -28,7 +28,7 @@ import (
 func BenchmarkLiveness(b *testing.B) {
 	pool, _ := testenv.Pool(b)
 	ctx := context.Background()
-	p := New(Config{})
+	p := mustNew(Config{})
 	const fleet = 10000
 	s := newStream()
 	for i := range fleet {
@@ -138,7 +138,7 @@ func walLSN(tb testing.TB, q Querier) int64 {
 func BenchmarkSweep(b *testing.B) {
 	pool, _ := testenv.Pool(b)
 	ctx := context.Background()
-	p := New(Config{})
+	p := mustNew(Config{})
 	s := newStream()
 	var a []heard
 	for i := range 10000 {

@@ -32,7 +32,7 @@ func FuzzDecode(f *testing.F) {
 		if err != nil {
 			return
 		}
-		fo := newFold(New(Config{}).cfg)
+		fo := newFold(mustNew(Config{}).cfg)
 		fo.mention(&ev)
 		fo.hasClock, fo.clock = true, t0.Add(59*time.Minute)
 		// Every node it names is known, in the event's own session, so that

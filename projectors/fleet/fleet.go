@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/streams/projection"
 )
 
@@ -38,7 +39,8 @@ const (
 	DefaultSweepTick = 5 * time.Second
 )
 
-// Config configures the fleet projector. The zero value is the default.
+// Config configures the fleet projector. A zero field takes its default; a
+// negative one is refused by New.
 // Durations are cut to whole microseconds (PostgreSQL's resolution).
 type Config struct {
 	// SuspectAfter is how long a node may go unheard before it is suspect:
@@ -86,9 +88,13 @@ func NewForeignReportsCounter(reg prometheus.Registerer) prometheus.Counter {
 // satisfy UnreachableAfter > SuspectAfter > 0 (after defaults), the sweep
 // tick must be positive and no duration negative.
 func (c Config) Validate() error {
-	if c.SuspectAfter < 0 || c.UnreachableAfter < 0 || c.ClockSlack < 0 || c.SweepTick < 0 {
-		return fmt.Errorf("fleet: negative duration (SuspectAfter %v, UnreachableAfter %v, ClockSlack %v, SweepTick %v)",
-			c.SuspectAfter, c.UnreachableAfter, c.ClockSlack, c.SweepTick)
+	if err := errors.Join(
+		knob.NotNegative("fleet", "SuspectAfter", c.SuspectAfter, DefaultSuspectAfter),
+		knob.NotNegative("fleet", "UnreachableAfter", c.UnreachableAfter, DefaultUnreachableAfter),
+		knob.NotNegative("fleet", "ClockSlack", c.ClockSlack, DefaultClockSlack),
+		knob.NotNegative("fleet", "SweepTick", c.SweepTick, DefaultSweepTick),
+	); err != nil {
+		return err
 	}
 	d := c.withDefaults()
 	if d.SuspectAfter <= 0 {
@@ -140,11 +146,14 @@ var (
 	_ projection.Resetter  = (*Projector)(nil)
 )
 
-// New returns a projector. Call cfg.Validate first to reject a bad config;
-// New applies the defaults.
-func New(cfg Config) *Projector {
+// New returns a projector with cfg's defaults applied, or what is wrong
+// with cfg.
+func New(cfg Config) (*Projector, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
-	return &Projector{cfg: cfg, log: cfg.Logger.With("projector", ConsumerName)}
+	return &Projector{cfg: cfg, log: cfg.Logger.With("projector", ConsumerName)}, nil
 }
 
 // Name is the durable consumer name.

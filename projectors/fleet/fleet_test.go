@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -142,7 +143,7 @@ var end = t0.Add(2 * time.Minute)
 // disconnect, the re-homes, the end of the stream, and a sweep after it).
 func TestScenarioGolden(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := mustNew(Config{})
 	marks := []time.Duration{12500 * time.Millisecond, 20500 * time.Millisecond, 28500 * time.Millisecond}
 	var want map[string]string
 	var wantDump []byte
@@ -194,7 +195,7 @@ func TestScenarioGolden(t *testing.T) {
 // come out as without those sweeps.
 func TestSweepsBetweenBatches(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := mustNew(Config{})
 	s := scenario()
 	applyAll(t, pool, p, s.msgs, 1000)
 	sweep(t, pool, p, end)
@@ -228,7 +229,7 @@ func TestSweepsBetweenBatches(t *testing.T) {
 // as they were after the first.
 func TestRedeliveredBatchChangesNothing(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := mustNew(Config{})
 	s := scenario()
 	applyAll(t, pool, p, s.msgs, 1000)
 	want := digestOf(t, pool)
@@ -250,7 +251,7 @@ func TestRedeliveredBatchChangesNothing(t *testing.T) {
 // gateway it left, change nothing, not even the rev.
 func TestOlderSessionDisconnect(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := mustNew(Config{})
 	s := newStream()
 	s.at(0).connect("p", "n", "gw-1", "s-old", nil, gpu(0, "A10", 24576, okH))
 	s.at(time.Second).liveness("p", "gw-1", heard{"n", "s-old", 100})
@@ -289,7 +290,7 @@ func TestOlderSessionDisconnect(t *testing.T) {
 // is applied, and changed hardware replaces the devices.
 func TestRehomeKeepsDevices(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := mustNew(Config{})
 	s := newStream()
 	s.at(0).connect("p", "n", "gw-1", "s-1", nil, gpu(0, "A10", 24576, okH), gpu(1, "A10", 24576, okH))
 	applyAll(t, pool, p, s.msgs, 1000)
@@ -348,7 +349,7 @@ func keeper(s *stream, from, to time.Duration) {
 // stream's own sweeps are TestStreamSweeps'.)
 func TestSweepThresholds(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{SweepTick: 24 * time.Hour})
+	p := mustNew(Config{SweepTick: 24 * time.Hour})
 	s := newStream()
 	s.at(0).connect("p", "keeper", "gw-k", "sk", nil)
 	s.at(0).connect("p", "n", "gw-1", "s1", nil, gpu(0, "A10", 24576, okH))
@@ -421,7 +422,7 @@ func TestSweepThresholds(t *testing.T) {
 // silence yields the same rows as a replay that sweeps only at its end.
 func TestStreamSweeps(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := mustNew(Config{})
 	s := newStream()
 	s.at(0).connect("p", "keeper", "gw-k", "sk", nil)
 	s.at(0).connect("p", "dead", "gw-1", "s-d", nil)
@@ -505,7 +506,7 @@ func TestStreamSweeps(t *testing.T) {
 // grace period from then.
 func TestClockGuard(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := mustNew(Config{})
 	s := newStream()
 	for _, id := range []string{"a", "b", "c"} {
 		s.at(0).connect("p", id, "gw-1", "s-"+id, nil)
@@ -569,7 +570,7 @@ func TestClockGuard(t *testing.T) {
 // batched, it is never unreachable, nor even suspect.
 func TestGatewayDied(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := mustNew(Config{})
 	s := newStream()
 	s.at(0).connect("p", "keeper", "gw-k", "sk", nil)
 	s.at(0).connect("p", "n", "gw-1", "s1", nil, gpu(0, "A10", 24576, okH))
@@ -613,7 +614,7 @@ func TestGatewayDied(t *testing.T) {
 func TestPoison(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{})
+	p := mustNew(Config{})
 	good := scenario().msgs[:12]
 
 	bad := func(name string, mutate func(m *msg)) {
@@ -689,7 +690,7 @@ func TestPoison(t *testing.T) {
 // U+FFFD in its place rather than making the batch fail.
 func TestFreeTextIsStored(t *testing.T) {
 	pool, _ := testenv.Pool(t)
-	p := New(Config{})
+	p := mustNew(Config{})
 	s := newStream()
 	s.connect("p", "n", "gw", "s", map[string]string{"k\x00": "v\x00<&>"}, gpu(0, "A\x00", 1, okH))
 	s.status("p", "n", "gw", "s", "h\x00", nil, &fleetpb.Condition{Type: "T\x00", Reason: "r\x00"})
@@ -704,7 +705,7 @@ func TestFreeTextIsStored(t *testing.T) {
 func TestReadHelpers(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{})
+	p := mustNew(Config{})
 	applyAll(t, pool, p, scenario().msgs, 1000)
 	sweep(t, pool, p, end)
 
@@ -751,7 +752,7 @@ func TestReadHelpers(t *testing.T) {
 func TestResetEmptiesEveryTable(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	p := New(Config{})
+	p := mustNew(Config{})
 	applyAll(t, pool, p, scenario().msgs, 1000)
 	var revBefore int64
 	pool.QueryRow(ctx, `select max(rev) from fleet_nodes`).Scan(&revBefore)
@@ -795,6 +796,35 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
+// mustNew is New for the tests' configurations, all valid.
+func mustNew(cfg Config) *Projector {
+	p, err := New(cfg)
+	if err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// TestNewConfig: New refuses each negative duration, naming it; a zero
+// one takes its default.
+func TestNewConfig(t *testing.T) {
+	for field, c := range map[string]Config{
+		"SuspectAfter":     {SuspectAfter: -1},
+		"UnreachableAfter": {UnreachableAfter: -1},
+		"ClockSlack":       {ClockSlack: -1},
+		"SweepTick":        {SweepTick: -1},
+	} {
+		if _, err := New(c); err == nil || !strings.Contains(err.Error(), "fleet: "+field+" -1ns is negative; set 0 for the default") {
+			t.Errorf("%s negative: New returned %v, want an error naming it and saying what to set", field, err)
+		}
+	}
+	c := mustNew(Config{}).cfg
+	if c.SuspectAfter != DefaultSuspectAfter || c.UnreachableAfter != DefaultUnreachableAfter ||
+		c.ClockSlack != DefaultClockSlack || c.SweepTick != DefaultSweepTick || c.Logger == nil {
+		t.Errorf("defaults %+v", c)
+	}
+}
+
 // TestPoolsKeepNodesApart: a node is (pool, node id). A node of pool
 // "sandbox" named like a node of pool "prod" has a row, devices, liveness
 // and reports of its own; nothing it sends changes prod's node, whether
@@ -805,7 +835,7 @@ func TestPoolsKeepNodesApart(t *testing.T) {
 		t.Run(fmt.Sprintf("batch%d", n), func(t *testing.T) {
 			pool, _ := testenv.Pool(t)
 			ctx := context.Background()
-			p := New(Config{})
+			p := mustNew(Config{})
 			s := newStream()
 			s.at(0).connect("prod", "n1", "gw-1", "s-prod", map[string]string{"tier": "prod"},
 				gpu(0, "A100", 81920, okH), gpu(1, "A100", 81920, okH))
@@ -902,7 +932,7 @@ func TestConnectedStoresHeld(t *testing.T) {
 	s.at(0)
 	connect("s-1", "r2/1/0.b", "r1/1/0.a", "r2/1/0.b")
 	s.at(time.Second).status("p", "n", "gw-1", "s-1", "h1", nil)
-	p := New(Config{})
+	p := mustNew(Config{})
 	applyAll(t, pool, p, s.msgs, 1)
 	ids, at := held()
 	if !slices.Equal(ids, []string{"r1/1/0.a", "r2/1/0.b"}) || at == nil || !at.Equal(t0) {
@@ -921,12 +951,12 @@ func TestConnectedStoresHeld(t *testing.T) {
 	live := digestOf(t, pool)
 
 	truncate(t, pool)
-	applyAll(t, pool, New(Config{}), s.msgs, 1000)
+	applyAll(t, pool, mustNew(Config{}), s.msgs, 1000)
 	if got := digestOf(t, pool); !maps.Equal(got, live) {
 		t.Errorf("one batch differs from one message at a time:\n got  %v\n want %v", got, live)
 	}
 	truncate(t, pool)
-	applyAll(t, pool, New(Config{}), s.msgs[:mark], 1000)
+	applyAll(t, pool, mustNew(Config{}), s.msgs[:mark], 1000)
 	if got := digestOf(t, pool); got["fleet_nodes"] == live["fleet_nodes"] {
 		t.Errorf("the digest of fleet_nodes does not cover what the node holds")
 	}

@@ -124,7 +124,7 @@ func TestRunnerRedelivery(t *testing.T) {
 	}
 
 	// Live: the first batch is applied, rolled back and applied again.
-	p := &flakyProjector{Projector: New(Config{})}
+	p := &flakyProjector{Projector: mustNew(Config{})}
 	stop := run(p)
 	poll.Until(t, "the whole stream applied", func() bool { return position() == last }, poll.Within(20*time.Second))
 	stop()
@@ -137,7 +137,7 @@ func TestRunnerRedelivery(t *testing.T) {
 	// in one batch, to another database: the same rows.
 	stored := storedMessages(t, js, last)
 	other, _ := testenv.Pool(t)
-	applyAll(t, other, New(Config{}), stored, 1000)
+	applyAll(t, other, mustNew(Config{}), stored, 1000)
 	if d := digestOf(t, other); !maps.Equal(d, live) {
 		t.Fatalf("runner and direct apply differ:\n%s\n---\n%s", dump(t, pool), dump(t, other))
 	}
@@ -164,7 +164,7 @@ func TestRunnerRedelivery(t *testing.T) {
 	if err != nil || info.CachedInfo().State.LastSeq != last {
 		t.Fatalf("resend was stored: %v, %v", info.CachedInfo().State.LastSeq, err)
 	}
-	p2 := &flakyProjector{Projector: New(Config{})}
+	p2 := &flakyProjector{Projector: mustNew(Config{})}
 	p2.failed.Store(true)
 	stop = run(p2)
 	poll.Until(t, "the runner to go idle", func() bool { return p2.sweeps.Load() > 0 }, poll.Within(20*time.Second))

@@ -327,7 +327,7 @@ func TestCommitsExportWhileCompacting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bk.Close()
-	comp := compactor.New(compactor.Config{}, bk)
+	comp := compactor.MustNew(compactor.Config{}, bk)
 	versions := map[uint64]string{}
 	put := func(round int) {
 		for d := range 20 {

@@ -17,6 +17,7 @@ import (
 	"github.com/twmb/franz-go/pkg/sasl/plain"
 	"github.com/twmb/franz-go/pkg/sasl/scram"
 
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/streams/projection"
 )
 
@@ -30,10 +31,13 @@ const (
 	HeaderSeq     = "Millrace-Seq"
 )
 
-// Config of an exporter. Zero fields take the defaults.
+// Config of an exporter. A zero field takes its default; a negative one is
+// refused by New, unless its comment gives negative a meaning.
 type Config struct {
+	// Brokers are the seed brokers (host:port); required.
 	Brokers []string
-	Routes  []Route
+	// Routes say which subjects go to which topic; required.
+	Routes []Route
 	// ClientID names the producer to the brokers. Default "millrace-export".
 	ClientID string
 	// Linger is how long a partition's batch waits for more records
@@ -53,7 +57,8 @@ type Config struct {
 	// Compression: none, gzip, snappy, lz4 (default) or zstd.
 	Compression string
 	// Partitions and ReplicationFactor of the topics created when
-	// CreateTopics is set (-1: the brokers' defaults). Defaults 12 and -1.
+	// CreateTopics is set. Zero: 12 partitions, and the brokers' default
+	// replication factor; -1: the brokers' defaults; below -1 is refused.
 	Partitions        int32
 	ReplicationFactor int16
 	// CreateTopics creates missing topics; otherwise EnsureTopics only
@@ -63,27 +68,64 @@ type Config struct {
 	TLS *tls.Config
 	// SASL: mechanism plain, scram-sha-256 or scram-sha-512 ("" none).
 	SASLMechanism, SASLUser, SASLPassword string
-	Logger                                *slog.Logger
+	// Logger receives topic checks and creations. Nil: slog.Default().
+	Logger *slog.Logger
 }
+
+// Validate reports what is wrong with c.
+func (c Config) Validate() error {
+	errs := []error{
+		knob.NotNegative("kafka", "Linger", c.Linger, defaultLinger),
+		knob.NotNegative("kafka", "BatchMaxBytes", c.BatchMaxBytes, defaultBatchMaxBytes),
+		knob.NotNegative("kafka", "MaxBufferedRecords", c.MaxBufferedRecords, defaultMaxBufferedRecords),
+	}
+	if len(c.Brokers) == 0 {
+		errs = append(errs, errors.New("kafka: no brokers"))
+	}
+	if len(c.Routes) == 0 {
+		errs = append(errs, errors.New("kafka: no routes"))
+	}
+	if c.Partitions < -1 {
+		errs = append(errs, fmt.Errorf("kafka: Partitions %d is below -1; set 0 for the default (%d), -1 for the brokers' default or a positive number", c.Partitions, defaultPartitions))
+	}
+	if c.ReplicationFactor < -1 {
+		errs = append(errs, fmt.Errorf("kafka: ReplicationFactor %d is below -1; set 0 or -1 for the brokers' default, or a positive number", c.ReplicationFactor))
+	}
+	if _, err := compression(c.withDefaults().Compression); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := mechanism(c); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Defaults.
+const (
+	defaultLinger             = 10 * time.Millisecond
+	defaultBatchMaxBytes      = 1 << 20
+	defaultMaxBufferedRecords = 50_000
+	defaultPartitions         = 12
+)
 
 func (c Config) withDefaults() Config {
 	if c.ClientID == "" {
 		c.ClientID = "millrace-export"
 	}
 	if c.Linger == 0 {
-		c.Linger = 10 * time.Millisecond
+		c.Linger = defaultLinger
 	}
 	if c.BatchMaxBytes == 0 {
-		c.BatchMaxBytes = 1 << 20
+		c.BatchMaxBytes = defaultBatchMaxBytes
 	}
 	if c.MaxBufferedRecords == 0 {
-		c.MaxBufferedRecords = 50_000
+		c.MaxBufferedRecords = defaultMaxBufferedRecords
 	}
 	if c.Compression == "" {
 		c.Compression = "lz4"
 	}
 	if c.Partitions == 0 {
-		c.Partitions = 12
+		c.Partitions = defaultPartitions
 	}
 	if c.ReplicationFactor == 0 {
 		c.ReplicationFactor = -1
@@ -145,13 +187,10 @@ var _ projection.Exporter = (*Exporter)(nil)
 // New connects an exporter (the brokers are dialled lazily: an outage at
 // start is an outage like any other).
 func New(cfg Config, m *Metrics) (*Exporter, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
-	if len(cfg.Brokers) == 0 {
-		return nil, errors.New("kafka: no brokers")
-	}
-	if len(cfg.Routes) == 0 {
-		return nil, errors.New("kafka: no routes")
-	}
 	codec, err := compression(cfg.Compression)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/subjects"
 )
 
@@ -36,7 +37,8 @@ const (
 	DefaultUnbindRetry    = 10 * time.Second
 )
 
-// Config configures the placer. The zero value is the default.
+// Config configures the placer. A zero field takes its default; a negative
+// one is refused by New, unless its comment gives negative a meaning.
 type Config struct {
 	// BindTimeout is how long an allocation may stay without a BOUND
 	// report from its node (fleet_allocation_reports) after it was placed
@@ -85,18 +87,13 @@ type Config struct {
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
-	var errs []error
-	if c.BindTimeout < 0 {
-		errs = append(errs, fmt.Errorf("placer: BindTimeout %v is negative", c.BindTimeout))
-	}
-	if c.PendingTimeout < 0 {
-		errs = append(errs, fmt.Errorf("placer: PendingTimeout %v is negative", c.PendingTimeout))
-	}
-	if c.Rounds < 0 {
-		errs = append(errs, fmt.Errorf("placer: Rounds %d is negative", c.Rounds))
-	}
-	if c.UnbindRetry < 0 {
-		errs = append(errs, fmt.Errorf("placer: UnbindRetry %v is negative", c.UnbindRetry))
+	// ReloadEvery and SweepOverdue are missing on purpose: negative has a
+	// meaning.
+	errs := []error{
+		knob.NotNegative("placer", "BindTimeout", c.BindTimeout, DefaultBindTimeout),
+		knob.NotNegative("placer", "PendingTimeout", c.PendingTimeout, DefaultPendingTimeout),
+		knob.NotNegative("placer", "Rounds", c.Rounds, DefaultRounds),
+		knob.NotNegative("placer", "UnbindRetry", c.UnbindRetry, DefaultUnbindRetry),
 	}
 	d := c.withDefaults()
 	if d.PendingTimeout < d.BindTimeout {

@@ -82,10 +82,11 @@ func (e *env) placer(cfg Config) *Placer {
 	if cfg.Logger == nil {
 		cfg.Logger = quiet
 	}
-	if err := cfg.Validate(); err != nil {
+	p, err := New(cfg)
+	if err != nil {
 		e.t.Fatal(err)
 	}
-	return New(cfg)
+	return p
 }
 
 func (e *env) exec(sql string, args ...any) {

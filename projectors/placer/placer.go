@@ -60,11 +60,14 @@ var (
 	_ projection.Committer = (*Placer)(nil)
 )
 
-// New returns a placer. Call cfg.Validate first to reject a bad config;
-// New applies the defaults.
-func New(cfg Config) *Placer {
+// New returns a placer with cfg's defaults applied, or what is wrong with
+// cfg.
+func New(cfg Config) (*Placer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
-	return &Placer{cfg: cfg, log: cfg.Logger.With("projector", ConsumerName)}
+	return &Placer{cfg: cfg, log: cfg.Logger.With("projector", ConsumerName)}, nil
 }
 
 // Name is the durable consumer name, "placer".

@@ -555,6 +555,43 @@ func TestConfig(t *testing.T) {
 	}
 }
 
+// TestNewConfig: New refuses each negative field, naming it, but for the
+// two whose negative means something; a zero field takes its default.
+func TestNewConfig(t *testing.T) {
+	for field, c := range map[string]Config{
+		"BindTimeout":    {BindTimeout: -1},
+		"PendingTimeout": {PendingTimeout: -1},
+		"Rounds":         {Rounds: -1},
+		"UnbindRetry":    {UnbindRetry: -1},
+	} {
+		if _, err := New(c); err == nil || !strings.Contains(err.Error(), "placer: "+field+" -1") || !strings.Contains(err.Error(), "set 0 for the default") {
+			t.Errorf("%s negative: New returned %v, want an error naming it and saying what to set", field, err)
+		}
+	}
+	for field, c := range map[string]Config{"ReloadEvery": {ReloadEvery: -1}, "SweepOverdue": {SweepOverdue: -1}} {
+		if _, err := New(c); err != nil {
+			t.Errorf("%s negative (never) refused: %v", field, err)
+		}
+	}
+	p, err := New(Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := p.cfg
+	if c.Now == nil || c.Subject == nil || c.Logger == nil {
+		t.Errorf("no default clock, subject or logger: %+v", c)
+	}
+	type durations struct {
+		bind, pending, reload, sweep, unbind time.Duration
+		rounds                               int
+	}
+	got := durations{c.BindTimeout, c.PendingTimeout, c.ReloadEvery, c.SweepOverdue, c.UnbindRetry, c.Rounds}
+	want := durations{DefaultBindTimeout, DefaultPendingTimeout, DefaultReloadEvery, DefaultSweepOverdue, DefaultUnbindRetry, DefaultRounds}
+	if got != want {
+		t.Errorf("defaults\n got %+v\nwant %+v", got, want)
+	}
+}
+
 // TestDependencies: a projector has no goroutines of its own and does not
 // know NATS (CONTRIBUTING.md, "The backbone").
 func TestDependencies(t *testing.T) {

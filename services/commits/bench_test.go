@@ -25,7 +25,7 @@ func BenchmarkOpenWorld(b *testing.B) {
 	for i := range versions {
 		versions[i] = projection.Version{Doc: fmt.Sprintf("doc-%07d", i), Seq: uint64(i + 1), Time: at, Body: body}
 	}
-	if _, err := compactor.New(compactor.Config{}, bk).Fold(ctx, "big", versions); err != nil {
+	if _, err := compactor.MustNew(compactor.Config{}, bk).Fold(ctx, "big", versions); err != nil {
 		b.Fatal(err)
 	}
 	e := startEdge(b, Config{Store: bk})

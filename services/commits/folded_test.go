@@ -24,7 +24,7 @@ import (
 
 func fold(t *testing.T, js jetstream.JetStream, bk *bucket.Bucket, world string) commitlog.FoldStats {
 	t.Helper()
-	st, err := commitlog.FoldWorld(context.Background(), js, compactor.New(compactor.Config{ShardDocs: 2, HistoryVersions: 2}, bk), world)
+	st, err := commitlog.FoldWorld(context.Background(), js, compactor.MustNew(compactor.Config{ShardDocs: 2, HistoryVersions: 2}, bk), world)
 	if err != nil {
 		t.Fatal(err)
 	}
