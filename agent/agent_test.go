@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -584,6 +585,32 @@ func TestValidate(t *testing.T) {
 		if _, err := agent.New(c); err == nil {
 			t.Errorf("New(%+v) accepted", c)
 		}
+	}
+}
+
+// TestNewRefusesNegatives: a negative timing is refused, naming the field;
+// SilenceTimeout and GaugeInterval alone mean something when negative
+// (never).
+func TestNewRefusesNegatives(t *testing.T) {
+	for field, set := range map[string]func(*agent.Settings){
+		"DefaultHeartbeat": func(s *agent.Settings) { s.DefaultHeartbeat = -time.Second },
+		"HelloTimeout":     func(s *agent.Settings) { s.HelloTimeout = -time.Second },
+		"BackoffMin":       func(s *agent.Settings) { s.BackoffMin = -time.Second },
+		"BackoffMax":       func(s *agent.Settings) { s.BackoffMax = -time.Second },
+	} {
+		set := func() *agent.Settings {
+			s := &agent.Settings{Gateways: []string{"127.0.0.1:1"}, TLS: &tls.Config{}}
+			set(s)
+			return s
+		}()
+		_, err := agent.New(agent.Config{Settings: set, NodeID: "n", Pool: "p"})
+		if err == nil || !strings.Contains(err.Error(), "agent: "+field+" -1s is negative; set 0 for the default") {
+			t.Errorf("%s negative: New returned %v, want an error naming it and saying what to set", field, err)
+		}
+	}
+	never := &agent.Settings{Gateways: []string{"127.0.0.1:1"}, TLS: &tls.Config{}, SilenceTimeout: -1, GaugeInterval: -1}
+	if _, err := agent.New(agent.Config{Settings: never, NodeID: "n", Pool: "p"}); err != nil {
+		t.Errorf("negative SilenceTimeout and GaugeInterval (never) refused: %v", err)
 	}
 }
 

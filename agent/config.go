@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/millrace/millrace/internal/knob"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
 
@@ -30,7 +31,9 @@ const (
 
 // Settings are what every agent of a process may share: where the gateways
 // are, how to trust them, timings. Agents read them and never modify them,
-// so one Settings value serves any number of agents.
+// so one Settings value serves any number of agents. A zero duration takes
+// its default; a negative one is refused by New, unless its comment gives
+// negative a meaning.
 type Settings struct {
 	// Gateways are the gateway addresses (host:port). Each agent dials them
 	// in an order of its own (shuffled) and moves to the next whenever a
@@ -72,6 +75,16 @@ type Settings struct {
 	DialOptions []grpc.DialOption
 	// Logger receives debug logs of session changes. Nil: none.
 	Logger *slog.Logger
+}
+
+// validate reports a negative duration that has no meaning.
+func (s *Settings) validate() error {
+	return errors.Join(
+		knob.NotNegative("agent", "DefaultHeartbeat", s.DefaultHeartbeat, DefaultHeartbeat),
+		knob.NotNegative("agent", "HelloTimeout", s.HelloTimeout, DefaultHelloTimeout),
+		knob.NotNegative("agent", "BackoffMin", s.BackoffMin, DefaultBackoffMin),
+		knob.NotNegative("agent", "BackoffMax", s.BackoffMax, DefaultBackoffMax),
+	)
 }
 
 func (s *Settings) heartbeat(fromWelcome time.Duration) time.Duration {
@@ -192,5 +205,5 @@ func (c *Config) Validate() error {
 			return errors.New("agent: gateway address " + g + ": want host:port")
 		}
 	}
-	return nil
+	return c.Settings.validate()
 }

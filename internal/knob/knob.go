@@ -23,12 +23,16 @@ type Number interface {
 // NotNegative returns nil when v is zero or positive, else an error naming
 // pkg, field and v and saying what to set: 0 for the default (def: a
 // string as it is, a duration as Go writes it, a size of a field whose name
-// ends in Bytes in KiB or MiB when it divides) or a positive value.
+// ends in Bytes in KiB or MiB when it divides) or a positive value. A tool
+// whose errors name its flags passes pkg "" and the flag as field.
 func NotNegative[T Number](pkg, field string, v T, def any) error {
 	if v >= 0 {
 		return nil
 	}
-	return fmt.Errorf("%s: %s %v is negative; set 0 for the default (%s) or a positive %s", pkg, field, v, show(field, def), noun(field, any(v)))
+	if pkg != "" {
+		field = pkg + ": " + field
+	}
+	return fmt.Errorf("%s %v is negative; set 0 for the default (%s) or a positive %s", field, v, show(field, def), noun(field, any(v)))
 }
 
 func noun(field string, v any) string {

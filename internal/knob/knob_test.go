@@ -15,6 +15,7 @@ func TestNotNegative(t *testing.T) {
 		{NotNegative("fleet", "HandshakeRate", -0.5, 1000), "fleet: HandshakeRate -0.5 is negative; set 0 for the default (1000) or a positive number"},
 		{NotNegative("bes", "MaxStreamsPerProject", -1, "MaxStreams/2"), "bes: MaxStreamsPerProject -1 is negative; set 0 for the default (MaxStreams/2) or a positive number"},
 		{NotNegative("kafka", "BatchMaxBytes", int32(-1), int32(1000)), "kafka: BatchMaxBytes -1 is negative; set 0 for the default (1000 bytes) or a positive size"},
+		{NotNegative("", "-rate", -2.5, "flat out"), "-rate -2.5 is negative; set 0 for the default (flat out) or a positive number"},
 	} {
 		if c.err == nil || c.err.Error() != c.want {
 			t.Errorf("got %v\nwant %s", c.err, c.want)

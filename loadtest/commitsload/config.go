@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/loadtest/envflag"
 	"github.com/millrace/millrace/projectors/compactor"
 )
@@ -213,9 +214,14 @@ func (c Config) Validate() error {
 	if c.Writers < 1 || c.InFlight < 1 {
 		errs = append(errs, errors.New("writers and in-flight must be at least 1"))
 	}
-	if c.Rate < 0 || c.Writes < 0 || c.Duration < 0 || c.Warmup < 0 || c.RPCTimeout < 0 {
-		errs = append(errs, errors.New("rate, writes and durations must not be negative"))
-	}
+	errs = append(errs,
+		knob.NotNegative("", "-rate", c.Rate, "flat out"),
+		knob.NotNegative("", "-writes", c.Writes, "bounded by -duration"),
+		knob.NotNegative("", "-duration", c.Duration, DefaultDuration),
+		knob.NotNegative("", "-warmup", c.Warmup, "none"),
+		knob.NotNegative("", "-rpc-timeout", c.RPCTimeout, DefaultRPCTimeout),
+		knob.NotNegative("", "-verify-timeout", c.VerifyTimeout, "no limit"),
+	)
 	if c.CASFraction < 0 || c.CASFraction > 1 {
 		errs = append(errs, fmt.Errorf("cas fraction %v: want 0..1", c.CASFraction))
 	}
@@ -230,9 +236,6 @@ func (c Config) Validate() error {
 	}
 	if c.VerifyOnly && c.NoVerify {
 		errs = append(errs, errors.New("verify-only and no-verify contradict each other"))
-	}
-	if c.VerifyTimeout < 0 {
-		errs = append(errs, errors.New("verify timeout must not be negative"))
 	}
 	if c.VerifyFraction < 0 || c.VerifyFraction > 1 {
 		errs = append(errs, fmt.Errorf("verify fraction %v: want 0..1", c.VerifyFraction))

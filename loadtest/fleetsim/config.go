@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/loadtest/envflag"
 )
 
@@ -64,7 +65,8 @@ type Config struct {
 	SilenceTimeout time.Duration
 
 	// StatusRate is status changes per second over the fleet (a GPU's
-	// health flips); GaugeInterval is each node's gauge-only reports.
+	// health flips); GaugeInterval is each node's gauge-only reports
+	// (negative: none).
 	StatusRate    float64
 	GaugeInterval time.Duration
 	// CrashRate is crashes per minute over the fleet: a connected node
@@ -215,9 +217,19 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("gateway address %q: want host:port", g))
 		}
 	}
-	if c.Nodes < 0 || c.FirstNode < 0 {
-		errs = append(errs, errors.New("nodes and first node must not be negative"))
-	}
+	errs = append(errs,
+		knob.NotNegative("", "-nodes", c.Nodes, DefaultNodes),
+		knob.NotNegative("", "-first-node", c.FirstNode, "0"),
+		knob.NotNegative("", "-join-concurrency", c.JoinConcurrency, DefaultJoinConcurrency),
+		knob.NotNegative("", "-duration", c.Duration, DefaultDuration),
+		knob.NotNegative("", "-settle", c.Settle, DefaultSettle),
+		knob.NotNegative("", "-storm-at", c.StormAt, "no storm"),
+		knob.NotNegative("", "-unreachable-after", c.UnreachableAfter, DefaultUnreachableAfter),
+		knob.NotNegative("", "-status-rate", c.StatusRate, "none"),
+		knob.NotNegative("", "-crash-rate", c.CrashRate, "none"),
+		knob.NotNegative("", "-reservation-rate", c.ReservationRate, "none"),
+		knob.NotNegative("", "-liveness-samples", c.LivenessSamples, DefaultLivenessSamples),
+	)
 	if c.GPUsPerNode < 0 || c.GPUsPerNode > 64 {
 		errs = append(errs, fmt.Errorf("gpus per node %d: want 1..64", c.GPUsPerNode))
 	}
@@ -232,15 +244,6 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("node certificates: give a CA (ca-cert and ca-key: fastest) or a join token (join-token or join-tokens)"))
 	case join && c.GatewayCA == "":
 		errs = append(errs, errors.New("join: gateway-ca (the CA bundle that signs the gateways' certificates) is required"))
-	}
-	if c.JoinConcurrency < 0 {
-		errs = append(errs, errors.New("join concurrency must be positive"))
-	}
-	if c.Duration < 0 || c.Settle < 0 || c.StormAt < 0 {
-		errs = append(errs, errors.New("durations must not be negative"))
-	}
-	if c.StatusRate < 0 || c.CrashRate < 0 || c.ReservationRate < 0 || c.LivenessSamples < 0 {
-		errs = append(errs, errors.New("rates must not be negative"))
 	}
 	if c.ReservationRate > 0 && c.ReservationsAddr == "" {
 		errs = append(errs, errors.New("reservation rate set without a reservations address"))

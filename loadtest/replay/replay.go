@@ -14,9 +14,13 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/millrace/millrace/internal/knob"
 )
 
-// Config of one replay run. Scripts and Target are required.
+// Config of one replay run. Scripts and Target are required. A zero field
+// takes its default; a negative one is refused by Run, unless its comment
+// gives negative a meaning.
 type Config struct {
 	// Target is the BES server's host:port.
 	Target string
@@ -26,7 +30,8 @@ type Config struct {
 	// invocation after another). Default 1.
 	Streams int
 	// Conns is how many gRPC connections the workers share. Default
-	// Streams: one per worker, as every Bazel client has its own.
+	// Streams: one per worker, as every Bazel client has its own (more than
+	// Streams would sit unused, and are cut to Streams).
 	Conns int
 	// Projects are the project ids the workers send, worker i taking
 	// Projects[i % len]. Empty: the recorded project ids.
@@ -77,11 +82,33 @@ type StreamDone struct {
 	LastAck      time.Time
 }
 
+// Validate reports what is wrong with c.
+func (c Config) Validate() error {
+	errs := []error{
+		knob.NotNegative("replay", "Streams", c.Streams, 1),
+		knob.NotNegative("replay", "Conns", c.Conns, "Streams"),
+		knob.NotNegative("replay", "Events", c.Events, "no limit"),
+		knob.NotNegative("replay", "Duration", c.Duration, "no limit"),
+		knob.NotNegative("replay", "Rate", c.Rate, "flat out"),
+		knob.NotNegative("replay", "Warmup", c.Warmup, "none"),
+	}
+	if c.WarmupPhase < 0 || c.WarmupPhase > 1 {
+		errs = append(errs, fmt.Errorf("replay: WarmupPhase %v is not in 0..1; set 0 for the default (1) or a fraction of the script", c.WarmupPhase))
+	}
+	if len(c.Scripts) == 0 {
+		errs = append(errs, errors.New("replay: no scripts"))
+	}
+	if c.Target == "" {
+		errs = append(errs, errors.New("replay: no target"))
+	}
+	return errors.Join(errs...)
+}
+
 func (c Config) withDefaults() Config {
-	if c.Streams <= 0 {
+	if c.Streams == 0 {
 		c.Streams = 1
 	}
-	if c.Conns <= 0 || c.Conns > c.Streams {
+	if c.Conns == 0 || c.Conns > c.Streams {
 		c.Conns = c.Streams
 	}
 	if c.RateJitter == 0 {
@@ -90,7 +117,7 @@ func (c Config) withDefaults() Config {
 	if c.RateJitter < 0 {
 		c.RateJitter = 0
 	}
-	if c.WarmupPhase <= 0 || c.WarmupPhase > 1 {
+	if c.WarmupPhase == 0 {
 		c.WarmupPhase = 1
 	}
 	return c
@@ -131,13 +158,10 @@ func (r *Result) Events() int64 { return r.ToolEvents + r.LifecycleEvents }
 // Run replays until the configured stop, or until ctx ends (which cancels
 // the streams under way and returns ctx's error).
 func Run(ctx context.Context, cfg Config) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
-	if len(cfg.Scripts) == 0 {
-		return nil, errors.New("replay: no scripts")
-	}
-	if cfg.Target == "" {
-		return nil, errors.New("replay: no target")
-	}
 	r := &runner{
 		cfg:   cfg,
 		stopC: make(chan struct{}),

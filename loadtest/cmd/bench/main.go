@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -132,7 +133,31 @@ func (c *config) parseLists(scenarios, streams string) error {
 		}
 		c.streams = append(c.streams, n)
 	}
+	if err := c.checkNegatives(); err != nil {
+		return err
+	}
 	return c.ab.validate(c.bin)
+}
+
+// checkNegatives refuses, at start, a negative count, rate or duration of
+// the shared flags, and a warm-up phase that is not a fraction: a scenario
+// would otherwise fail minutes into the run.
+func (c *config) checkNegatives() error {
+	var errs []error
+	for name, v := range map[string]float64{
+		"events": float64(c.events), "paced-streams": float64(c.pacedStreams), "paced-rate": c.pacedRate,
+		"live-streams": float64(c.liveStreams), "live-rate": c.liveRate, "builds-batch": float64(c.buildsBatch),
+		"duration": c.duration.Seconds(), "warmup": c.warmup.Seconds(), "live-duration": c.liveDuration.Seconds(),
+		"live-warmup": c.liveWarmup.Seconds(), "builds-max-wait": c.buildsMaxWait.Seconds(),
+	} {
+		if v < 0 {
+			errs = append(errs, fmt.Errorf("-%s is negative", name))
+		}
+	}
+	if c.warmupPhase < 0 || c.warmupPhase > 1 {
+		errs = append(errs, fmt.Errorf("-warmup-phase %v: want a fraction of the build, 0..1 (0: all of it)", c.warmupPhase))
+	}
+	return errors.Join(errs...)
 }
 
 func contains(list []string, s string) bool {

@@ -1,0 +1,36 @@
+package replay
+
+import (
+	"context"
+	"strings"
+	"testing"
+)
+
+// TestRunRefusesNegatives: a negative count, rate or duration is refused
+// before anything is dialled, naming the field (RateJitter alone means
+// something negative: no jitter); zero fields take their defaults.
+func TestRunRefusesNegatives(t *testing.T) {
+	for field, set := range map[string]func(*Config){
+		"Streams -1":          func(c *Config) { c.Streams = -1 },
+		"Conns -1":            func(c *Config) { c.Conns = -1 },
+		"Events -1":           func(c *Config) { c.Events = -1 },
+		"Duration -1ns":       func(c *Config) { c.Duration = -1 },
+		"Rate -1":             func(c *Config) { c.Rate = -1 },
+		"Warmup -1ns":         func(c *Config) { c.Warmup = -1 },
+		"WarmupPhase -0.5 is": func(c *Config) { c.WarmupPhase = -0.5 },
+		"WarmupPhase 1.5 is":  func(c *Config) { c.WarmupPhase = 1.5 },
+	} {
+		c := Config{Target: "127.0.0.1:1", Scripts: []*Script{{}}}
+		set(&c)
+		if _, err := Run(context.Background(), c); err == nil || !strings.Contains(err.Error(), "replay: "+field) {
+			t.Errorf("%s: Run returned %v, want an error naming the field", field, err)
+		}
+	}
+	if err := (Config{Target: "127.0.0.1:1", Scripts: []*Script{{}}, RateJitter: -1}).Validate(); err != nil {
+		t.Errorf("negative RateJitter (none): %v", err)
+	}
+	d := Config{}.withDefaults()
+	if d.Streams != 1 || d.Conns != 1 || d.RateJitter != 0.2 || d.WarmupPhase != 1 {
+		t.Errorf("defaults %+v", d)
+	}
+}
