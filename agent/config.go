@@ -62,6 +62,8 @@ type Settings struct {
 	// after a session that lived waits a random time below BackoffMin;
 	// each further failure doubles the bound, up to BackoffMax (half of
 	// it fixed, half random). A Refusal's retry_after raises the delay.
+	// Zero: DefaultBackoffMin, DefaultBackoffMax; a BackoffMax below
+	// BackoffMin is taken as BackoffMin.
 	BackoffMin, BackoffMax time.Duration
 	// GaugeInterval is how often a status report goes out even though the
 	// status did not change, to carry fresh gauges. Zero:
