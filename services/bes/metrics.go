@@ -3,6 +3,8 @@ package bes
 import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+
+	"github.com/millrace/millrace/internal/httpapi"
 )
 
 // Metrics of the BES edge.
@@ -29,7 +31,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_bes_rejections_total",
-			Help: "Requests or streams refused, by what and the gRPC code returned.",
+			Help: "Requests or streams refused, by what and the status code returned (google.rpc.Code's name: RESOURCE_EXHAUSTED).",
 		}, []string{"what", "code"}),
 		streamsOpen: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "millrace_bes_streams_open",
@@ -61,6 +63,8 @@ func (m *Metrics) RefusedConnection(reason string) {
 	m.connRefused.WithLabelValues(reason).Inc()
 }
 
+// rejected counts a refusal; the code label is spelled as google.rpc.Code
+// (and as every millrace series and JSON error spells it).
 func (m *Metrics) rejected(what string, code codes.Code) {
-	m.rejections.WithLabelValues(what, code.String()).Inc()
+	m.rejections.WithLabelValues(what, httpapi.CodeName(code)).Inc()
 }

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/status"
+
+	"github.com/millrace/millrace/internal/httpapi"
 )
 
 // Metrics of the commits edge.
@@ -24,7 +26,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_commits_requests_total",
-			Help: "Commits API calls by operation (put, delete, get, history, list) and gRPC code.",
+			Help: "Commits API calls by operation (put, delete, get, history, list) and status code (google.rpc.Code's name: OK, UNAVAILABLE).",
 		}, []string{"op", "code"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "millrace_commits_request_seconds",
@@ -68,6 +70,6 @@ func track[T any](s *Server, op string, f func() (T, error)) (T, error) {
 	start := time.Now()
 	v, err := f()
 	s.m.latency.WithLabelValues(op).Observe(time.Since(start).Seconds())
-	s.m.requests.WithLabelValues(op, status.Code(err).String()).Inc()
+	s.m.requests.WithLabelValues(op, httpapi.CodeName(status.Code(err))).Inc()
 	return v, err
 }

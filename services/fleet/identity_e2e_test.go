@@ -38,8 +38,12 @@ func TestNodeIdentityThroughProjection(t *testing.T) {
 	db, _ := testenv.Pool(t)
 
 	// The liveness projector follows FLEET_NODES into db.
+	proj, err := fleetproj.New(fleetproj.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	runCtx, cancel := context.WithCancel(ctx)
-	runner := streams.NewRunner(b.js, db, fleetproj.New(fleetproj.Config{}), streams.RunnerConfig{
+	runner := streams.NewRunner(b.js, db, proj, streams.RunnerConfig{
 		Stream: subjects.StreamFleetNodes, Filter: subjects.FleetNodeFilter, Batch: 100,
 		MaxWait: 20 * time.Millisecond, SweepEvery: time.Hour,
 	}, streams.NewMetrics(nil))

@@ -24,7 +24,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_reservations_requests_total",
-			Help: "Reservation API calls, by method (Create, Get, List, Cancel), transport (grpc, http) and the gRPC code answered.",
+			Help: "Reservation API calls, by method (Create, Get, List, Cancel), transport (grpc, http) and the status code answered (google.rpc.Code's name: OK, RESOURCE_EXHAUSTED).",
 		}, []string{"method", "transport", "code"}),
 		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "millrace_reservations_request_seconds",
