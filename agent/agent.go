@@ -347,7 +347,7 @@ func (a *Agent) run() {
 			// together do not all come back in the same instant.
 			wait = max(wait, ra+rand.N(ra/4+1))
 		}
-		a.log.Debug("fleet session ended", "node", a.cfg.NodeID, "gateway", r.addr, "cause", r.cause, "err", r.err, "wait", wait)
+		a.log.Debug("fleet session ended", "node", a.cfg.NodeID, "addr", r.addr, "reason", r.cause, "err", r.err, "retry_in", wait)
 		a.obs.Disconnected(DisconnectedEvent{Gateway: r.addr, At: r.endedAt, Cause: r.cause, Welcomed: r.welcomed, Err: r.err, Wait: wait})
 	}
 }
@@ -472,7 +472,7 @@ func (a *Agent) serve(ctx context.Context, cancel context.CancelCauseFunc, strea
 	a.mu.Lock()
 	a.sess = s
 	a.mu.Unlock()
-	a.log.Debug("fleet session welcomed", "node", a.cfg.NodeID, "gateway", r.addr, "gateway_id", w.GetGatewayId(), "session", w.GetSessionId())
+	a.log.Debug("fleet session welcomed", "node", a.cfg.NodeID, "addr", r.addr, "gateway", w.GetGatewayId(), "session", w.GetSessionId())
 	a.obs.Connected(ConnectedEvent{
 		Gateway: r.addr, GatewayID: w.GetGatewayId(), SessionID: w.GetSessionId(), HeartbeatInterval: iv,
 		At: now, First: first, Outage: now.Sub(brokeAt), Attempts: attempts,

@@ -2,5 +2,6 @@
 // repository: edges do not import projectors, projectors import no NATS,
 // the projection contract imports no NATS, the backbone does not import
 // the commit log (nor its layout, which imports no NATS), schemas imports
-// nothing of ours.
+// nothing of ours. It also holds the test that every log attribute key of
+// the repository is one of CONTRIBUTING.md's ("Logs and metrics").
 package deps

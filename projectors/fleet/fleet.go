@@ -153,7 +153,7 @@ func New(cfg Config) (*Projector, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Projector{cfg: cfg, log: cfg.Logger.With("projector", ConsumerName)}, nil
+	return &Projector{cfg: cfg, log: cfg.Logger.With("consumer", ConsumerName)}, nil
 }
 
 // Name is the durable consumer name.

@@ -268,7 +268,7 @@ func (e *Exporter) EnsureTopics(ctx context.Context) error {
 			continue
 		}
 		if n := int32(len(d.Partitions)); e.cfg.Partitions > 0 && n < e.cfg.Partitions {
-			e.cfg.Logger.Warn("topic has fewer partitions than configured", "topic", t, "partitions", n, "configured", e.cfg.Partitions)
+			e.cfg.Logger.Warn("topic has fewer partitions than configured", "topic", t, "partitions", n, "partitions_configured", e.cfg.Partitions)
 		}
 	}
 	if len(missing) == 0 {

@@ -67,7 +67,7 @@ func New(cfg Config) (*Placer, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Placer{cfg: cfg, log: cfg.Logger.With("projector", ConsumerName)}, nil
+	return &Placer{cfg: cfg, log: cfg.Logger.With("consumer", ConsumerName)}, nil
 }
 
 // Name is the durable consumer name, "placer".

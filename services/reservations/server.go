@@ -372,7 +372,7 @@ func (s *Server) publish(ctx context.Context, id, what, pool string, ev *fleetpb
 		if ctx.Err() != nil {
 			return nil, status.FromContextError(ctx.Err()).Err()
 		}
-		s.log.Warn("reservation event not stored", "reservation", id, "event", what, "err", err)
+		s.log.Warn("reservation event not stored", "reservation", id, "kind", what, "err", err)
 		hint := "retry the call"
 		switch {
 		case what == "cancelled":
@@ -487,9 +487,9 @@ func (s *Server) dbError(ctx context.Context, what string, err error) error {
 	if errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "42") || strings.HasPrefix(pe.Code, "22")) {
 		// A missing table or column, or a value that does not convert:
 		// retrying will not help.
-		s.log.Error("reservations database error", "what", what, "err", err)
+		s.log.Error("reservations database error", "op", what, "err", err)
 		return status.Errorf(codes.Internal, "millrace: %s failed on the server (SQLSTATE %s); tell the operators", what, pe.Code)
 	}
-	s.log.Warn("reservations database unavailable", "what", what, "err", err)
+	s.log.Warn("reservations database unavailable", "op", what, "err", err)
 	return status.Errorf(codes.Unavailable, "millrace: the reservations database did not answer (%s); retry in a moment", what)
 }
