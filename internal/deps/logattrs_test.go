@@ -22,6 +22,8 @@ const root = "../.."
 // TODO: rename them (CONTRIBUTING.md has the names to use) and empty this.
 var knownLogKeyExceptions = map[string]string{
 	"backoff":        "streams: retry_in",
+	"retry_every":    "streams/consumer.go: retry_in",
+	"why":            "streams/consumer.go: reason",
 	"after_failures": "commitlog/runner.go: failures",
 	"covered":        "commitlog/runner.go: checkpoint",
 	"service":        "cmd/millrace: component (the edge's name), and the seed files of dev.go: file, one line each",
