@@ -49,6 +49,11 @@ const foldFetch = 1000
 // died during its deletions left (see projection.Dropper), and records
 // its own deletions as done once they all succeeded. A pass that fails
 // after Fold returns an error and records nothing: the next one sweeps.
+//
+// Only the leader of the fold deletes: before each batch of deletions
+// the pass checks projection.Fence(ctx) (the fold runner's lease), and a
+// fence that fails ends the pass there. f does the same before it stores
+// a checkpoint.
 func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder, world string, opts ...FoldOption) (FoldStats, error) {
 	var o foldOptions
 	for _, opt := range opts {
@@ -84,10 +89,10 @@ func FoldWorld(ctx context.Context, js jetstream.JetStream, f projection.Folder,
 		return st, fmt.Errorf("fold %q: %w", world, err)
 	}
 	drop, st.Withheld = below(drop, floor)
-	if err := streams.DeleteMsgs(ctx, js, subjects.StreamCommits, drop, 0); err != nil {
+	st.Dropped, err = deleteFenced(ctx, js, drop)
+	if err != nil {
 		return st, fmt.Errorf("fold %q: %w", world, err)
 	}
-	st.Dropped = len(drop)
 	// With versions withheld the checkpoint's drops are not all done:
 	// recorded as undone, the next pass sweeps what is left.
 	if drops && st.Withheld == 0 {
@@ -152,7 +157,7 @@ func sweepWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.St
 		return 0, fmt.Errorf("sweep %q: %w", world, err)
 	}
 	drop, withheld := below(drop, floor)
-	if err := streams.DeleteMsgs(ctx, js, subjects.StreamCommits, drop, 0); err != nil {
+	if _, err := deleteFenced(ctx, js, drop); err != nil {
 		return 0, fmt.Errorf("sweep %q: %w", world, err)
 	}
 	if withheld == 0 {
@@ -161,6 +166,29 @@ func sweepWorld(ctx context.Context, js jetstream.JetStream, stream jetstream.St
 		}
 	}
 	return len(drop), nil
+}
+
+// deleteBatch is how many versions a pass deletes between two checks of
+// its lease: a process that lost the lease stops deleting within one
+// batch, and a check (one request) is small beside a batch's deletions.
+const deleteBatch = 4096
+
+// deleteFenced deletes seqs from COMMITS in batches, each only while the
+// process leads the fold (projection.Fence), and returns how many it
+// deleted.
+func deleteFenced(ctx context.Context, js jetstream.JetStream, seqs []uint64) (int, error) {
+	done := 0
+	for len(seqs) > 0 {
+		n := min(len(seqs), deleteBatch)
+		if err := projection.Fence(ctx); err != nil {
+			return done, fmt.Errorf("not deleting: %w", err)
+		}
+		if err := streams.DeleteMsgs(ctx, js, subjects.StreamCommits, seqs[:n], 0); err != nil {
+			return done, err
+		}
+		done, seqs = done+n, seqs[n:]
+	}
+	return done, nil
 }
 
 // below splits seqs (sorted) at floor: those at or below it, and how many

@@ -6,7 +6,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// FoldMetrics are the fold runner's metrics (prefix millrace_compactor_).
+// FoldMetrics are the fold runner's own figures (prefix
+// millrace_compactor_): passes and what they did, discovery's worlds and
+// versions. Whether it leads, its position, lag and errors are the
+// consumer core's (FoldRunnerConfig.ConsumerMetrics, kind="fold").
 type FoldMetrics struct {
 	passes      *prometheus.CounterVec
 	folded      prometheus.Counter
@@ -16,7 +19,6 @@ type FoldMetrics struct {
 	seconds     prometheus.Histogram
 	worldsDirty prometheus.Gauge
 	waiting     prometheus.Gauge
-	oldestAge   prometheus.Gauge
 }
 
 // NewFoldMetrics registers the metrics with reg (nil: not registered).
@@ -55,14 +57,10 @@ func NewFoldMetrics(reg prometheus.Registerer) *FoldMetrics {
 			Name: "millrace_compactor_versions_waiting",
 			Help: "Versions delivered to the compactor and not folded yet.",
 		}),
-		oldestAge: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "millrace_compactor_oldest_unfolded_age_seconds",
-			Help: "Age of the oldest version waiting to be folded (0: none waits).",
-		}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.passes, m.folded, m.dropped, m.swept, m.discoveries, m.seconds,
-			m.worldsDirty, m.waiting, m.oldestAge)
+			m.worldsDirty, m.waiting)
 	}
 	return m
 }

@@ -9,20 +9,22 @@ import (
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
 )
 
 // FoldRunnerConfig configures a FoldRunner. Zero fields take the defaults.
 type FoldRunnerConfig struct {
-	// Durable names the discovery consumer on COMMITS. Default
-	// "compactor". Run one process per durable name: a runner that starts
-	// recreates the consumer (so that what the last one held comes at
-	// once), which would pull it from under another.
+	// Durable names the discovery consumer on COMMITS, and the fold's
+	// lease (FoldLeaseKey): one process leads each durable name, others
+	// stand by. Default "compactor".
 	Durable string
 	// MinVersions folds a world as soon as this many of its versions are
 	// waiting. Default 10,000.
@@ -49,8 +51,12 @@ type FoldRunnerConfig struct {
 	// FetchWait is how long a pull waits for messages. Default 1s.
 	FetchWait time.Duration
 	// RetryMin and RetryMax bound the backoff of a world whose pass
-	// failed (doubling from RetryMin). Defaults 1s and 1m.
+	// failed (doubling from RetryMin), and the pause before a runner that
+	// lost the lead tries to lead again. Defaults 1s and 1m.
 	RetryMin, RetryMax time.Duration
+	// StandbyEvery is how often a runner on standby (another process
+	// holds the fold's lease) tries to take it. Default 2s.
+	StandbyEvery time.Duration
 	// Drain is how long passes in flight may go on after Run's context
 	// ends before they are cancelled. Default 10s.
 	Drain time.Duration
@@ -65,7 +71,13 @@ type FoldRunnerConfig struct {
 	// go before they were exported. Default none (nothing holds).
 	HoldFor []string
 	Logger  *slog.Logger
+	// Metrics, if set, receives the fold's own figures
+	// (millrace_compactor_*).
 	Metrics *FoldMetrics
+	// ConsumerMetrics, if set, receives the consumer metrics of the fold
+	// (millrace_consumer_*{consumer=<Durable>,kind="fold"}): whether this
+	// process leads, its position, lag and errors.
+	ConsumerMetrics *streams.Metrics
 }
 
 func (c FoldRunnerConfig) withDefaults() FoldRunnerConfig {
@@ -110,6 +122,9 @@ func (c FoldRunnerConfig) withDefaults() FoldRunnerConfig {
 
 // Validate reports a configuration the runner cannot work with.
 func (c FoldRunnerConfig) Validate() error {
+	if c.StandbyEvery < 0 {
+		return fmt.Errorf("fold runner: standby period %s is negative", c.StandbyEvery)
+	}
 	c = c.withDefaults()
 	if strings.ContainsAny(c.Durable, ".*> \t\r\n") {
 		return fmt.Errorf("fold runner: durable name %q: no '.', '*', '>' or spaces", c.Durable)
@@ -129,7 +144,11 @@ func (c FoldRunnerConfig) Validate() error {
 }
 
 // FoldRunner decides when to fold which world of the commit log, and
-// folds it with FoldWorld.
+// folds it with FoldWorld. It is a user of the consumer core
+// (streams.Loop, kind fold): its position lives in the bucket (each
+// world's latest checkpoint), so it leads by a key-value lease,
+// FoldLeaseKey(Durable) in streams.LeaseBucket, and processes beside the
+// leader stand by.
 //
 // Discovery. Listing the subjects of COMMITS to find worlds with new
 // versions costs a walk of every document (1,000,000 in a big world) on
@@ -143,45 +162,52 @@ func (c FoldRunnerConfig) Validate() error {
 // retried with backoff while other worlds go on.
 //
 // Acknowledgement. Each version is acked once its world is folded up to
-// it (AckExplicit), so the consumer's ack floor is the lowest version
-// still waiting, and a crash re-delivers exactly what was not folded; a
-// world whose checkpoint already covers what comes again makes a pass
-// that finds nothing new. Not AckAll, though one ack per batch would be
-// cheaper: a pass deletes folded versions that the consumer still has
-// delivered and unacknowledged, JetStream treats the deletion of a pending
-// message as its acknowledgement, and under AckAll that acknowledges every
-// message below it, the unfolded versions of other worlds included
-// (nats-server consumer.decStreamPending). Under AckExplicit such a
-// deletion acknowledges that one message, which is exactly right, and the
-// runner's own ack of it later is a no-op.
+// it (AckExplicit, streams.KindFold), so the consumer's ack floor is the
+// lowest version still waiting, and a crash re-delivers exactly what was
+// not folded; a world whose checkpoint already covers what comes again
+// makes a pass that finds nothing new. Not AckAll, though one ack per
+// batch would be cheaper: a pass deletes folded versions that the
+// consumer still has delivered and unacknowledged, JetStream treats the
+// deletion of a pending message as its acknowledgement, and under AckAll
+// that acknowledges every message below it, the unfolded versions of
+// other worlds included (nats-server consumer.decStreamPending). Under
+// AckExplicit such a deletion acknowledges that one message, which is
+// exactly right, and the runner's own ack of it later is a no-op.
 //
-// Restart and loss. At start the runner recreates the consumer to deliver
-// from right after its ack floor (unless nothing is in flight), so what
-// the last process held comes at once rather than after AckWait; versions
-// above the floor that were folded come again and cost an idle pass per
-// world. When the consumer disappears (deleted, or the stream recreated)
-// the runner recreates it from its own lowest waiting version. A delivery
-// lost in transit (a disconnect) is redelivered after AckWait. Until the
-// COMMITS stream exists the runner waits and says so.
+// Lead, restart and loss. Whenever the runner takes the lead it starts
+// discovery afresh and attaches the consumer (streams.Attach) right after
+// its ack floor, so what the last leader held comes at once rather than
+// after AckWait; versions above the floor that were folded come again
+// and cost an idle pass per world. A pass writes its checkpoint and each
+// batch of its deletions only while the lease holds (projection.Fence);
+// losing the lease ends the passes and the lead. When the consumer
+// disappears (deleted, or the stream recreated) the runner attaches it
+// again from its own lowest waiting version. A delivery lost in transit
+// (a disconnect) is redelivered after AckWait. Until the COMMITS stream
+// exists the runner waits and says so once.
 type FoldRunner struct {
-	js  jetstream.JetStream
-	f   projection.Folder
-	cfg FoldRunnerConfig
-	m   *FoldMetrics
-	log *slog.Logger
+	js   jetstream.JetStream
+	f    projection.Folder
+	cfg  FoldRunnerConfig
+	m    *FoldMetrics
+	cm   streams.ConsumerMetrics
+	log  *slog.Logger
+	loop streams.Loop
 
-	// Consumer state.
-	cons      jetstream.Consumer
-	created   time.Time // the stream's creation time when attached
-	attached  bool      // attached once: positions are ours, not the server's
-	attachAt  time.Time // the next attach attempt
-	attachErr string    // the last attach error logged, to say it once
-	fetchErrs int       // pull failures in a row
-	fetchAt   time.Time // the next pull after a failure
+	// Consumer state, for one lead; owned by the goroutine of Run.
+	cons        jetstream.Consumer
+	created     time.Time // the stream's creation time when attached
+	attached    bool      // attached once in this lead: positions are ours, not the server's
+	attachAt    time.Time // the next attach attempt
+	attachErr   string    // the last attach error logged, to say it once
+	pullRetry   backoff.Backoff
+	fetchErrs   int       // pull failures in a row
+	fetchAt     time.Time // the next pull after a failure
+	undelivered uint64    // versions the consumer had not delivered yet, at the last pull
 
-	// Discovery state, owned by Run's goroutine.
+	// Discovery state, for one lead.
 	worlds   map[string]*foldState
-	maxSeq   uint64 // the highest sequence delivered
+	maxSeq   uint64 // the highest sequence delivered, or below which all is folded
 	waiting  int    // versions waiting, all worlds
 	urgent   bool   // a pull made a world due by size, or the pressure high
 	inFlight int
@@ -196,6 +222,7 @@ type foldState struct {
 	folding bool
 	cut     uint64 // last when the pass in flight began
 	fails   int
+	retry   backoff.Backoff // the pause after a failed pass
 	retryAt time.Time
 }
 
@@ -211,12 +238,23 @@ type waitVersion struct {
 // ackBody is JetStream's acknowledgement, what jetstream.Msg.Ack sends.
 var ackBody = []byte("+ACK")
 
+// FoldLeaseKey is the key of the fold's lease for durable in
+// streams.LeaseBucket.
+func FoldLeaseKey(durable string) string { return "fold." + durable }
+
 // NewFoldRunner makes a runner that folds the worlds of COMMITS with f.
 func NewFoldRunner(js jetstream.JetStream, f projection.Folder, cfg FoldRunnerConfig) *FoldRunner {
 	cfg = cfg.withDefaults()
-	return &FoldRunner{js: js, f: f, cfg: cfg, m: cfg.Metrics,
-		log:    cfg.Logger.With("component", "compactor", "consumer", cfg.Durable),
-		worlds: map[string]*foldState{}, missing: map[string]bool{}}
+	r := &FoldRunner{js: js, f: f, cfg: cfg, m: cfg.Metrics,
+		cm:      cfg.ConsumerMetrics.Consumer(cfg.Durable, streams.KindFold),
+		log:     cfg.Logger.With("component", "compactor", "consumer", cfg.Durable),
+		missing: map[string]bool{}}
+	r.loop = streams.Loop{Name: cfg.Durable, Kind: streams.KindFold,
+		Lease:        streams.NewKVLease(js, FoldLeaseKey(cfg.Durable)),
+		Retry:        backoff.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax},
+		StandbyEvery: cfg.StandbyEvery, Metrics: r.cm, Logger: r.log}
+	r.begin()
+	return r
 }
 
 // fetched is what one pull brought.
@@ -234,41 +272,121 @@ type passDone struct {
 	took  time.Duration
 }
 
-// Run discovers and folds worlds until ctx ends; then it lets passes in
-// flight finish for up to Drain (cancelling them after), acks what they
-// folded, and returns: what is not folded stays unacknowledged for the
-// next start. It returns an error only for a bad configuration.
+// Run leads the fold (standing by while another process does), discovers
+// and folds worlds until ctx ends; then it lets passes in flight finish
+// for up to Drain (cancelling them after), acks what they folded, gives
+// the lease up, and returns: what is not folded stays unacknowledged for
+// the next leader. It returns an error only for a bad configuration.
+//
+// The lease outlives ctx until the passes have drained: they commit
+// their checkpoints under it (projection.Fence), and it is renewed
+// meanwhile. Losing it ends the lead at once, passes included.
 func (r *FoldRunner) Run(ctx context.Context) error {
 	if err := r.cfg.Validate(); err != nil {
 		return err
 	}
-	passCtx, cancelPasses := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelPasses()
-	done := make(chan passDone, r.cfg.Concurrency)
-	pulls := make(chan fetched, 1)
-	var fetcher *fetcher
-	stopFetcher := func() {
-		if fetcher != nil {
-			fetcher.stop()
-			fetcher = nil
-			// A pull it had made may be waiting in the channel.
-			select {
-			case <-pulls:
-			default:
-			}
+	leadCtx, stopLead := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLead()
+	var mu sync.Mutex
+	stepping := false
+	// On standby, or between leads, ctx's end ends the loop at once;
+	// while it leads, the lead ends once its passes drained.
+	unwatch := context.AfterFunc(ctx, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !stepping {
+			stopLead()
 		}
+	})
+	defer unwatch()
+	r.loop.Run(leadCtx, streams.Session{
+		Begin: func(context.Context, streams.Held) error { r.begin(); return nil },
+		Step: func(held context.Context) error {
+			mu.Lock()
+			if ctx.Err() != nil {
+				mu.Unlock()
+				stopLead()
+				return nil
+			}
+			stepping = true
+			mu.Unlock()
+			began := time.Now()
+			r.lead(ctx, held)
+			if time.Since(began) > 2*r.cfg.RetryMax {
+				r.loop.Retry.Reset() // a lead that lasted: its loss is a new failure
+			}
+			mu.Lock()
+			stepping = false
+			if ctx.Err() != nil {
+				stopLead()
+			}
+			mu.Unlock()
+			return nil
+		},
+	})
+	return nil
+}
+
+// begin forgets what a previous lead knew: another leader may have
+// folded and acknowledged since, and the replies held were that
+// consumer's. Which holders were warned of stays.
+func (r *FoldRunner) begin() {
+	r.cons, r.created, r.attached = nil, time.Time{}, false
+	r.attachAt, r.attachErr = time.Time{}, ""
+	r.pullRetry = backoff.Backoff{Min: pullRetryMin, Max: pullRetryMax}
+	r.fetchErrs, r.fetchAt, r.undelivered = 0, time.Time{}, 0
+	r.worlds, r.maxSeq, r.waiting, r.urgent = map[string]*foldState{}, 0, 0, false
+}
+
+// The pause after a failed pull from the discovery consumer.
+const (
+	pullRetryMin = 250 * time.Millisecond
+	pullRetryMax = 5 * time.Second
+)
+
+// newWorld is the state of a world discovery has just met.
+func (r *FoldRunner) newWorld() *foldState {
+	return &foldState{retry: backoff.Backoff{Min: r.cfg.RetryMin, Max: r.cfg.RetryMax}}
+}
+
+// leadLoop is the channels of one lead's event loop.
+type leadLoop struct {
+	done    chan passDone
+	pulls   chan fetched
+	fetcher *fetcher
+}
+
+// stopFetcher ends the pulls of the lead, if any.
+func (l *leadLoop) stopFetcher() {
+	if l.fetcher == nil {
+		return
 	}
-	defer stopFetcher()
+	l.fetcher.stop()
+	l.fetcher = nil
+	// A pull it had made may be waiting in the channel.
+	select {
+	case <-l.pulls:
+	default:
+	}
+}
+
+// lead runs discovery and passes while held (the lease's context) lasts
+// and stop (Run's) has not ended, then drains the passes in flight.
+func (r *FoldRunner) lead(stop, held context.Context) {
+	passCtx, cancelPasses := context.WithCancel(held)
+	defer cancelPasses()
+	l := &leadLoop{done: make(chan passDone, r.cfg.Concurrency), pulls: make(chan fetched, 1)}
+	defer l.stopFetcher()
 	tick := time.NewTicker(max(10*time.Millisecond, min(time.Second, r.cfg.Interval/4)))
 	defer tick.Stop()
-
-	for ctx.Err() == nil {
+	over := func() bool { return stop.Err() != nil || held.Err() != nil }
+	for !over() {
 		now := time.Now()
 		if r.cons == nil && !now.Before(r.attachAt) {
-			r.attach(ctx)
+			r.attach(held)
 		}
-		if r.cons != nil && fetcher == nil && !now.Before(r.fetchAt) {
-			fetcher = r.startFetch(ctx, r.cons, pulls)
+		if r.cons != nil && l.fetcher == nil && !now.Before(r.fetchAt) {
+			l.fetcher = r.startFetch(held, r.cons, l.pulls)
 		}
 		// Scheduling walks every world waiting, so it runs on the tick,
 		// when a pass ends (a slot is free), and when a pull made a world
@@ -276,53 +394,60 @@ func (r *FoldRunner) Run(ctx context.Context) error {
 		// handful of versions thousands of times a second.
 		sched := false
 		select {
-		case <-ctx.Done():
-		case p := <-pulls:
-			if p.cons != r.cons {
-				break // from a consumer since replaced
-			}
-			if p.err != nil {
-				stopFetcher()
-				r.fetchFailed(ctx, p.err)
-				break
-			}
-			r.take(p.msgs)
-			sched = r.urgent
-		case d := <-done:
+		case <-stop.Done():
+		case <-held.Done():
+		case p := <-l.pulls:
+			sched = r.pulled(held, l, p)
+		case d := <-l.done:
 			r.finish(d, false)
 			sched = true
 		case <-tick.C:
 			r.tidy(time.Now())
 			sched = true
 		}
-		if ctx.Err() != nil {
-			break
-		}
-		if sched {
+		if sched && !over() {
 			r.urgent = false
-			r.schedule(passCtx, done, time.Now())
+			r.schedule(passCtx, l.done, time.Now())
 		}
 	}
+	l.stopFetcher()
+	r.drain(held, l.done, cancelPasses)
+}
 
-	// Stop: no new pulls or passes; passes in flight get Drain.
-	stopFetcher()
-	if r.inFlight > 0 {
+// pulled takes what a pull brought, and says whether to schedule now.
+func (r *FoldRunner) pulled(ctx context.Context, l *leadLoop, p fetched) bool {
+	if p.cons != r.cons {
+		return false // from a consumer since replaced
+	}
+	if p.err != nil {
+		l.stopFetcher()
+		r.fetchFailed(ctx, p.err)
+		return false
+	}
+	r.take(p.msgs)
+	return r.urgent
+}
+
+// drain waits for the passes in flight: for up to Drain when the process
+// stops (they may still commit, the lease held), not at all once the
+// lease is lost (their context has ended with it).
+func (r *FoldRunner) drain(held context.Context, done <-chan passDone, cancelPasses context.CancelFunc) {
+	abandoned := held.Err() != nil
+	if r.inFlight > 0 && !abandoned {
 		r.log.Info("stopping: waiting for passes in flight", "passes", r.inFlight, "drain", r.cfg.Drain)
 	}
-	drain := time.NewTimer(r.cfg.Drain)
-	defer drain.Stop()
-	abandoned := false
+	t := time.NewTimer(r.cfg.Drain)
+	defer t.Stop()
 	for r.inFlight > 0 {
 		select {
 		case d := <-done:
-			r.finish(d, abandoned)
-		case <-drain.C:
+			r.finish(d, abandoned || held.Err() != nil)
+		case <-t.C:
 			abandoned = true
 			cancelPasses()
 		}
 	}
 	r.tidy(time.Now())
-	return nil
 }
 
 // fetcher is the goroutine that pulls from one consumer.
@@ -414,9 +539,11 @@ func (r *FoldRunner) fetch(ctx context.Context, cons jetstream.Consumer, out cha
 	}
 }
 
-// attach looks up or creates the discovery consumer. It starts after the
-// consumer's ack floor on the first attach (a restart), and at the
-// runner's own lowest waiting version afterwards.
+// attach points the discovery consumer at where discovery stands: right
+// after the consumer's ack floor on the lead's first attach, and at the
+// runner's own lowest waiting version afterwards (the consumer was
+// deleted, or the stream recreated). Until it succeeds it is tried every
+// second, and each error is logged once.
 func (r *FoldRunner) attach(ctx context.Context) {
 	err := r.tryAttach(ctx)
 	if err == nil {
@@ -427,6 +554,7 @@ func (r *FoldRunner) attach(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	r.cm.Batch("attach_error")
 	msg := err.Error()
 	if msg != r.attachErr {
 		if errors.Is(err, jetstream.ErrStreamNotFound) {
@@ -441,6 +569,8 @@ func (r *FoldRunner) attach(ctx context.Context) {
 func (r *FoldRunner) tryAttach(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
+	// The stream's creation time says whether its sequences still mean
+	// what discovery knows of them.
 	stream, err := r.js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {
 		return fmt.Errorf("the %s stream: %w", subjects.StreamCommits, err)
@@ -450,40 +580,18 @@ func (r *FoldRunner) tryAttach(ctx context.Context) error {
 		r.log.Error("the " + subjects.StreamCommits + " stream was recreated: its sequences start over, so discovery does too")
 		r.reset()
 	}
-	want := r.consumerConfig()
-	start := r.resumeFrom()
-	info, err := stream.Consumer(ctx, r.cfg.Durable)
-	switch {
-	case err == nil:
-		ci := info.CachedInfo()
-		if !r.attached {
-			start = ci.AckFloor.Stream + 1
-			if ci.NumAckPending == 0 && sameConsumer(ci.Config, want) {
-				// Nothing in flight, and configured as wanted: keep it.
-				r.use(info, created, ci.Delivered.Stream+1)
-				return nil
-			}
-		}
-		if err := stream.DeleteConsumer(ctx, r.cfg.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			return fmt.Errorf("reset consumer %s: %w", r.cfg.Durable, err)
-		}
-	case errors.Is(err, jetstream.ErrConsumerNotFound):
-	default:
-		return fmt.Errorf("look up consumer %s: %w", r.cfg.Durable, err)
-	}
-	if start > 1 {
-		want.DeliverPolicy, want.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
-	}
-	cons, err := stream.CreateConsumer(ctx, want)
+	cons, start, err := streams.Attach(ctx, r.js, subjects.StreamCommits, streams.KindFold, r.consumerConfig(),
+		streams.Position{Next: r.resumeFrom(), AfterFloor: true}, r.log)
 	if err != nil {
-		return fmt.Errorf("create consumer %s: %w", r.cfg.Durable, err)
+		return err
 	}
 	r.use(cons, created, start)
 	return nil
 }
 
-// resumeFrom is where a recreated consumer starts: the lowest version
-// waiting, or after the highest delivered when none waits.
+// resumeFrom is where the consumer is attached: the lowest version
+// waiting, or after the highest delivered when none waits (1 at the
+// start of a lead, so that the consumer's ack floor decides).
 func (r *FoldRunner) resumeFrom() uint64 {
 	if low, ok := r.watermark(); ok {
 		return low
@@ -496,6 +604,10 @@ func (r *FoldRunner) use(cons jetstream.Consumer, created time.Time, start uint6
 	first := !r.attached
 	r.cons, r.created, r.attached = cons, created, true
 	r.fetchErrs, r.fetchAt = 0, time.Time{}
+	r.pullRetry.Reset()
+	// Below start every version is folded: acknowledged, or the runner's
+	// own lowest waiting is start.
+	r.maxSeq = max(r.maxSeq, start-1)
 	if first {
 		r.log.Info("discovering worlds", "from", start, "min_versions", r.cfg.MinVersions,
 			"interval", r.cfg.Interval, "concurrency", r.cfg.Concurrency, "hold_for", strings.Join(r.cfg.HoldFor, ","))
@@ -509,7 +621,7 @@ func (r *FoldRunner) use(cons jetstream.Consumer, created time.Time, start uint6
 		w.waiting, w.last = nil, 0
 	}
 	r.waiting = 0
-	r.log.Info("discovery consumer recreated", "from", start)
+	r.log.Info("discovery consumer attached again", "from", start)
 }
 
 // reset forgets everything the runner knew of the stream (it was
@@ -522,18 +634,19 @@ func (r *FoldRunner) reset() {
 			continue
 		}
 		// Its pass still reports here; nothing of the old stream counts.
-		*w = foldState{folding: true}
+		*w = *r.newWorld()
+		w.folding = true
 	}
 	r.maxSeq, r.waiting = 0, 0
 }
 
+// consumerConfig is the discovery consumer; its ack and deliver policies
+// are the core's (streams.Attach, streams.KindFold).
 func (r *FoldRunner) consumerConfig() jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{
 		Durable:       r.cfg.Durable,
 		Description:   "millrace compactor: which worlds of the commit log have versions to fold (headers only)",
 		FilterSubject: subjects.CommitsFilter,
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
 		AckWait:       r.cfg.AckWait,
 		MaxDeliver:    -1,
 		MaxAckPending: r.cfg.MaxAckPending,
@@ -542,13 +655,8 @@ func (r *FoldRunner) consumerConfig() jetstream.ConsumerConfig {
 	}
 }
 
-func sameConsumer(have, want jetstream.ConsumerConfig) bool {
-	return have.FilterSubject == want.FilterSubject && have.AckPolicy == want.AckPolicy &&
-		have.AckWait == want.AckWait && have.MaxAckPending == want.MaxAckPending && have.HeadersOnly
-}
-
-// detach drops the consumer; the next attach recreates it after the last
-// ack.
+// detach drops the consumer; the next attach makes it again from the
+// lowest version waiting.
 func (r *FoldRunner) detach() {
 	r.cons = nil
 	r.attachAt = time.Time{}
@@ -568,13 +676,15 @@ func (r *FoldRunner) fetchFailed(ctx context.Context, err error) {
 		cancel()
 		gone = errors.Is(ierr, jetstream.ErrConsumerNotFound) || errors.Is(ierr, jetstream.ErrStreamNotFound)
 	}
+	r.cm.Batch("pull_error")
 	if gone {
-		r.log.Warn("the discovery consumer is gone; recreating it from the lowest version waiting", "err", err)
+		r.log.Warn("the discovery consumer is gone; making it again from the lowest version waiting", "err", err)
 		r.detach()
 		return
 	}
 	r.fetchErrs++
-	wait := backoff(r.fetchErrs, 250*time.Millisecond, 5*time.Second)
+	r.cm.Retry()
+	wait := r.pullRetry.Next()
 	r.fetchAt = time.Now().Add(wait)
 	if r.fetchErrs == 1 || r.fetchErrs%20 == 0 {
 		r.log.Warn("pull from the discovery consumer failed; retrying", "err", err, "failures", r.fetchErrs, "retry_in", wait)
@@ -588,6 +698,7 @@ func (r *FoldRunner) take(msgs []jetstream.Msg) {
 	if r.fetchErrs > 0 {
 		r.log.Info("pulling from the discovery consumer again", "after_failures", r.fetchErrs)
 		r.fetchErrs = 0
+		r.pullRetry.Reset()
 	}
 	for _, msg := range msgs {
 		meta, err := msg.Metadata()
@@ -597,6 +708,7 @@ func (r *FoldRunner) take(msgs []jetstream.Msg) {
 		}
 		seq := meta.Sequence.Stream
 		r.maxSeq = max(r.maxSeq, seq)
+		r.undelivered = meta.NumPending
 		world, _, ok := subjects.ParseCommits(msg.Subject())
 		if !ok {
 			r.log.Warn("a message on COMMITS that is not a document version; acknowledged and skipped", "subject", msg.Subject(), "seq", seq)
@@ -605,7 +717,7 @@ func (r *FoldRunner) take(msgs []jetstream.Msg) {
 		}
 		w := r.worlds[world]
 		if w == nil {
-			w = &foldState{}
+			w = r.newWorld()
 			r.worlds[world] = w
 		}
 		switch {
@@ -717,18 +829,21 @@ func (r *FoldRunner) finish(d passDone, abandoned bool) {
 	if d.err != nil {
 		if abandoned {
 			r.m.pass("abandoned", d.took, d.st)
-			r.log.Info("pass abandoned at shutdown; the world stays unacknowledged for the next start", "world", d.world, "err", d.err)
+			r.log.Info("pass abandoned (stopping, or the lead lost); the world stays unacknowledged for the next leader", "world", d.world, "err", d.err)
 			return
 		}
 		r.m.pass("error", d.took, d.st)
+		r.cm.Batch("error")
+		r.cm.Retry()
 		w.fails++
-		wait := backoff(w.fails, r.cfg.RetryMin, r.cfg.RetryMax)
+		wait := w.retry.Next()
 		w.retryAt = time.Now().Add(wait)
 		r.log.Warn("pass failed; the world is retried later, others go on", "world", d.world, "err", d.err,
 			"failures", w.fails, "retry_in", wait, "waiting", len(w.waiting))
 		return
 	}
 	w.fails, w.retryAt = 0, time.Time{}
+	w.retry.Reset()
 	w.covered = max(w.covered, d.st.Position())
 	upto := max(w.cut, w.covered)
 	n, _ := slices.BinarySearchFunc(w.waiting, upto+1, cmpWait)
@@ -777,14 +892,6 @@ func roundSeconds(d time.Duration) float64 {
 	return float64(d.Round(time.Millisecond)) / float64(time.Second)
 }
 
-func backoff(n int, lo, hi time.Duration) time.Duration {
-	d := lo
-	for i := 1; i < n && d < hi; i++ {
-		d *= 2
-	}
-	return min(d, hi)
-}
-
 // watermark is the lowest waiting version of any world (ok false: none
 // waits).
 func (r *FoldRunner) watermark() (uint64, bool) {
@@ -807,6 +914,7 @@ func (r *FoldRunner) watermark() (uint64, bool) {
 func (r *FoldRunner) tidy(now time.Time) {
 	dirty, waiting := 0, 0
 	var oldest int64
+	pos := r.maxSeq // every version below the lowest waiting is folded
 	for name, w := range r.worlds {
 		if len(w.waiting) == 0 {
 			if !w.folding && w.covered <= r.maxSeq {
@@ -819,15 +927,17 @@ func (r *FoldRunner) tidy(now time.Time) {
 		if oldest == 0 || w.waiting[0].at < oldest {
 			oldest = w.waiting[0].at
 		}
+		pos = min(pos, w.waiting[0].seq-1)
 	}
+	var age time.Duration
+	if oldest != 0 {
+		age = max(0, now.Sub(time.Unix(0, oldest)))
+	}
+	r.cm.Position(pos)
+	r.cm.Lag(age, uint64(waiting)+r.undelivered)
 	if r.m == nil {
 		return
 	}
-	age := 0.0
-	if oldest != 0 {
-		age = max(0, now.Sub(time.Unix(0, oldest)).Seconds())
-	}
 	r.m.worldsDirty.Set(float64(dirty))
 	r.m.waiting.Set(float64(waiting))
-	r.m.oldestAge.Set(age)
 }

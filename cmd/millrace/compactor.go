@@ -35,7 +35,7 @@ type compactorOptions struct {
 
 func (o *compactorOptions) register(fs *flag.FlagSet) {
 	envString(fs, &o.durable, "compactor-durable", "MILLRACE_COMPACTOR_DURABLE", "compactor",
-		"name of the compactor's discovery consumer on COMMITS; run one compactor process per name")
+		"name of the compactor's discovery consumer on COMMITS and of its lease (fold.<name> in the millrace_leases bucket): one process per name folds, others stand by")
 	envInt(fs, &o.minVersions, "compactor-min-versions", "MILLRACE_COMPACTOR_MIN_VERSIONS", 10000,
 		"fold a world as soon as this many of its versions wait")
 	envDuration(fs, &o.interval, "compactor-interval", "MILLRACE_COMPACTOR_INTERVAL", 30*time.Second,
@@ -146,7 +146,7 @@ func newCompactor(rc commitlog.FoldRunnerConfig, cc compactor.Config, js jetstre
 		Help: "Bucket operations of the compactor, by operation (list, get, create, equal) and result (ok, exists, error).",
 	}, []string{"op", "result"})
 	t.reg.MustRegister(ops)
-	rc.Metrics = commitlog.NewFoldMetrics(t.reg)
+	rc.Metrics, rc.ConsumerMetrics = commitlog.NewFoldMetrics(t.reg), t.sm
 	return commitlog.NewFoldRunner(js, compactor.MustNew(cc, countingStore{bk, ops}), rc)
 }
 
@@ -244,8 +244,11 @@ default the holder is the Kafka export's consumer of COMMITS
 route reads COMMITS, as the export itself would decide from the same
 variables; --compactor-hold=none when nothing exports COMMITS.
 
-Run one compactor process per durable name. Metrics (millrace_compactor_*)
-on --http-listen.`,
+One process leads each durable name, by a lease (fold.<durable> in the
+millrace_leases bucket); others stand by and take over within
+--nats-lease-ttl of its end. A pass stores its checkpoint and each batch of
+its deletions only while the lease holds. Metrics (millrace_compactor_*,
+and millrace_consumer_*{kind="fold"}) on --http-listen.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo       logOptions

@@ -210,7 +210,7 @@ func (o *natsOptions) register(fs *flag.FlagSet) {
 	envInt(fs, &o.retentionDays, "retention-raw-days", "RETENTION_RAW_DAYS", 30, "days the BES stream keeps raw build events")
 	envDuration(fs, &o.dupWindow, "nats-duplicate-window", "MILLRACE_NATS_DUPLICATE_WINDOW", streams.DefaultDuplicateWindow, "how long a resent event is recognised as a duplicate")
 	envSize(fs, &o.maxPayload, "nats-max-payload", "MILLRACE_NATS_MAX_PAYLOAD", streams.DefaultMaxPayload, "embedded server: largest message in bytes")
-	envDuration(fs, &o.leaseTTL, "nats-lease-ttl", "MILLRACE_NATS_LEASE_TTL", streams.DefaultLeaseTTL, "how long the lease of a consumer led through JetStream (the Kafka export) outlives its holder: a standby takes over at most this long after a crash (the millrace_leases bucket's max age)")
+	envDuration(fs, &o.leaseTTL, "nats-lease-ttl", "MILLRACE_NATS_LEASE_TTL", streams.DefaultLeaseTTL, "how long the lease of a consumer led through JetStream (the Kafka export, the compactor) outlives its holder: a standby takes over at most this long after a crash (the millrace_leases bucket's max age)")
 	envString(fs, &o.creds, "nats-creds", "MILLRACE_NATS_CREDS", "", "--nats-url: NATS credentials file (user JWT and seed, as nsc makes them)")
 	envString(fs, &o.nkey, "nats-nkey", "MILLRACE_NATS_NKEY", "", "--nats-url: file holding a user nkey seed (SU...); for dev's embedded server from another process: <nats-dir>/auth/service.nk")
 	envString(fs, &o.tlsCA, "nats-tls-ca", "MILLRACE_NATS_TLS_CA", "", "--nats-url: PEM CA bundle the servers' certificates must chain to (turns TLS on)")

@@ -334,6 +334,11 @@ func (c *Compactor) Fold(ctx context.Context, world string, versions []projectio
 		return nil, err
 	}
 	key := layout.CheckpointKey(world, res.To)
+	// The manifest is the checkpoint: only the fold's leader stores one. A
+	// process whose lease is gone leaves orphans, never a checkpoint.
+	if err := projection.Fence(ctx); err != nil {
+		return nil, fmt.Errorf("compactor: checkpoint %s not stored: %w", key, err)
+	}
 	switch err := c.store.Create(ctx, key, data); {
 	case errors.Is(err, bucket.ErrExists):
 		same, eerr := c.store.Equal(ctx, key, data)
