@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog"
@@ -29,6 +30,7 @@ import (
 // foldEnv is a JetStream server, a bucket, and the versions written.
 type foldEnv struct {
 	t     *testing.T
+	url   string
 	js    jetstream.JetStream
 	store *bucket.Bucket
 	log   *slog.Logger
@@ -54,7 +56,7 @@ func newFoldEnv(t *testing.T, applyStreams bool) *foldEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { store.Close() })
-	e := &foldEnv{t: t, js: js, store: store, log: testLogger(t),
+	e := &foldEnv{t: t, url: ns.ClientURL(), js: js, store: store, log: testLogger(t),
 		last: map[string]map[string]uint64{}, first: map[string]uint64{}}
 	if applyStreams {
 		e.apply()
@@ -190,6 +192,18 @@ func (e *foldEnv) streamLast() uint64 {
 
 // run starts a runner; the returned stop ends it and waits.
 func (e *foldEnv) run(f projection.Folder, cfg commitlog.FoldRunnerConfig) (stop func()) {
+	return e.start(e.js, f, cfg).stop
+}
+
+// foldProc is one runner, as a process of its own would run it.
+type foldProc struct {
+	stop func() // ends it and waits
+	reg  *prometheus.Registry
+}
+
+// start starts a runner on js, its consumer metrics on a registry of its
+// own.
+func (e *foldEnv) start(js jetstream.JetStream, f projection.Folder, cfg commitlog.FoldRunnerConfig) foldProc {
 	cfg.Logger = e.log
 	if cfg.Fetch == 0 {
 		cfg.Fetch = 64 // several pulls and ack handles even in small tests
@@ -197,12 +211,17 @@ func (e *foldEnv) run(f projection.Folder, cfg commitlog.FoldRunnerConfig) (stop
 	if cfg.MaxAckPending == 0 {
 		cfg.MaxAckPending = 10000
 	}
-	r := commitlog.NewFoldRunner(e.js, f, cfg)
+	reg := prometheus.NewRegistry()
+	cfg.ConsumerMetrics = streams.NewMetrics(reg)
+	if cfg.Metrics == nil {
+		cfg.Metrics = commitlog.NewFoldMetrics(reg)
+	}
+	r := commitlog.NewFoldRunner(js, f, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	var once sync.Once
-	stop = func() {
+	stop := func() {
 		once.Do(func() {
 			cancel()
 			if err := <-done; err != nil {
@@ -211,7 +230,7 @@ func (e *foldEnv) run(f projection.Folder, cfg commitlog.FoldRunnerConfig) (stop
 		})
 	}
 	e.t.Cleanup(stop)
-	return stop
+	return foldProc{stop: stop, reg: reg}
 }
 
 func (e *foldEnv) waitFolded(worlds ...string) {

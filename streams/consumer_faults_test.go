@@ -28,7 +28,8 @@ import (
 )
 
 // The fault suite of the consumer core: every fault, against every user
-// of the core (the runner, the outbox relay, the export), with the same
+// of the core (the runner, the outbox relay, the export, the commit log's
+// fold), with the same
 // checks afterwards: nothing lost, nothing effected twice (beyond the
 // resends a user's contract allows: the export sends again what was in
 // flight when it stopped), effects in order, and the position, read where
@@ -668,8 +669,11 @@ func hasDurable(u faultUser) string {
 }
 
 func inPostgres(u faultUser) string {
-	if _, ok := u.(*exportUser); ok {
+	switch u.(type) {
+	case *exportUser:
 		return "the export's position is not in PostgreSQL"
+	case *foldUser:
+		return "the fold's position is not in PostgreSQL"
 	}
 	return ""
 }
@@ -785,6 +789,7 @@ func TestConsumerCoreFaults(t *testing.T) {
 		{"runner", func() faultUser { return &runnerUser{} }},
 		{"outbox", func() faultUser { return &outboxUser{} }},
 		{"export", func() faultUser { return newExportUser() }},
+		{"fold", func() faultUser { return newFoldUser() }},
 	}
 	for _, fc := range faultCases {
 		for _, us := range users {

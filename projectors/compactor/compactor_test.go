@@ -322,6 +322,33 @@ func TestCrashBeforeManifest(t *testing.T) {
 	w.check()
 }
 
+// A compactor whose fence fails (its process no longer leads the fold)
+// stores no checkpoint, and the pass deletes nothing; once it leads again
+// the next pass folds everything.
+func TestFoldWithoutTheLeadStoresNoCheckpoint(t *testing.T) {
+	w := newWorld(t)
+	for i := range 30 {
+		w.mustPut(fmt.Sprintf("d%02d", i%10), fmt.Sprint(i))
+	}
+	lost := errors.New("the lease is lost")
+	ctx := projection.WithFence(context.Background(), func(context.Context) error { return lost })
+	_, err := commitlog.FoldWorld(ctx, w.js, MustNew(Config{ShardDocs: 4}, w.store), w.name)
+	if !errors.Is(err, lost) {
+		t.Fatalf("pass without the lead: %v, want the fence's error", err)
+	}
+	if m, _ := layout.Latest(ctx, w.store, w.name); m != nil {
+		t.Fatalf("a checkpoint was stored without the lead: %+v", m)
+	}
+	if info, _ := w.stream.Info(ctx); info.State.Msgs != 30 {
+		t.Fatalf("%d messages in the stream, want all 30", info.State.Msgs)
+	}
+	w.check()
+	if _, err := w.pass(w.store, 4); err != nil {
+		t.Fatal(err)
+	}
+	w.check()
+}
+
 // Two compactors racing on one world never both win one checkpoint: each
 // pass either writes its checkpoint or finds the identical one; and a
 // different checkpoint at the same sequence is refused before any purge.
