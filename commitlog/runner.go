@@ -621,7 +621,7 @@ func (r *FoldRunner) use(cons jetstream.Consumer, created time.Time, start uint6
 		w.waiting, w.last = nil, 0
 	}
 	r.waiting = 0
-	r.log.Info("discovery consumer attached again", "from", start)
+	r.log.Info("discovery consumer recreated", "from", start)
 }
 
 // reset forgets everything the runner knew of the stream (it was
@@ -678,7 +678,7 @@ func (r *FoldRunner) fetchFailed(ctx context.Context, err error) {
 	}
 	r.cm.Batch("pull_error")
 	if gone {
-		r.log.Warn("the discovery consumer is gone; making it again from the lowest version waiting", "err", err)
+		r.log.Warn("the discovery consumer is gone; recreating it from the lowest version waiting", "err", err)
 		r.detach()
 		return
 	}

@@ -15,14 +15,14 @@ import (
 
 // The consumer core: how every consumer of a stream in millrace leads,
 // attaches its durable consumer, retries, acks, counts and stops. Its
-// users (Runner, Outbox, ExportRunner; the fold next) each say only where
-// their position lives and what their ack means.
+// users (Runner, Outbox, ExportRunner, and commitlog.FoldRunner) each say
+// only where their position lives and what their ack means.
 //
-//	user          kind        lease                                position lives in          ack
-//	Runner        projection  PGLease millrace.consumer.<name>         consumer_positions         AckAll, after the commit
-//	Outbox        outbox      PGLease millrace.outbox                  the outbox rows left       (publishes; a row goes once stored)
-//	ExportRunner  export      KVLease export.<durable>                 its consumer's ack floor   AckAll, after the other system's, fenced
-//	(fold, next)  fold        KVLease fold.<durable>                   the bucket's checkpoints   AckExplicit, fenced
+//	user                  kind        lease                             position lives in         ack
+//	Runner                projection  PGLease millrace.consumer.<name>  consumer_positions        AckAll, after the commit
+//	Outbox                outbox      PGLease millrace.outbox           the outbox rows left      (publishes; a row goes once stored)
+//	ExportRunner          export      KVLease export.<durable>          its consumer's ack floor  AckAll, after the other system's, fenced
+//	commitlog.FoldRunner  fold        KVLease fold.<durable>            the bucket's checkpoints  AckExplicit, once folded; checkpoints and deletions fenced
 
 // Kind is what a consumer does with what it reads; it labels the
 // consumer metrics and decides the ack policy.

@@ -3,8 +3,9 @@
 // names they use are in package subjects), the embedded server used when no
 // external NATS is configured, the asynchronous deduplicating publisher the
 // edges use, the consumer core every consumer of a stream runs under and
-// its users (the projection runner, the outbox relay, the export runner),
-// and the raw JetStream API requests the client lacks (DeleteMsgs).
+// its users here (the projection runner, the outbox relay, the export
+// runner; the commit log's fold, in package commitlog, is the other), and
+// the raw JetStream API requests the client lacks (DeleteMsgs).
 //
 // # The consumer core
 //
@@ -20,11 +21,12 @@
 // PostgreSQL advisory lock on the connection the holder's transactions use
 // where the position lives in PostgreSQL (PGLease: the runner, the outbox,
 // replays), and a key-value entry taken by compare-and-set where it does
-// not (KVLease: the export, and next the fold in package commitlog), whose
-// holder checks Fence before an effect. The users say only where their
-// position lives and what an ack means: Runner (projections: fetch a
-// batch, apply it in a PostgreSQL transaction that also records the
-// position, commit, then ack), Outbox, ExportRunner. TestConsumerCoreFaults
+// not (KVLease: the export, and the fold in package commitlog), whose
+// holder checks Fence before an effect (projection.Fence for code that
+// only has the context). The users say only where their position lives
+// and what an ack means: Runner (projections: fetch a batch, apply it in a
+// PostgreSQL transaction that also records the position, commit, then
+// ack), Outbox, ExportRunner, commitlog.FoldRunner. TestConsumerCoreFaults
 // runs every fault against each.
 //
 // # What each consumer never does
@@ -72,6 +74,7 @@
 // going back.
 //
 // The commit log's fold, a consumer of COMMITS whose position lives in the
-// bucket, is a user of the backbone, not part of it: package commitlog
-// states its invariant and the tests that pin it.
+// bucket, is a user of the core, not part of this package: package
+// commitlog states its invariant and the tests that pin it. Its cases of
+// TestConsumerCoreFaults import it from this package's external tests.
 package streams

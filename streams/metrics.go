@@ -43,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer", "kind", "outcome"}),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_consumer_batches_total",
-			Help: "Batches or attempts of a consumer, by result (a projection: committed, transient_error, rewound, naked; the export: acked, a prefix acknowledged on the stream, and error, a session that failed; the outbox: published, a batch stored, and error, a relay attempt that failed).",
+			Help: "Batches or attempts of a consumer, by result (a projection: committed, transient_error, rewound, naked; the export: acked, a prefix acknowledged on the stream, and error, a session that failed; the outbox: published, a batch stored, and error, a relay attempt that failed; the fold: error, a pass that failed, pull_error, a pull that failed, and attach_error, an attach that failed).",
 		}, []string{"consumer", "kind", "result"}),
 		stepSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "millrace_consumer_step_seconds",
@@ -52,15 +52,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"consumer", "kind", "step"}),
 		position: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "millrace_consumer_position",
-			Help: "Where the consumer is: the highest stream sequence committed (projection), acknowledged by the other system with every one before it (export), or the last outbox row id stored (outbox).",
+			Help: "Where the consumer is: the highest stream sequence committed (projection), acknowledged by the other system with every one before it (export), folded with every one before it (fold), or the last outbox row id stored (outbox).",
 		}, []string{"consumer", "kind"}),
 		pending: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "millrace_consumer_pending",
-			Help: "Messages behind the position: in the stream and not yet delivered (projection), in flight plus not yet read (export), outbox rows not yet published, by id (outbox).",
+			Help: "Messages behind the position: in the stream and not yet delivered (projection), in flight plus not yet read (export), delivered and not yet folded plus not yet delivered (fold), outbox rows not yet published, by id (outbox).",
 		}, []string{"consumer", "kind"}),
 		lagSeconds: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "millrace_consumer_lag_seconds",
-			Help: "How far behind the consumer is: the age of the newest message when its batch committed (projection), of the oldest message in flight (export, 0: none), of the newest row published (outbox).",
+			Help: "How far behind the consumer is: the age of the newest message when its batch committed (projection), of the oldest message in flight (export, 0: none), of the oldest version waiting to be folded (fold, 0: none), of the newest row published (outbox).",
 		}, []string{"consumer", "kind"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "millrace_consumer_retries_total",

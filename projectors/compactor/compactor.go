@@ -11,7 +11,9 @@
 // conditional create: a pass that dies between them leaves orphans and no
 // torn checkpoint, and of two compactors racing for one checkpoint one
 // wins (the other finds an identical manifest, or a different one, and
-// says so). Shards are content-addressed, so a shard no change touched is
+// says so). The manifest is stored only while the fold's lease holds
+// (projection.Fence, just before it): a process that no longer leads the
+// fold leaves orphans, never a checkpoint. Shards are content-addressed, so a shard no change touched is
 // the same object in the next checkpoint.
 //
 // The stream keeps every document's last version: Fold returns, to be

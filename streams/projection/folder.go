@@ -40,6 +40,9 @@ type Folder interface {
 	// durably before it returns. It returns the sequences the stream may
 	// now drop: only versions that are not their document's last (the
 	// stream's per-subject last sequence is what compare-and-set checks).
+	// Just before the write that makes its checkpoint durable it calls
+	// Fence(ctx), and stores nothing when that fails: only the fold's
+	// leader moves the position.
 	Fold(ctx context.Context, world string, versions []Version) (drop []uint64, err error)
 }
 
