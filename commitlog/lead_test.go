@@ -226,18 +226,31 @@ func waitPass(t *testing.T, p foldProc) {
 	})
 }
 
-// hold blocks the first caller of wait until open.
+// hold blocks the first caller of wait until open, or until the caller's
+// context ends (so that a failed test does not leave its runner blocked).
 type hold struct {
-	once    sync.Once
-	reached chan struct{}
-	opened  chan struct{}
+	once, opening sync.Once
+	reached       chan struct{}
+	opened        chan struct{}
 }
 
-func newHold() *hold { return &hold{reached: make(chan struct{}), opened: make(chan struct{})} }
+func newHold(t *testing.T) *hold {
+	h := &hold{reached: make(chan struct{}), opened: make(chan struct{})}
+	t.Cleanup(h.open)
+	return h
+}
 
-func (h *hold) wait() { h.once.Do(func() { close(h.reached); <-h.opened }) }
+func (h *hold) wait(ctx context.Context) {
+	h.once.Do(func() {
+		close(h.reached)
+		select {
+		case <-h.opened:
+		case <-ctx.Done():
+		}
+	})
+}
 
-func (h *hold) open() { close(h.opened) }
+func (h *hold) open() { h.opening.Do(func() { close(h.opened) }) }
 
 func (h *hold) waitReached(t *testing.T, what string) {
 	t.Helper()
@@ -255,7 +268,7 @@ type heldFold struct {
 }
 
 func (f *heldFold) Fold(ctx context.Context, world string, versions []projection.Version) ([]uint64, error) {
-	f.h.wait()
+	f.h.wait(ctx)
 	return f.Compactor.Fold(ctx, world, versions)
 }
 
@@ -269,7 +282,7 @@ type heldStore struct {
 
 func (s heldStore) Create(ctx context.Context, key string, data []byte) error {
 	if key == s.key {
-		s.h.wait()
+		s.h.wait(ctx)
 	}
 	return s.Bucket.Create(ctx, key, data)
 }
@@ -283,7 +296,7 @@ func TestFoldFencedBeforeTheCheckpoint(t *testing.T) {
 	e := newFoldEnv(t, true)
 	kv := e.leases(time.Minute)
 	e.put("w", 5, 3)
-	h := newHold()
+	h := newHold(t)
 	p := e.start(e.js, &heldFold{Compactor: compactor.MustNew(compactor.Config{}, e.store), h: h}, leadConfig)
 	h.waitReached(t, "the pass's fold")
 	giveBack := take(t, kv, "compactor", time.Hour)
@@ -307,7 +320,7 @@ func TestFoldFencedBeforeTheDeletions(t *testing.T) {
 	e := newFoldEnv(t, true)
 	kv := e.leases(time.Minute)
 	e.put("w", 5, 3)
-	h := newHold()
+	h := newHold(t)
 	store := heldStore{Bucket: e.store, key: layout.CheckpointKey("w", e.lastOf("w")), h: h}
 	p := e.start(e.js, compactor.MustNew(compactor.Config{}, store), leadConfig)
 	h.waitReached(t, "the checkpoint's store")
@@ -324,6 +337,46 @@ func TestFoldFencedBeforeTheDeletions(t *testing.T) {
 	giveBack()
 	e.waitFolded("w")
 	e.waitAcked("compactor")
+}
+
+// A runner told to stop lets the pass in flight finish under its lease,
+// still renewed, and gives the lease up only afterwards: the pass stores
+// its checkpoint, however long the drain outlasts the lease's TTL.
+func TestFoldRunnerDrainsUnderItsLease(t *testing.T) {
+	e := newFoldEnv(t, true)
+	ctx := context.Background()
+	kv := e.leases(2 * time.Second)
+	e.put("w", 5, 3)
+	h := newHold(t)
+	p := e.start(e.js, &heldFold{Compactor: compactor.MustNew(compactor.Config{}, e.store), h: h}, leadConfig)
+	h.waitReached(t, "the pass's fold")
+	key := commitlog.FoldLeaseKey("compactor")
+	p.cancel()
+	before, err := kv.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := range 2 {
+		poll.NoError(t, fmt.Sprintf("renewal %d of the lease while the pass drains", n+1), func() error {
+			now, err := kv.Get(ctx, key)
+			if err != nil {
+				return err
+			}
+			if now.Revision() <= before.Revision() {
+				return fmt.Errorf("still at revision %d", now.Revision())
+			}
+			before = now
+			return nil
+		})
+	}
+	h.open()
+	p.stop()
+	if c, want := e.covered("w"), e.lastOf("w"); c != want {
+		t.Fatalf("checkpoint at %d, want %d: the pass in flight at the stop did not finish", c, want)
+	}
+	if _, err := kv.Get(ctx, key); !errors.Is(err, jetstream.ErrKeyNotFound) {
+		t.Fatalf("the lease after the stop: %v, want it given up", err)
+	}
 }
 
 // A runner that lost the lead to another attaches the consumer afresh

@@ -285,46 +285,77 @@ func (r *FoldRunner) Run(ctx context.Context) error {
 	if err := r.cfg.Validate(); err != nil {
 		return err
 	}
-	leadCtx, stopLead := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLead()
-	var mu sync.Mutex
-	stepping := false
-	// On standby, or between leads, ctx's end ends the loop at once;
-	// while it leads, the lead ends once its passes drained.
-	unwatch := context.AfterFunc(ctx, func() {
-		mu.Lock()
-		defer mu.Unlock()
-		if !stepping {
-			stopLead()
-		}
-	})
-	defer unwatch()
-	r.loop.Run(leadCtx, streams.Session{
+	g := newLeadGate(ctx)
+	defer g.close()
+	r.loop.Run(g.ctx, streams.Session{
 		Begin: func(context.Context, streams.Held) error { r.begin(); return nil },
 		Step: func(held context.Context) error {
-			mu.Lock()
-			if ctx.Err() != nil {
-				mu.Unlock()
-				stopLead()
+			if !g.enter() {
 				return nil
 			}
-			stepping = true
-			mu.Unlock()
+			defer g.leave()
 			began := time.Now()
 			r.lead(ctx, held)
 			if time.Since(began) > 2*r.cfg.RetryMax {
 				r.loop.Retry.Reset() // a lead that lasted: its loss is a new failure
 			}
-			mu.Lock()
-			stepping = false
-			if ctx.Err() != nil {
-				stopLead()
-			}
-			mu.Unlock()
 			return nil
 		},
 	})
 	return nil
+}
+
+// leadGate is the context the fold's Loop runs in. It ends with Run's:
+// at once on standby or between leads, and while the process leads only
+// once the lead's passes have drained, so that the lease stays held, and
+// renewed, until their last checkpoint.
+type leadGate struct {
+	parent  context.Context
+	ctx     context.Context
+	end     context.CancelFunc
+	unwatch func() bool
+	mu      sync.Mutex
+	leading bool
+}
+
+func newLeadGate(parent context.Context) *leadGate {
+	g := &leadGate{parent: parent}
+	g.ctx, g.end = context.WithCancel(context.WithoutCancel(parent))
+	g.unwatch = context.AfterFunc(parent, func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		if !g.leading {
+			g.end()
+		}
+	})
+	return g
+}
+
+// enter begins a lead's step; false when Run's context has ended.
+func (g *leadGate) enter() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.parent.Err() != nil {
+		g.end()
+		return false
+	}
+	g.leading = true
+	return true
+}
+
+// leave ends the step, and the Loop with it once Run's context has ended.
+func (g *leadGate) leave() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.leading = false
+	if g.parent.Err() != nil {
+		g.end()
+	}
+}
+
+func (g *leadGate) close() {
+	g.unwatch()
+	g.end()
 }
 
 // begin forgets what a previous lead knew: another leader may have

@@ -197,8 +197,9 @@ func (e *foldEnv) run(f projection.Folder, cfg commitlog.FoldRunnerConfig) (stop
 
 // foldProc is one runner, as a process of its own would run it.
 type foldProc struct {
-	stop func() // ends it and waits
-	reg  *prometheus.Registry
+	cancel func() // asks it to stop
+	stop   func() // asks it to stop and waits
+	reg    *prometheus.Registry
 }
 
 // start starts a runner on js, its consumer metrics on a registry of its
@@ -230,7 +231,7 @@ func (e *foldEnv) start(js jetstream.JetStream, f projection.Folder, cfg commitl
 		})
 	}
 	e.t.Cleanup(stop)
-	return foldProc{stop: stop, reg: reg}
+	return foldProc{cancel: cancel, stop: stop, reg: reg}
 }
 
 func (e *foldEnv) waitFolded(worlds ...string) {
