@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/internal/envflag"
 )
 
 // bucketOptions name the object storage the commit log is folded into.
@@ -16,7 +17,7 @@ type bucketOptions struct {
 }
 
 func (o *bucketOptions) register(fs *flag.FlagSet) {
-	envString(fs, &o.url, "bucket-url", "MILLRACE_BUCKET_URL", "var/bucket",
+	envflag.String(fs, &o.url, "bucket-url", "MILLRACE_BUCKET_URL", "var/bucket",
 		"object storage of the commit log's checkpoints: a directory, file:///dir, s3://name?region=R[&endpoint=URL&use_path_style=true] or gs://name")
 }
 

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/streams"
@@ -27,15 +28,15 @@ type commitsOptions struct {
 }
 
 func (o *commitsOptions) register(fs *flag.FlagSet) {
-	envString(fs, &o.listen, "commits-listen", "MILLRACE_COMMITS_LISTEN", "127.0.0.1:1987", "commits API gRPC address (JSON and raw bodies over HTTP are served under /v1/worlds/ on --http-listen)")
-	envString(fs, &o.tlsCert, "commits-tls-cert", "MILLRACE_COMMITS_TLS_CERT", "", "PEM server certificate for the commits gRPC API (with --commits-tls-key); empty serves plaintext, for loopback and behind a TLS proxy")
-	envString(fs, &o.tlsKey, "commits-tls-key", "MILLRACE_COMMITS_TLS_KEY", "", "PEM private key of --commits-tls-cert")
-	envString(fs, &o.keys, "commits-api-keys", "MILLRACE_COMMITS_API_KEYS", "", "commits API keys as world=key (one world) or *=key (every world), comma-separated")
-	envString(fs, &o.keysFile, "commits-api-keys-file", "MILLRACE_COMMITS_API_KEYS_FILE", "", "file of API key lines (added to --commits-api-keys)")
-	envSize(fs, &o.maxBody, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", commits.DefaultMaxBodyBytes, "largest document body")
-	envSize(fs, &o.cacheBytes, "commits-cache-bytes", "MILLRACE_COMMITS_CACHE_BYTES", commits.DefaultCacheBytes, "memory for decoded checkpoint objects (shards, history segments) kept to answer reads of folded versions")
-	envInt(fs, &o.indexWorlds, "commits-index-worlds", "MILLRACE_COMMITS_INDEX_WORLDS", commits.DefaultIndexWorlds, "worlds List keeps open in memory (about 100 bytes plus the id per document); the least recently listed closes first")
-	envDuration(fs, &o.listWait, "commits-list-wait", "MILLRACE_COMMITS_LIST_WAIT", commits.DefaultListWait, "how long a List waits for an open world to catch up with the writes acknowledged before it")
+	envflag.String(fs, &o.listen, "commits-listen", "MILLRACE_COMMITS_LISTEN", "127.0.0.1:1987", "commits API gRPC address (JSON and raw bodies over HTTP are served under /v1/worlds/ on --http-listen)")
+	envflag.String(fs, &o.tlsCert, "commits-tls-cert", "MILLRACE_COMMITS_TLS_CERT", "", "PEM server certificate for the commits gRPC API (with --commits-tls-key); empty serves plaintext, for loopback and behind a TLS proxy")
+	envflag.String(fs, &o.tlsKey, "commits-tls-key", "MILLRACE_COMMITS_TLS_KEY", "", "PEM private key of --commits-tls-cert")
+	envflag.String(fs, &o.keys, "commits-api-keys", "MILLRACE_COMMITS_API_KEYS", "", "commits API keys as world=key (one world) or *=key (every world), comma-separated")
+	envflag.String(fs, &o.keysFile, "commits-api-keys-file", "MILLRACE_COMMITS_API_KEYS_FILE", "", "file of API key lines (added to --commits-api-keys)")
+	envflag.Size(fs, &o.maxBody, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", commits.DefaultMaxBodyBytes, "largest document body")
+	envflag.Size(fs, &o.cacheBytes, "commits-cache-bytes", "MILLRACE_COMMITS_CACHE_BYTES", commits.DefaultCacheBytes, "memory for decoded checkpoint objects (shards, history segments) kept to answer reads of folded versions")
+	envflag.Int(fs, &o.indexWorlds, "commits-index-worlds", "MILLRACE_COMMITS_INDEX_WORLDS", commits.DefaultIndexWorlds, "worlds List keeps open in memory (about 100 bytes plus the id per document); the least recently listed closes first")
+	envflag.Duration(fs, &o.listWait, "commits-list-wait", "MILLRACE_COMMITS_LIST_WAIT", commits.DefaultListWait, "how long a List waits for an open world to catch up with the writes acknowledged before it")
 }
 
 // config reads the keys; devSecrets, when not empty, is where a
@@ -139,7 +140,7 @@ before the call.`,
 			co.register(fs)
 			bo.register(fs)
 			ho.register(fs, "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz")
-			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls in progress")
+			envflag.Duration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls in progress")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"serve commits takes no arguments"}

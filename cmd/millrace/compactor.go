@@ -14,6 +14,7 @@ import (
 
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog"
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/streams"
@@ -34,21 +35,21 @@ type compactorOptions struct {
 }
 
 func (o *compactorOptions) register(fs *flag.FlagSet) {
-	envString(fs, &o.durable, "compactor-durable", "MILLRACE_COMPACTOR_DURABLE", "compactor",
+	envflag.String(fs, &o.durable, "compactor-durable", "MILLRACE_COMPACTOR_DURABLE", "compactor",
 		"name of the compactor's discovery consumer on COMMITS and of its lease (fold.<name> in the millrace_leases bucket): one process per name folds, others stand by")
-	envInt(fs, &o.minVersions, "compactor-min-versions", "MILLRACE_COMPACTOR_MIN_VERSIONS", 10000,
+	envflag.Int(fs, &o.minVersions, "compactor-min-versions", "MILLRACE_COMPACTOR_MIN_VERSIONS", 10000,
 		"fold a world as soon as this many of its versions wait")
-	envDuration(fs, &o.interval, "compactor-interval", "MILLRACE_COMPACTOR_INTERVAL", 30*time.Second,
+	envflag.Duration(fs, &o.interval, "compactor-interval", "MILLRACE_COMPACTOR_INTERVAL", 30*time.Second,
 		"fold a world once its oldest waiting version is this old")
-	envInt(fs, &o.concurrency, "compactor-concurrency", "MILLRACE_COMPACTOR_CONCURRENCY", 2,
+	envflag.Int(fs, &o.concurrency, "compactor-concurrency", "MILLRACE_COMPACTOR_CONCURRENCY", 2,
 		"worlds folded at once (one pass per world at a time)")
-	envInt(fs, &o.maxAckPending, "compactor-max-ack-pending", "MILLRACE_COMPACTOR_MAX_ACK_PENDING", 200000,
+	envflag.Int(fs, &o.maxAckPending, "compactor-max-ack-pending", "MILLRACE_COMPACTOR_MAX_ACK_PENDING", 200000,
 		"versions delivered to the compactor and not folded yet before JetStream pauses deliveries; at half of it the world with the oldest waiting version folds at once (about 120 bytes of memory each)")
-	envDuration(fs, &o.ackWait, "compactor-ack-wait", "MILLRACE_COMPACTOR_ACK_WAIT", 5*time.Minute,
+	envflag.Duration(fs, &o.ackWait, "compactor-ack-wait", "MILLRACE_COMPACTOR_ACK_WAIT", 5*time.Minute,
 		"how long JetStream waits for the compactor to acknowledge a version before delivering it again; keep it well above --compactor-interval")
-	envInt(fs, &o.shardDocs, "compactor-shard-docs", "MILLRACE_COMPACTOR_SHARD_DOCS", 4096,
+	envflag.Int(fs, &o.shardDocs, "compactor-shard-docs", "MILLRACE_COMPACTOR_SHARD_DOCS", 4096,
 		"documents per shard object of a checkpoint; a shard past twice this is split")
-	envString(fs, &o.hold, "compactor-hold", "MILLRACE_COMPACTOR_HOLD", "",
+	envflag.String(fs, &o.hold, "compactor-hold", "MILLRACE_COMPACTOR_HOLD", "",
 		`durable consumers on COMMITS, comma-separated, that hold deletions back: no version is deleted above their ack floor, none at all while one does not exist; empty: the Kafka export's consumer of COMMITS (`+kafkaDurable(subjects.StreamCommits)+`) when --kafka-brokers is set and a --kafka-routes route reads COMMITS, else none; "none": nothing holds`)
 }
 
@@ -265,7 +266,7 @@ and millrace_consumer_*{kind="fold"}) on --http-listen.`,
 			co.register(fs)
 			ko.registerRoutes(fs)
 			ho.register(fs, "127.0.0.1:8087", "HTTP address: /metrics, /healthz, /readyz")
-			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second,
+			envflag.Duration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second,
 				"how long shutdown lets passes in flight finish; a pass cut short is redone after the next start")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {

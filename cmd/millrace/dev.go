@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
 )
@@ -81,7 +82,7 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.compactor.register(fs)
 	o.kafka.register(fs)
 	o.http.register(fs, "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
-	envDuration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
+	envflag.Duration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
 }
 
 func runDev(ctx context.Context, o devOptions) error {

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/streams"
@@ -51,7 +52,7 @@ func parseFlags(t *testing.T, register func(*flag.FlagSet), args ...string) {
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
-	if err := envErrors(fs); err != nil {
+	if err := envflag.Errors(fs); err != nil {
 		t.Fatal(err)
 	}
 }

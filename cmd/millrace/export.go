@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
@@ -44,32 +45,32 @@ type kafkaOptions struct {
 
 func (o *kafkaOptions) register(fs *flag.FlagSet) {
 	o.registerRoutes(fs)
-	envString(fs, &o.clientID, "kafka-client-id", "MILLRACE_KAFKA_CLIENT_ID", "millrace-export", "client id the producer shows the brokers")
-	envBool(fs, &o.createTopics, "kafka-create-topics", "MILLRACE_KAFKA_CREATE_TOPICS", true, "create missing topics with --kafka-partitions and --kafka-replication-factor; false: only check they exist")
-	envInt(fs, &o.partitions, "kafka-partitions", "MILLRACE_KAFKA_PARTITIONS", 12, "partitions of created topics (-1: the brokers' default)")
-	envInt(fs, &o.replicationFactor, "kafka-replication-factor", "MILLRACE_KAFKA_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the brokers' default)")
-	envDuration(fs, &o.linger, "kafka-linger", "MILLRACE_KAFKA_LINGER", 10*time.Millisecond, "how long a partition's batch waits for more records before it is sent (a backlog fills batches sooner)")
-	envSize(fs, &o.batchMaxBytes, "kafka-batch-max-bytes", "MILLRACE_KAFKA_BATCH_MAX_BYTES", 1<<20, "largest batch per partition (keep under the brokers' message.max.bytes)")
-	envInt(fs, &o.maxBuffered, "kafka-max-buffered-records", "MILLRACE_KAFKA_MAX_BUFFERED_RECORDS", 50000, "records waiting for Kafka's ack before export pauses")
-	envString(fs, &o.compression, "kafka-compression", "MILLRACE_KAFKA_COMPRESSION", "lz4", "batch compression: none, gzip, snappy, lz4 or zstd")
-	envBool(fs, &o.tls, "kafka-tls", "MILLRACE_KAFKA_TLS", false, "connect to the brokers over TLS (implied by --kafka-tls-ca or --kafka-tls-cert)")
-	envString(fs, &o.tlsCA, "kafka-tls-ca", "MILLRACE_KAFKA_TLS_CA", "", "PEM CA bundle the brokers' certificates must chain to (default: the system's)")
-	envString(fs, &o.tlsCert, "kafka-tls-cert", "MILLRACE_KAFKA_TLS_CERT", "", "PEM client certificate for mutual TLS (with --kafka-tls-key)")
-	envString(fs, &o.tlsKey, "kafka-tls-key", "MILLRACE_KAFKA_TLS_KEY", "", "PEM private key of --kafka-tls-cert")
-	envString(fs, &o.tlsServerName, "kafka-tls-server-name", "MILLRACE_KAFKA_TLS_SERVER_NAME", "", "name to verify the brokers' certificates against (default: the broker host)")
-	envString(fs, &o.saslMechanism, "kafka-sasl-mechanism", "MILLRACE_KAFKA_SASL_MECHANISM", "", "SASL: plain, scram-sha-256 or scram-sha-512 (empty: none); use with TLS")
-	envString(fs, &o.saslUser, "kafka-sasl-user", "MILLRACE_KAFKA_SASL_USER", "", "SASL user")
-	envString(fs, &o.saslPassword, "kafka-sasl-password", "MILLRACE_KAFKA_SASL_PASSWORD", "", "SASL password (prefer --kafka-sasl-password-file)")
-	envString(fs, &o.saslPasswordFile, "kafka-sasl-password-file", "MILLRACE_KAFKA_SASL_PASSWORD_FILE", "", "file holding the SASL password")
-	envInt(fs, &o.maxInFlight, "kafka-max-in-flight", "MILLRACE_KAFKA_MAX_IN_FLIGHT", 20000, "messages per stream sent and not yet acknowledged by Kafka (the consumer's max ack pending)")
+	envflag.String(fs, &o.clientID, "kafka-client-id", "MILLRACE_KAFKA_CLIENT_ID", "millrace-export", "client id the producer shows the brokers")
+	envflag.Bool(fs, &o.createTopics, "kafka-create-topics", "MILLRACE_KAFKA_CREATE_TOPICS", true, "create missing topics with --kafka-partitions and --kafka-replication-factor; false: only check they exist")
+	envflag.SignedInt(fs, &o.partitions, "kafka-partitions", "MILLRACE_KAFKA_PARTITIONS", 12, "partitions of created topics (-1: the brokers' default)")
+	envflag.SignedInt(fs, &o.replicationFactor, "kafka-replication-factor", "MILLRACE_KAFKA_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the brokers' default)")
+	envflag.Duration(fs, &o.linger, "kafka-linger", "MILLRACE_KAFKA_LINGER", 10*time.Millisecond, "how long a partition's batch waits for more records before it is sent (a backlog fills batches sooner)")
+	envflag.Size(fs, &o.batchMaxBytes, "kafka-batch-max-bytes", "MILLRACE_KAFKA_BATCH_MAX_BYTES", 1<<20, "largest batch per partition (keep under the brokers' message.max.bytes)")
+	envflag.Int(fs, &o.maxBuffered, "kafka-max-buffered-records", "MILLRACE_KAFKA_MAX_BUFFERED_RECORDS", 50000, "records waiting for Kafka's ack before export pauses")
+	envflag.String(fs, &o.compression, "kafka-compression", "MILLRACE_KAFKA_COMPRESSION", "lz4", "batch compression: none, gzip, snappy, lz4 or zstd")
+	envflag.Bool(fs, &o.tls, "kafka-tls", "MILLRACE_KAFKA_TLS", false, "connect to the brokers over TLS (implied by --kafka-tls-ca or --kafka-tls-cert)")
+	envflag.String(fs, &o.tlsCA, "kafka-tls-ca", "MILLRACE_KAFKA_TLS_CA", "", "PEM CA bundle the brokers' certificates must chain to (default: the system's)")
+	envflag.String(fs, &o.tlsCert, "kafka-tls-cert", "MILLRACE_KAFKA_TLS_CERT", "", "PEM client certificate for mutual TLS (with --kafka-tls-key)")
+	envflag.String(fs, &o.tlsKey, "kafka-tls-key", "MILLRACE_KAFKA_TLS_KEY", "", "PEM private key of --kafka-tls-cert")
+	envflag.String(fs, &o.tlsServerName, "kafka-tls-server-name", "MILLRACE_KAFKA_TLS_SERVER_NAME", "", "name to verify the brokers' certificates against (default: the broker host)")
+	envflag.String(fs, &o.saslMechanism, "kafka-sasl-mechanism", "MILLRACE_KAFKA_SASL_MECHANISM", "", "SASL: plain, scram-sha-256 or scram-sha-512 (empty: none); use with TLS")
+	envflag.String(fs, &o.saslUser, "kafka-sasl-user", "MILLRACE_KAFKA_SASL_USER", "", "SASL user")
+	envflag.String(fs, &o.saslPassword, "kafka-sasl-password", "MILLRACE_KAFKA_SASL_PASSWORD", "", "SASL password (prefer --kafka-sasl-password-file)")
+	envflag.String(fs, &o.saslPasswordFile, "kafka-sasl-password-file", "MILLRACE_KAFKA_SASL_PASSWORD_FILE", "", "file holding the SASL password")
+	envflag.Int(fs, &o.maxInFlight, "kafka-max-in-flight", "MILLRACE_KAFKA_MAX_IN_FLIGHT", 20000, "messages per stream sent and not yet acknowledged by Kafka (the consumer's max ack pending)")
 }
 
 // registerRoutes registers the options that say whether the export runs
 // and what it reads: `project compactor` registers only these, to know
 // whether the export of COMMITS holds its deletions back.
 func (o *kafkaOptions) registerRoutes(fs *flag.FlagSet) {
-	envString(fs, &o.brokers, "kafka-brokers", "MILLRACE_KAFKA_BROKERS", "", "Kafka bootstrap brokers, host:port comma-separated (in dev: the export runs only when set)")
-	envString(fs, &o.routes, "kafka-routes", "MILLRACE_KAFKA_ROUTES", defaultKafkaRoutes, `subjects to topics: "subject.pattern.> -> topic" comma-separated; the first match takes a message, subjects no route takes are not exported`)
+	envflag.String(fs, &o.brokers, "kafka-brokers", "MILLRACE_KAFKA_BROKERS", "", "Kafka bootstrap brokers, host:port comma-separated (in dev: the export runs only when set)")
+	envflag.String(fs, &o.routes, "kafka-routes", "MILLRACE_KAFKA_ROUTES", defaultKafkaRoutes, `subjects to topics: "subject.pattern.> -> topic" comma-separated; the first match takes a message, subjects no route takes are not exported`)
 }
 
 // kafkaDurable names the export's durable consumer of stream.

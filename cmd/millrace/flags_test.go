@@ -7,22 +7,9 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-)
 
-func TestParseMemoryLimit(t *testing.T) {
-	for in, want := range map[string]int64{
-		"off": 0, "0": 0, "960MiB": 960 << 20, "1GiB": 1 << 30, "512KiB": 512 << 10, "4096B": 4096, "123": 123, " 2TiB ": 2 << 40,
-	} {
-		if got, err := parseMemoryLimit(in); err != nil || got != want {
-			t.Errorf("parseMemoryLimit(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-	for _, in := range []string{"", "1GB", "-1MiB", "lots", "9999999TiB", "1.5GiB"} {
-		if got, err := parseMemoryLimit(in); err == nil {
-			t.Errorf("parseMemoryLimit(%q) = %d, want an error", in, got)
-		}
-	}
-}
+	"github.com/millrace/millrace/internal/envflag"
+)
 
 func TestRedactOptions(t *testing.T) {
 	t.Setenv("MILLRACE_BES_REDACT_PATTERNS", "corp-[0-9]{4}\n\nid=[a-z]{3},[a-z]{3}")
@@ -76,6 +63,8 @@ func TestBadEnvironmentFailsAtStart(t *testing.T) {
 		{[]string{"project", "fleet"}, "MILLRACE_FLEET_PROJECTOR_BATCH", "1000.5"}, // int
 		{[]string{"serve", "fleet"}, "MILLRACE_FLEET_TLS_RESUMPTION", "enabled"},   // bool
 		{[]string{"serve", "fleet"}, "MILLRACE_FLEET_MEMORY_LIMIT", "1GB"},         // memory size
+		{[]string{"project", "builds"}, "MILLRACE_BUILDS_BATCH", "-5"},             // a negative count
+		{[]string{"serve", "commits"}, "MILLRACE_SHUTDOWN_TIMEOUT", "-1s"},         // a negative duration
 	} {
 		t.Run(c.env, func(t *testing.T) {
 			t.Setenv(c.env, c.val)
@@ -95,7 +84,7 @@ func TestEnvironmentSizes(t *testing.T) {
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	var o besOptions
 	o.register(fs)
-	if err := envErrors(fs); err != nil {
+	if err := envflag.Errors(fs); err != nil {
 		t.Fatal(err)
 	}
 	if o.maxEventBytes != 2<<20 {

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/grpclimit"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
@@ -51,33 +52,33 @@ type fleetOptions struct {
 }
 
 func (o *fleetOptions) register(fs *flag.FlagSet) {
-	envString(fs, &o.listen, "fleet-listen", "MILLRACE_FLEET_LISTEN", "127.0.0.1:1986", "fleet gateway gRPC address (mTLS): node sessions and Join")
-	envString(fs, &o.gatewayID, "fleet-gateway-id", "MILLRACE_FLEET_GATEWAY_ID", "", "this gateway instance's id (default: host name and listen port); every instance needs its own")
-	envString(fs, &o.caDir, "fleet-ca-dir", "MILLRACE_FLEET_CA_DIR", "var/fleet/ca", "directory of the fleet CA (ca.crt, ca.key), created on first start when --fleet-ca-cert is not given")
-	envString(fs, &o.caCert, "fleet-ca-cert", "MILLRACE_FLEET_CA_CERT", "", "PEM file of the CA that signs node certificates (with --fleet-ca-key); overrides --fleet-ca-dir")
-	envString(fs, &o.caKey, "fleet-ca-key", "MILLRACE_FLEET_CA_KEY", "", "PEM file of the CA's private key")
-	envString(fs, &o.tlsCert, "fleet-tls-cert", "MILLRACE_FLEET_TLS_CERT", "", "PEM server certificate of the gateway (with --fleet-tls-key); default: one issued by the fleet CA")
-	envString(fs, &o.tlsKey, "fleet-tls-key", "MILLRACE_FLEET_TLS_KEY", "", "PEM private key of --fleet-tls-cert")
-	envString(fs, &o.tlsHosts, "fleet-tls-hosts", "MILLRACE_FLEET_TLS_HOSTS", "", "extra host names and IPs, comma-separated, for the CA-issued server certificate (localhost and the listen host are always in)")
-	envString(fs, &o.joinTokens, "fleet-join-tokens", "MILLRACE_FLEET_JOIN_TOKENS", "", "join tokens as pool=token,pool=token (a node exchanges one for a certificate)")
-	envString(fs, &o.joinTokensFile, "fleet-join-tokens-file", "MILLRACE_FLEET_JOIN_TOKENS_FILE", "", "file of pool=token lines (added to --fleet-join-tokens)")
-	envInt(fs, &o.maxSessions, "fleet-max-sessions", "MILLRACE_FLEET_MAX_SESSIONS", fleet.DefaultMaxSessions, "most node sessions this gateway holds; more are refused with a retry-after")
-	envInt(fs, &o.handshakeRate, "fleet-handshake-rate", "MILLRACE_FLEET_HANDSHAKE_RATE", fleet.DefaultHandshakeRate, "new sessions accepted per second (token bucket, burst the same); Joins have their own limits")
-	envInt(fs, &o.hellos, "fleet-max-hellos-in-flight", "MILLRACE_FLEET_MAX_HELLOS_IN_FLIGHT", fleet.DefaultMaxHellosInFlight, "Hellos being checked and stored at once")
-	envDuration(fs, &o.heartbeat, "fleet-heartbeat-interval", "MILLRACE_FLEET_HEARTBEAT_INTERVAL", fleet.DefaultHeartbeatInterval, "how often nodes send a heartbeat (told in Welcome)")
-	envDuration(fs, &o.flush, "fleet-flush-interval", "MILLRACE_FLEET_FLUSH_INTERVAL", fleet.DefaultFlushInterval, "how often heartbeat ages are published, one batch per pool")
-	envDuration(fs, &o.bindWindow, "fleet-bind-window", "MILLRACE_FLEET_BIND_WINDOW", fleet.DefaultBindWindow, "how long a gateway keeps binds for nodes not connected to it")
-	envBool(fs, &o.resumption, "fleet-tls-resumption", "MILLRACE_FLEET_TLS_RESUMPTION", true, "TLS session tickets (keys derived from the CA key, shared by every gateway of the fleet) so that re-homing nodes resume rather than redo a full handshake")
-	envDuration(fs, &o.certTTL, "fleet-node-cert-validity", "MILLRACE_FLEET_NODE_CERT_VALIDITY", fleet.DefaultNodeCertValidity, "validity of node certificates issued by Join")
-	envInt(fs, &o.reportRate, "fleet-report-rate", "MILLRACE_FLEET_REPORT_RATE", fleet.DefaultReportRate, "status and allocation reports per second one node session may send (token bucket); a node over it is refused report_rate")
-	envInt(fs, &o.reportBurst, "fleet-report-burst", "MILLRACE_FLEET_REPORT_BURST", fleet.DefaultReportBurst, "burst of --fleet-report-rate (a reconnect answering every pending bind at once must fit)")
-	envInt(fs, &o.maxHeld, "fleet-max-held-allocations", "MILLRACE_FLEET_MAX_HELD_ALLOCATIONS", fleet.DefaultMaxHeld, "allocations one node session may hold (Hello list and BOUND reports); bounds its Connected and resync events")
-	envInt(fs, &o.queueShare, "fleet-session-queue-share", "MILLRACE_FLEET_SESSION_QUEUE_SHARE", fleet.DefaultSessionQueueShare, "events of one node session that may wait in the gateway's shared publish queue at once")
-	envInt(fs, &o.joinRatePerClient, "fleet-join-rate-per-client", "MILLRACE_FLEET_JOIN_RATE_PER_CLIENT", fleet.DefaultJoinRatePerClient, "Joins per second from one client address (an IPv6 client's /64); apart from session handshakes, so a Join flood never refuses reconnecting nodes")
-	envInt(fs, &o.joinBurstPerClient, "fleet-join-burst-per-client", "MILLRACE_FLEET_JOIN_BURST_PER_CLIENT", fleet.DefaultJoinBurstPerClient, "Joins one client address may make at once (token bucket burst)")
-	envInt(fs, &o.joinRate, "fleet-join-rate", "MILLRACE_FLEET_JOIN_RATE", fleet.DefaultJoinRate, "Joins per second from all clients together (burst twice this)")
-	envDuration(fs, &o.tlsHandshakeTimeout, "fleet-tls-handshake-timeout", "MILLRACE_FLEET_TLS_HANDSHAKE_TIMEOUT", fleet.DefaultTLSHandshakeTimeout, "a connection's TLS handshake must finish this soon after it starts (a client that opens TCP and says nothing is dropped then)")
-	envString(fs, &o.denyList, "fleet-deny-list", "MILLRACE_FLEET_DENY_LIST", "", "file of revoked node certificate serials (hex) and node identities (pool/node), one per line, # comments; reloaded when it changes (checked every second): revoked sessions are closed and refused")
+	envflag.String(fs, &o.listen, "fleet-listen", "MILLRACE_FLEET_LISTEN", "127.0.0.1:1986", "fleet gateway gRPC address (mTLS): node sessions and Join")
+	envflag.String(fs, &o.gatewayID, "fleet-gateway-id", "MILLRACE_FLEET_GATEWAY_ID", "", "this gateway instance's id (default: host name and listen port); every instance needs its own")
+	envflag.String(fs, &o.caDir, "fleet-ca-dir", "MILLRACE_FLEET_CA_DIR", "var/fleet/ca", "directory of the fleet CA (ca.crt, ca.key), created on first start when --fleet-ca-cert is not given")
+	envflag.String(fs, &o.caCert, "fleet-ca-cert", "MILLRACE_FLEET_CA_CERT", "", "PEM file of the CA that signs node certificates (with --fleet-ca-key); overrides --fleet-ca-dir")
+	envflag.String(fs, &o.caKey, "fleet-ca-key", "MILLRACE_FLEET_CA_KEY", "", "PEM file of the CA's private key")
+	envflag.String(fs, &o.tlsCert, "fleet-tls-cert", "MILLRACE_FLEET_TLS_CERT", "", "PEM server certificate of the gateway (with --fleet-tls-key); default: one issued by the fleet CA")
+	envflag.String(fs, &o.tlsKey, "fleet-tls-key", "MILLRACE_FLEET_TLS_KEY", "", "PEM private key of --fleet-tls-cert")
+	envflag.String(fs, &o.tlsHosts, "fleet-tls-hosts", "MILLRACE_FLEET_TLS_HOSTS", "", "extra host names and IPs, comma-separated, for the CA-issued server certificate (localhost and the listen host are always in)")
+	envflag.String(fs, &o.joinTokens, "fleet-join-tokens", "MILLRACE_FLEET_JOIN_TOKENS", "", "join tokens as pool=token,pool=token (a node exchanges one for a certificate)")
+	envflag.String(fs, &o.joinTokensFile, "fleet-join-tokens-file", "MILLRACE_FLEET_JOIN_TOKENS_FILE", "", "file of pool=token lines (added to --fleet-join-tokens)")
+	envflag.Int(fs, &o.maxSessions, "fleet-max-sessions", "MILLRACE_FLEET_MAX_SESSIONS", fleet.DefaultMaxSessions, "most node sessions this gateway holds; more are refused with a retry-after")
+	envflag.Int(fs, &o.handshakeRate, "fleet-handshake-rate", "MILLRACE_FLEET_HANDSHAKE_RATE", fleet.DefaultHandshakeRate, "new sessions accepted per second (token bucket, burst the same); Joins have their own limits")
+	envflag.Int(fs, &o.hellos, "fleet-max-hellos-in-flight", "MILLRACE_FLEET_MAX_HELLOS_IN_FLIGHT", fleet.DefaultMaxHellosInFlight, "Hellos being checked and stored at once")
+	envflag.Duration(fs, &o.heartbeat, "fleet-heartbeat-interval", "MILLRACE_FLEET_HEARTBEAT_INTERVAL", fleet.DefaultHeartbeatInterval, "how often nodes send a heartbeat (told in Welcome)")
+	envflag.Duration(fs, &o.flush, "fleet-flush-interval", "MILLRACE_FLEET_FLUSH_INTERVAL", fleet.DefaultFlushInterval, "how often heartbeat ages are published, one batch per pool")
+	envflag.Duration(fs, &o.bindWindow, "fleet-bind-window", "MILLRACE_FLEET_BIND_WINDOW", fleet.DefaultBindWindow, "how long a gateway keeps binds for nodes not connected to it")
+	envflag.Bool(fs, &o.resumption, "fleet-tls-resumption", "MILLRACE_FLEET_TLS_RESUMPTION", true, "TLS session tickets (keys derived from the CA key, shared by every gateway of the fleet) so that re-homing nodes resume rather than redo a full handshake")
+	envflag.Duration(fs, &o.certTTL, "fleet-node-cert-validity", "MILLRACE_FLEET_NODE_CERT_VALIDITY", fleet.DefaultNodeCertValidity, "validity of node certificates issued by Join")
+	envflag.Int(fs, &o.reportRate, "fleet-report-rate", "MILLRACE_FLEET_REPORT_RATE", fleet.DefaultReportRate, "status and allocation reports per second one node session may send (token bucket); a node over it is refused report_rate")
+	envflag.Int(fs, &o.reportBurst, "fleet-report-burst", "MILLRACE_FLEET_REPORT_BURST", fleet.DefaultReportBurst, "burst of --fleet-report-rate (a reconnect answering every pending bind at once must fit)")
+	envflag.Int(fs, &o.maxHeld, "fleet-max-held-allocations", "MILLRACE_FLEET_MAX_HELD_ALLOCATIONS", fleet.DefaultMaxHeld, "allocations one node session may hold (Hello list and BOUND reports); bounds its Connected and resync events")
+	envflag.Int(fs, &o.queueShare, "fleet-session-queue-share", "MILLRACE_FLEET_SESSION_QUEUE_SHARE", fleet.DefaultSessionQueueShare, "events of one node session that may wait in the gateway's shared publish queue at once")
+	envflag.Int(fs, &o.joinRatePerClient, "fleet-join-rate-per-client", "MILLRACE_FLEET_JOIN_RATE_PER_CLIENT", fleet.DefaultJoinRatePerClient, "Joins per second from one client address (an IPv6 client's /64); apart from session handshakes, so a Join flood never refuses reconnecting nodes")
+	envflag.Int(fs, &o.joinBurstPerClient, "fleet-join-burst-per-client", "MILLRACE_FLEET_JOIN_BURST_PER_CLIENT", fleet.DefaultJoinBurstPerClient, "Joins one client address may make at once (token bucket burst)")
+	envflag.Int(fs, &o.joinRate, "fleet-join-rate", "MILLRACE_FLEET_JOIN_RATE", fleet.DefaultJoinRate, "Joins per second from all clients together (burst twice this)")
+	envflag.Duration(fs, &o.tlsHandshakeTimeout, "fleet-tls-handshake-timeout", "MILLRACE_FLEET_TLS_HANDSHAKE_TIMEOUT", fleet.DefaultTLSHandshakeTimeout, "a connection's TLS handshake must finish this soon after it starts (a client that opens TCP and says nothing is dropped then)")
+	envflag.String(fs, &o.denyList, "fleet-deny-list", "MILLRACE_FLEET_DENY_LIST", "", "file of revoked node certificate serials (hex) and node identities (pool/node), one per line, # comments; reloaded when it changes (checked every second): revoked sessions are closed and refused")
 }
 
 // config loads the CA and TLS material. devSecrets, when not empty, is the
@@ -107,7 +108,7 @@ func (o *fleetOptions) config(ctx context.Context, t *telemetry, devSecrets stri
 		}
 		tc = fleet.ServerTLSConfig(cert)
 	} else {
-		hosts := append([]string{"localhost", "127.0.0.1", "::1"}, splitNonEmpty(o.tlsHosts)...)
+		hosts := append([]string{"localhost", "127.0.0.1", "::1"}, envflag.SplitList(o.tlsHosts)...)
 		if h, _, err := net.SplitHostPort(o.listen); err == nil && h != "" {
 			hosts = append(hosts, h)
 		}
@@ -190,13 +191,13 @@ type reservationsOptions struct {
 }
 
 func (o *reservationsOptions) register(fs *flag.FlagSet) {
-	envString(fs, &o.listen, "reservations-listen", "MILLRACE_RESERVATIONS_LISTEN", "127.0.0.1:1988", "reservations API gRPC address (JSON over HTTP is served under /v1/reservations on --http-listen)")
-	envString(fs, &o.tlsCert, "reservations-tls-cert", "MILLRACE_RESERVATIONS_TLS_CERT", "", "PEM server certificate for the reservations gRPC API (with --reservations-tls-key); empty serves plaintext, for loopback and behind a TLS proxy")
-	envString(fs, &o.tlsKey, "reservations-tls-key", "MILLRACE_RESERVATIONS_TLS_KEY", "", "PEM private key of --reservations-tls-cert")
-	envString(fs, &o.keys, "fleet-api-keys", "MILLRACE_FLEET_API_KEYS", "", "reservation API keys as owner=key or owner:pool1|pool2=key, comma-separated")
-	envString(fs, &o.keysFile, "fleet-api-keys-file", "MILLRACE_FLEET_API_KEYS_FILE", "", "file of API key lines (added to --fleet-api-keys)")
-	envInt(fs, &o.maxPending, "fleet-max-pending-per-owner", "MILLRACE_FLEET_MAX_PENDING_PER_OWNER", reservations.DefaultMaxPendingPerOwner, "reservations one owner may have pending or placed at once")
-	envDuration(fs, &o.maxWait, "fleet-max-wait", "MILLRACE_FLEET_MAX_WAIT", reservations.DefaultMaxWait, "longest wait for placement a Create may ask for")
+	envflag.String(fs, &o.listen, "reservations-listen", "MILLRACE_RESERVATIONS_LISTEN", "127.0.0.1:1988", "reservations API gRPC address (JSON over HTTP is served under /v1/reservations on --http-listen)")
+	envflag.String(fs, &o.tlsCert, "reservations-tls-cert", "MILLRACE_RESERVATIONS_TLS_CERT", "", "PEM server certificate for the reservations gRPC API (with --reservations-tls-key); empty serves plaintext, for loopback and behind a TLS proxy")
+	envflag.String(fs, &o.tlsKey, "reservations-tls-key", "MILLRACE_RESERVATIONS_TLS_KEY", "", "PEM private key of --reservations-tls-cert")
+	envflag.String(fs, &o.keys, "fleet-api-keys", "MILLRACE_FLEET_API_KEYS", "", "reservation API keys as owner=key or owner:pool1|pool2=key, comma-separated")
+	envflag.String(fs, &o.keysFile, "fleet-api-keys-file", "MILLRACE_FLEET_API_KEYS_FILE", "", "file of API key lines (added to --fleet-api-keys)")
+	envflag.Int(fs, &o.maxPending, "fleet-max-pending-per-owner", "MILLRACE_FLEET_MAX_PENDING_PER_OWNER", reservations.DefaultMaxPendingPerOwner, "reservations one owner may have pending or placed at once")
+	envflag.Duration(fs, &o.maxWait, "fleet-max-wait", "MILLRACE_FLEET_MAX_WAIT", reservations.DefaultMaxWait, "longest wait for placement a Create may ask for")
 }
 
 func (o *reservationsOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (reservations.Config, error) {
@@ -387,11 +388,11 @@ type fleetProjectorOptions struct {
 }
 
 func (o *fleetProjectorOptions) register(fs *flag.FlagSet) {
-	envInt(fs, &o.batch, "fleet-projector-batch", "MILLRACE_FLEET_PROJECTOR_BATCH", 1000, "most node messages applied in one transaction")
-	envDuration(fs, &o.maxWait, "fleet-projector-max-wait", "MILLRACE_FLEET_PROJECTOR_MAX_WAIT", 250*time.Millisecond, "how long a fetch waits to fill a batch of node messages")
-	envDuration(fs, &o.suspectAfter, "fleet-suspect-after", "MILLRACE_FLEET_SUSPECT_AFTER", fleetproj.DefaultSuspectAfter, "a node unheard for this long is suspect: nothing new is placed on it, what it holds stays")
-	envDuration(fs, &o.unreachable, "fleet-unreachable-after", "MILLRACE_FLEET_UNREACHABLE_AFTER", fleetproj.DefaultUnreachableAfter, "a node unheard for this long is unreachable: nothing is placed on it and its reservations are placed elsewhere")
-	envDuration(fs, &o.clockSlack, "fleet-clock-slack", "MILLRACE_FLEET_CLOCK_SLACK", fleetproj.DefaultClockSlack, "how far past the newest liveness batch nodes may age (a silent control plane marks nothing)")
+	envflag.Int(fs, &o.batch, "fleet-projector-batch", "MILLRACE_FLEET_PROJECTOR_BATCH", 1000, "most node messages applied in one transaction")
+	envflag.Duration(fs, &o.maxWait, "fleet-projector-max-wait", "MILLRACE_FLEET_PROJECTOR_MAX_WAIT", 250*time.Millisecond, "how long a fetch waits to fill a batch of node messages")
+	envflag.Duration(fs, &o.suspectAfter, "fleet-suspect-after", "MILLRACE_FLEET_SUSPECT_AFTER", fleetproj.DefaultSuspectAfter, "a node unheard for this long is suspect: nothing new is placed on it, what it holds stays")
+	envflag.Duration(fs, &o.unreachable, "fleet-unreachable-after", "MILLRACE_FLEET_UNREACHABLE_AFTER", fleetproj.DefaultUnreachableAfter, "a node unheard for this long is unreachable: nothing is placed on it and its reservations are placed elsewhere")
+	envflag.Duration(fs, &o.clockSlack, "fleet-clock-slack", "MILLRACE_FLEET_CLOCK_SLACK", fleetproj.DefaultClockSlack, "how far past the newest liveness batch nodes may age (a silent control plane marks nothing)")
 }
 
 // projector makes the liveness projector; reg (nil: none) gets its
@@ -428,12 +429,12 @@ type placerOptions struct {
 }
 
 func (o *placerOptions) register(fs *flag.FlagSet) {
-	envInt(fs, &o.batch, "placer-batch", "MILLRACE_PLACER_BATCH", 500, "most reservation requests planned and committed in one transaction")
-	envDuration(fs, &o.maxWait, "placer-max-wait", "MILLRACE_PLACER_MAX_WAIT", 20*time.Millisecond, "how long requests may gather before the placer plans them (adds to the time to place)")
-	envDuration(fs, &o.bindTimeout, "placer-bind-timeout", "MILLRACE_PLACER_BIND_TIMEOUT", placer.DefaultBindTimeout, "an allocation its node has not confirmed within this is released and placed again")
-	envDuration(fs, &o.pendingTimout, "placer-pending-timeout", "MILLRACE_PLACER_PENDING_TIMEOUT", placer.DefaultPendingTimeout, "a reservation that found no capacity within this fails")
-	envDuration(fs, &o.unbindRetry, "placer-unbind-retry", "MILLRACE_PLACER_UNBIND_RETRY", placer.DefaultUnbindRetry, "how often the nodes are asked again to unbind a released allocation they have not confirmed (its GPUs are not bookable until they do)")
-	envDuration(fs, &o.sweepEvery, "placer-sweep-every", "MILLRACE_PLACER_SWEEP_EVERY", time.Second, "how often an idle placer retries pending reservations and applies its release policies")
+	envflag.Int(fs, &o.batch, "placer-batch", "MILLRACE_PLACER_BATCH", 500, "most reservation requests planned and committed in one transaction")
+	envflag.Duration(fs, &o.maxWait, "placer-max-wait", "MILLRACE_PLACER_MAX_WAIT", 20*time.Millisecond, "how long requests may gather before the placer plans them (adds to the time to place)")
+	envflag.Duration(fs, &o.bindTimeout, "placer-bind-timeout", "MILLRACE_PLACER_BIND_TIMEOUT", placer.DefaultBindTimeout, "an allocation its node has not confirmed within this is released and placed again")
+	envflag.Duration(fs, &o.pendingTimout, "placer-pending-timeout", "MILLRACE_PLACER_PENDING_TIMEOUT", placer.DefaultPendingTimeout, "a reservation that found no capacity within this fails")
+	envflag.Duration(fs, &o.unbindRetry, "placer-unbind-retry", "MILLRACE_PLACER_UNBIND_RETRY", placer.DefaultUnbindRetry, "how often the nodes are asked again to unbind a released allocation they have not confirmed (its GPUs are not bookable until they do)")
+	envflag.Duration(fs, &o.sweepEvery, "placer-sweep-every", "MILLRACE_PLACER_SWEEP_EVERY", time.Second, "how often an idle placer retries pending reservations and applies its release policies")
 }
 
 func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {

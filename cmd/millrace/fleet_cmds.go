@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/envflag"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
 	"github.com/millrace/millrace/streams"
@@ -43,8 +44,8 @@ a node whose gateway goes away re-homes through any other.`,
 			no.register(fs)
 			fo.register(fs)
 			ho.register(fs, "127.0.0.1:8082", "HTTP address: /metrics, /healthz, /readyz")
-			envString(fs, &memLimit, "memory-limit", "MILLRACE_FLEET_MEMORY_LIMIT", "960MiB", "soft limit of the gateway's memory (Go's GOMEMLIMIT, which wins when set): about 50 KiB per session plus 30 MiB; off: none")
-			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for sessions to move away")
+			envflag.String(fs, &memLimit, "memory-limit", "MILLRACE_FLEET_MEMORY_LIMIT", "960MiB", "soft limit of the gateway's memory (Go's GOMEMLIMIT, which wins when set): about 50 KiB per session plus 30 MiB; off: none")
+			envflag.Duration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for sessions to move away")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"serve fleet takes no arguments"}
@@ -61,7 +62,7 @@ a node whose gateway goes away re-homes through any other.`,
 				// nears (at 10 s heartbeats the garbage is little): 960 MiB
 				// held 19,000 sessions in 959 MiB for a tenth more CPU.
 				if os.Getenv("GOMEMLIMIT") == "" {
-					n, err := parseMemoryLimit(memLimit)
+					n, err := envflag.ParseMemoryLimit(memLimit)
 					if err != nil {
 						return usageError{"--memory-limit ($MILLRACE_FLEET_MEMORY_LIMIT): " + err.Error()}
 					}
@@ -104,7 +105,7 @@ Every call needs an API key (authorization: Bearer KEY).`,
 			do.register(fs)
 			ro.register(fs)
 			ho.register(fs, "127.0.0.1:8083", "HTTP address: /v1/reservations, /metrics, /healthz, /readyz")
-			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls to finish")
+			envflag.Duration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls to finish")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"serve reservations takes no arguments"}

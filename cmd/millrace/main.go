@@ -16,6 +16,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/keyfile"
 )
 
@@ -122,7 +123,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		positional, rest = append(positional, rest[0]), rest[1:]
 	}
-	if err := envErrors(fs); err != nil {
+	if err := envflag.Errors(fs); err != nil {
 		fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
 		return 2
 	}

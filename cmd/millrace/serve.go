@@ -9,6 +9,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
 )
@@ -32,7 +33,7 @@ once stored. Several instances may run behind a balancer.`,
 			no.register(fs)
 			bo.register(fs)
 			ho.register(fs, "127.0.0.1:8080", "HTTP address: /metrics, /healthz, /readyz")
-			envDuration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for open streams")
+			envflag.Duration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for open streams")
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return usageError{"serve bes takes no arguments"}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
@@ -260,7 +261,7 @@ one tenant's build for another's.`,
 			lo.register(fs)
 			do.register(fs)
 			fs.BoolVar(&asJSON, "json", false, "print JSON (the stable format tools compare)")
-			envString(fs, &project, "project", "MILLRACE_BUILDS_PROJECT", "", "the project of the build; empty: any project that has the invocation id")
+			envflag.String(fs, &project, "project", "MILLRACE_BUILDS_PROJECT", "", "the project of the build; empty: any project that has the invocation id")
 			return func(ctx context.Context, args []string) error {
 				if len(args) != 1 {
 					return usageError{"builds show takes one invocation id"}

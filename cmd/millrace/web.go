@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/httpapi"
 	"github.com/millrace/millrace/internal/netlimit"
 )
@@ -29,15 +30,15 @@ type httpOptions struct {
 }
 
 func (o *httpOptions) register(fs *flag.FlagSet, def, help string) {
-	envString(fs, &o.listen, "http-listen", "MILLRACE_HTTP_LISTEN", def, help)
-	envString(fs, &o.consoleKeysFile, "http-console-keys-file", "MILLRACE_HTTP_CONSOLE_KEYS_FILE", "",
+	envflag.String(fs, &o.listen, "http-listen", "MILLRACE_HTTP_LISTEN", def, help)
+	envflag.String(fs, &o.consoleKeysFile, "http-console-keys-file", "MILLRACE_HTTP_CONSOLE_KEYS_FILE", "",
 		"file of console keys, one a line (a browser gives one as the password of HTTP basic auth, a script as \"authorization: Bearer KEY\"); required when --http-listen is not loopback")
-	envString(fs, &o.metricsTokenFile, "http-metrics-token-file", "MILLRACE_HTTP_METRICS_TOKEN_FILE", "",
+	envflag.String(fs, &o.metricsTokenFile, "http-metrics-token-file", "MILLRACE_HTTP_METRICS_TOKEN_FILE", "",
 		"file of bearer tokens for /metrics, one a line (Prometheus: authorization.credentials_file); required when --http-listen is not loopback")
-	envBool(fs, &o.insecureOpen, "http-insecure-open", "MILLRACE_HTTP_INSECURE_OPEN", false,
+	envflag.Bool(fs, &o.insecureOpen, "http-insecure-open", "MILLRACE_HTTP_INSECURE_OPEN", false,
 		"serve the console and /metrics without keys on an address other hosts can reach (refused otherwise)")
-	envInt(fs, &o.maxConns, "http-max-conns", "MILLRACE_HTTP_MAX_CONNS", 1024, "most HTTP connections open at once; more are closed as they arrive")
-	envDuration(fs, &o.idleTimeout, "http-idle-timeout", "MILLRACE_HTTP_IDLE_TIMEOUT", 2*time.Minute, "a kept-alive HTTP connection idle this long is closed")
+	envflag.Int(fs, &o.maxConns, "http-max-conns", "MILLRACE_HTTP_MAX_CONNS", 1024, "most HTTP connections open at once; more are closed as they arrive")
+	envflag.Duration(fs, &o.idleTimeout, "http-idle-timeout", "MILLRACE_HTTP_IDLE_TIMEOUT", 2*time.Minute, "a kept-alive HTTP connection idle this long is closed")
 }
 
 // tokens is a set of secrets (console keys, metrics tokens), one a line,

@@ -287,3 +287,28 @@ func TestFlagsAndValidate(t *testing.T) {
 		t.Errorf("no key: %v", err)
 	}
 }
+
+// A variable that does not parse, or a negative count, fails Validate
+// naming the variable: the run never starts on a default in its place.
+func TestFlagsBadEnvironment(t *testing.T) {
+	for env, val := range map[string]string{
+		"MILLRACE_COMMITSLOAD_WRITERS":   "many",
+		"MILLRACE_COMMITSLOAD_PIDS":      "edge",
+		"MILLRACE_COMMITSLOAD_RATE":      "fast",
+		"MILLRACE_COMMITSLOAD_SEED":      "-1",
+		"MILLRACE_COMMITSLOAD_IN_FLIGHT": "-4",
+	} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, val)
+			var c Config
+			fs := flag.NewFlagSet("x", flag.ContinueOnError)
+			c.RegisterFlags(fs)
+			if err := fs.Parse([]string{"-api-key", testKey}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), env) || !strings.Contains(err.Error(), val) {
+				t.Fatalf("%s=%s: %v; want an error naming the variable and its value", env, val, err)
+			}
+		})
+	}
+}

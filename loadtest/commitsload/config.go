@@ -5,13 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/knob"
-	"github.com/millrace/millrace/loadtest/envflag"
 	"github.com/millrace/millrace/projectors/compactor"
 )
 
@@ -114,6 +113,10 @@ type Config struct {
 	Out string
 	// Seed makes the random choices repeatable; 0 picks one.
 	Seed uint64
+
+	// flags is the flag set RegisterFlags registered on: Validate reports
+	// its environment variables that did not parse and its negative values.
+	flags *flag.FlagSet
 }
 
 // Defaults.
@@ -194,6 +197,9 @@ func (c Config) WorldNames() []string {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
+	if c.flags != nil {
+		errs = append(errs, envflag.Errors(c.flags))
+	}
 	for _, a := range []string{c.Addr, c.ReadAddr} {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			errs = append(errs, fmt.Errorf("edge address %q: want host:port", a))
@@ -251,7 +257,8 @@ func (c Config) Validate() error {
 // environment, the environment over the default): MILLRACE_COMMITSLOAD_*,
 // plus MILLRACE_NATS_URL and MILLRACE_BUCKET_URL.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	e := envflag.Set{FS: fs, Prefix: "MILLRACE_COMMITSLOAD_", Who: "commitsload"}
+	c.flags = fs
+	e := envflag.Set{FS: fs, Prefix: "MILLRACE_COMMITSLOAD_"}
 	e.String(&c.Addr, "addr", "ADDR", DefaultAddr, "commits edge gRPC address the writers use")
 	e.String(&c.ReadAddr, "read-addr", "READ_ADDR", "", "commits edge the oracle reads back from, e.g. a freshly started one (default: -addr)")
 	e.String(&c.APIKey, "api-key", "API_KEY", "", "API key allowed every world of the run (sent as authorization: Bearer)")
@@ -271,8 +278,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	e.Float(&c.CASFraction, "cas-fraction", "CAS_FRACTION", 0, "fraction of updates sent with compare-and-set on the latest version seen (conflicts are counted)")
 	e.Duration(&c.RPCTimeout, "rpc-timeout", "RPC_TIMEOUT", DefaultRPCTimeout, "deadline of each call")
 	e.Bool(&c.Fold, "fold", "FOLD", "after the writes, fold each world into the bucket in this process (needs -nats-url and -bucket-url)")
-	envflag.Env(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS of the edge (for -fold)")
-	envflag.Env(fs, &c.BucketURL, "bucket-url", "MILLRACE_BUCKET_URL", "", "bucket the edge reads folded versions from, e.g. file:///abs/dir (for -fold)")
+	envflag.String(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS of the edge (for -fold)")
+	envflag.String(fs, &c.BucketURL, "bucket-url", "MILLRACE_BUCKET_URL", "", "bucket the edge reads folded versions from, e.g. file:///abs/dir (for -fold)")
 	e.Bool(&c.NoVerify, "no-verify", "NO_VERIFY", "skip the oracle (read-back of every acknowledged version)")
 	e.Bool(&c.VerifyOnly, "verify-only", "VERIFY_ONLY", "write nothing: check the acknowledged versions in -ledger")
 	e.String(&c.Ledger, "ledger", "LEDGER", "", "file of acknowledged versions: written after the writes, read by -verify-only")
@@ -280,26 +287,14 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	e.Int(&c.VerifyConcurrency, "verify-concurrency", "VERIFY_CONCURRENCY", DefaultVerifyConcurrency, "documents the oracle checks at once")
 	e.Float(&c.VerifyFraction, "verify-fraction", "VERIFY_FRACTION", 1, "fraction of the documents whose every version the oracle reads back with Get and History (List checks all)")
 	e.Duration(&c.VerifyTimeout, "verify-timeout", "VERIFY_TIMEOUT", 0, "stop reading documents back after this long, reporting those left unchecked as a finding (0: no limit)")
-	fs.Func("pids", "processes whose CPU to measure per phase, name=pid, comma-separated (e.g. edge=123,nats=456) [$MILLRACE_COMMITSLOAD_PIDS]", func(s string) error {
+	e.Func("pids", "PIDS", "processes whose CPU to measure per phase, name=pid, comma-separated (e.g. edge=123,nats=456)", func(s string) error {
 		p, err := ParsePIDs(s)
 		c.PIDs = p
 		return err
 	})
-	if v, ok := os.LookupEnv("MILLRACE_COMMITSLOAD_PIDS"); ok {
-		if p, err := ParsePIDs(v); err == nil {
-			c.PIDs = p
-		} else {
-			fmt.Fprintf(os.Stderr, "commitsload: ignoring $MILLRACE_COMMITSLOAD_PIDS: %v\n", err)
-		}
-	}
-	e.Duration(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
+	e.SignedDuration(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
 	e.String(&c.Out, "out", "OUT", "", `write the JSON report here ("-": stdout)`)
-	if v, ok := os.LookupEnv("MILLRACE_COMMITSLOAD_SEED"); ok {
-		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
-			c.Seed = n
-		}
-	}
-	fs.Var(seedValue{c}, "seed", "random seed (0: random) [$MILLRACE_COMMITSLOAD_SEED]")
+	e.Var(seedValue{c}, "seed", "SEED", "random seed (0: random)")
 }
 
 // ParsePIDs reads "name=pid,name=pid".

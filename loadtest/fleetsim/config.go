@@ -5,13 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/knob"
-	"github.com/millrace/millrace/loadtest/envflag"
 )
 
 // Model is a GPU model of the simulated inventory.
@@ -124,6 +123,10 @@ type Config struct {
 	// fifth of the machine during a re-home, CPU the gateway under test
 	// then lacked. 0: DefaultGCPercent; negative: leave it as it is.
 	GCPercent int
+
+	// flags is the flag set RegisterFlags registered on: Validate reports
+	// its environment variables that did not parse and its negative values.
+	flags *flag.FlagSet
 }
 
 // Defaults.
@@ -212,6 +215,9 @@ func (c Config) withDefaults() Config {
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	var errs []error
+	if c.flags != nil {
+		errs = append(errs, envflag.Errors(c.flags))
+	}
 	for _, g := range c.Gateways {
 		if _, _, err := net.SplitHostPort(g); err != nil {
 			errs = append(errs, fmt.Errorf("gateway address %q: want host:port", g))
@@ -280,7 +286,8 @@ func ParseModels(s string) ([]Model, error) {
 // environment, the environment over the default): MILLRACE_FLEETSIM_*,
 // plus MILLRACE_NATS_URL and DATABASE_URL.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	e := envflag.Set{FS: fs, Prefix: "MILLRACE_FLEETSIM_", Who: "fleetsim"}
+	c.flags = fs
+	e := envflag.Set{FS: fs, Prefix: "MILLRACE_FLEETSIM_"}
 	e.List(&c.Gateways, "gateways", "GATEWAYS", DefaultGateway, "fleet gateway addresses, comma-separated")
 	e.String(&c.ServerName, "server-name", "SERVER_NAME", "", "name to check in the gateways' certificates (default: the address' host)")
 	e.Int(&c.Nodes, "nodes", "NODES", DefaultNodes, "simulated nodes in this process (one connection each: see the open-files limit)")
@@ -288,18 +295,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	e.String(&c.NodePrefix, "node-prefix", "NODE_PREFIX", DefaultNodePrefix, "node id prefix")
 	e.String(&c.Pool, "pool", "POOL", DefaultPool, "the nodes' pool")
 	e.Int(&c.GPUsPerNode, "gpus-per-node", "GPUS_PER_NODE", DefaultGPUsPerNode, "GPUs per node")
-	fs.Func("models", fmt.Sprintf("GPU models NAME:MEMORY_MIB, comma-separated; node i has the (i mod n)th (default %q) [$MILLRACE_FLEETSIM_MODELS]", DefaultModels), func(s string) error {
+	e.Func("models", "MODELS", fmt.Sprintf("GPU models NAME:MEMORY_MIB, comma-separated; node i has the (i mod n)th (default %q)", DefaultModels), func(s string) error {
 		m, err := ParseModels(s)
 		c.Models = m
 		return err
 	})
-	if v, ok := os.LookupEnv("MILLRACE_FLEETSIM_MODELS"); ok {
-		if m, err := ParseModels(v); err == nil {
-			c.Models = m
-		} else {
-			fmt.Fprintf(os.Stderr, "fleetsim: ignoring $MILLRACE_FLEETSIM_MODELS: %v\n", err)
-		}
-	}
 	e.String(&c.CACert, "ca-cert", "CA_CERT", "", "PEM CA certificate to issue node certificates from (with ca-key; faster than join for many nodes)")
 	e.String(&c.CAKey, "ca-key", "CA_KEY", "", "PEM private key of ca-cert")
 	e.String(&c.GatewayCA, "gateway-ca", "GATEWAY_CA", "", "PEM bundle to trust the gateways with (default: ca-cert)")
@@ -307,42 +307,34 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	e.String(&c.JoinTokensFile, "join-tokens", "JOIN_TOKENS", "", "file of join tokens, one per line, one per node")
 	e.Int(&c.JoinConcurrency, "join-concurrency", "JOIN_CONCURRENCY", DefaultJoinConcurrency, "concurrent Join calls")
 	e.Duration(&c.Duration, "duration", "DURATION", DefaultDuration, "how long the load runs, from the first dial")
-	e.Duration(&c.Ramp, "ramp", "RAMP", 0, fmt.Sprintf("spread the nodes' first dials over this (0: a second per %d nodes; negative: all at once)", DefaultRampRate))
+	e.SignedDuration(&c.Ramp, "ramp", "RAMP", 0, fmt.Sprintf("spread the nodes' first dials over this (0: a second per %d nodes; negative: all at once)", DefaultRampRate))
 	e.Duration(&c.Settle, "settle", "SETTLE", DefaultSettle, "after the load, wait up to this for placed allocations to be bound, crashes to end and the storm to pass")
-	e.Duration(&c.SilenceTimeout, "silence-timeout", "SILENCE_TIMEOUT", 0, "agents leave a gateway they heard nothing from for this long (0: four heartbeat intervals; negative: never)")
+	e.SignedDuration(&c.SilenceTimeout, "silence-timeout", "SILENCE_TIMEOUT", 0, "agents leave a gateway they heard nothing from for this long (0: four heartbeat intervals; negative: never)")
 	e.Float(&c.StatusRate, "status-rate", "STATUS_RATE", 0, "status changes per second over the fleet")
-	e.Duration(&c.GaugeInterval, "gauge-interval", "GAUGE_INTERVAL", DefaultGaugeInterval, "each node's gauge-only status reports (negative: none)")
+	e.SignedDuration(&c.GaugeInterval, "gauge-interval", "GAUGE_INTERVAL", DefaultGaugeInterval, "each node's gauge-only status reports (negative: none)")
 	e.Float(&c.CrashRate, "crash-rate", "CRASH_RATE", 0, "node crashes per minute over the fleet (a node goes silent, connection left open)")
-	e.Duration(&c.CrashFor, "crash-for", "CRASH_FOR", DefaultCrashFor, "how long a crashed node stays silent (negative: for good)")
+	e.SignedDuration(&c.CrashFor, "crash-for", "CRASH_FOR", DefaultCrashFor, "how long a crashed node stays silent (negative: for good)")
 	e.Duration(&c.StormAt, "storm-at", "STORM_AT", 0, "drop every session at once this long after the start (0: no storm)")
 	e.String(&c.ReservationsAddr, "reservations", "RESERVATIONS", "", "Reservations gRPC address")
 	e.String(&c.ReservationsCA, "reservations-ca", "RESERVATIONS_CA", "", "PEM CA to reach the Reservations API over TLS (default: plaintext)")
 	e.String(&c.APIKey, "api-key", "API_KEY", "", "API key for the Reservations API")
 	e.Float(&c.ReservationRate, "reservation-rate", "RESERVATION_RATE", 0, "reservations created per second")
-	e.Duration(&c.ReservationHold, "reservation-hold", "RESERVATION_HOLD", DefaultReservationHold, "cancel each reservation this long after creating it (negative: never)")
-	envflag.Env(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS to read placement decisions from (fleet.place.<pool>)")
-	envflag.Env(fs, &c.NATSNKey, "nats-nkey", "MILLRACE_NATS_NKEY", "", "nkey seed file for --nats-url (against millrace dev: var/nats/auth/reader.nk)")
-	envflag.Env(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL of the fleet projections: liveness lag, unreachable marks, double bookings")
-	fs.Func("gateway-pids", "gateway process ids whose memory to measure, comma-separated [$MILLRACE_FLEETSIM_GATEWAY_PIDS]", func(s string) error {
+	e.SignedDuration(&c.ReservationHold, "reservation-hold", "RESERVATION_HOLD", DefaultReservationHold, "cancel each reservation this long after creating it (negative: never)")
+	envflag.String(fs, &c.NATSURL, "nats-url", "MILLRACE_NATS_URL", "", "NATS to read placement decisions from (fleet.place.<pool>)")
+	envflag.String(fs, &c.NATSNKey, "nats-nkey", "MILLRACE_NATS_NKEY", "", "nkey seed file for --nats-url (against millrace dev: var/nats/auth/reader.nk)")
+	envflag.String(fs, &c.DatabaseURL, "database-url", "DATABASE_URL", "", "PostgreSQL of the fleet projections: liveness lag, unreachable marks, double bookings")
+	e.Func("gateway-pids", "GATEWAY_PIDS", "gateway process ids whose memory to measure, comma-separated", func(s string) error {
 		p, err := parsePIDs(s)
 		c.GatewayPIDs = p
 		return err
 	})
-	if v, ok := os.LookupEnv("MILLRACE_FLEETSIM_GATEWAY_PIDS"); ok {
-		c.GatewayPIDs, _ = parsePIDs(v)
-	}
 	e.Duration(&c.UnreachableAfter, "unreachable-after", "UNREACHABLE_AFTER", DefaultUnreachableAfter, "liveness grace: a node down for less must never be marked unreachable")
 	e.Float(&c.LivenessSamples, "liveness-samples", "LIVENESS_SAMPLES", DefaultLivenessSamples, "heartbeats per second followed into fleet_nodes.last_seen")
-	e.Duration(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
+	e.SignedDuration(&c.ProgressEvery, "progress", "PROGRESS", DefaultProgressEvery, "progress line period (negative: none)")
 	e.String(&c.LocalAddrs, "local-addrs", "LOCAL_ADDRS", "auto", `source addresses: "auto", a count n (127.0.0.1..n) or IPs, comma-separated`)
 	e.String(&c.Out, "out", "OUT", "", `write the JSON report here ("-": stdout)`)
-	e.Int(&c.GCPercent, "gogc", "GOGC", DefaultGCPercent, "the simulator's garbage collector target while it runs (negative: leave GOGC as it is)")
-	if v, ok := os.LookupEnv("MILLRACE_FLEETSIM_SEED"); ok {
-		if n, err := strconv.ParseUint(v, 10, 64); err == nil {
-			c.Seed = n
-		}
-	}
-	fs.Var(seedValue{c}, "seed", "random seed (0: random) [$MILLRACE_FLEETSIM_SEED]")
+	e.SignedInt(&c.GCPercent, "gogc", "GOGC", DefaultGCPercent, "the simulator's garbage collector target while it runs (negative: leave GOGC as it is)")
+	e.Var(seedValue{c}, "seed", "SEED", "random seed (0: random)")
 }
 
 // seedValue writes -seed straight into Config.Seed.

@@ -258,3 +258,28 @@ func TestRegisterFlags(t *testing.T) {
 		t.Error("-models bad accepted")
 	}
 }
+
+// A variable that does not parse, or a negative count, fails Validate
+// naming the variable: the run never starts on a default in its place.
+func TestRegisterFlagsBadEnvironment(t *testing.T) {
+	for env, val := range map[string]string{
+		"MILLRACE_FLEETSIM_NODES":    "1k",
+		"MILLRACE_FLEETSIM_MODELS":   "A100",
+		"MILLRACE_FLEETSIM_DURATION": "60",
+		"MILLRACE_FLEETSIM_SEED":     "random",
+		"MILLRACE_FLEETSIM_SETTLE":   "-1s",
+	} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, val)
+			c := fleetsim.Config{}
+			fs := flag.NewFlagSet("fleet", flag.ContinueOnError)
+			c.RegisterFlags(fs)
+			if err := fs.Parse([]string{"-ca-cert", "a", "-ca-key", "b"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Validate(); err == nil || !strings.Contains(err.Error(), env) || !strings.Contains(err.Error(), val) {
+				t.Fatalf("%s=%s: %v; want an error naming the variable and its value", env, val, err)
+			}
+		})
+	}
+}

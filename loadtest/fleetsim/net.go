@@ -8,7 +8,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/millrace/millrace/loadtest/envflag"
+	"github.com/millrace/millrace/internal/envflag"
 )
 
 // nodesPerLocalAddr is how many nodes "auto" puts on one source address.
