@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	"github.com/millrace/millrace/internal/tlsfiles"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
 
@@ -57,8 +58,7 @@ func Join(ctx context.Context, addr, token, nodeID string, caPEM []byte, opts ..
 	}
 	tc := &tls.Config{MinVersion: tls.VersionTLS12}
 	if len(caPEM) > 0 {
-		tc.RootCAs = x509.NewCertPool()
-		if !tc.RootCAs.AppendCertsFromPEM(caPEM) {
+		if tc.RootCAs, err = tlsfiles.PoolPEM(caPEM); err != nil {
 			return nil, errors.New("join: no certificate in the CA PEM")
 		}
 	}
@@ -88,17 +88,18 @@ func Join(ctx context.Context, addr, token, nodeID string, caPEM []byte, opts ..
 	if err != nil {
 		return nil, fmt.Errorf("join %s: the gateway's certificate: %w", nodeID, err)
 	}
+	cas, err := tlsfiles.PoolPEM(resp.GetCa())
+	if err != nil {
+		return nil, fmt.Errorf("join %s: the gateway sent no CA certificate", nodeID)
+	}
 	id := &Identity{
 		Certificate: cert,
-		CAs:         x509.NewCertPool(),
+		CAs:         cas,
 		Pool:        resp.GetPool(),
 		NotAfter:    resp.GetNotAfter().AsTime(),
 		CertPEM:     resp.GetCertificate(),
 		KeyPEM:      keyPEM,
 		CAPEM:       resp.GetCa(),
-	}
-	if !id.CAs.AppendCertsFromPEM(resp.GetCa()) {
-		return nil, fmt.Errorf("join %s: the gateway sent no CA certificate", nodeID)
 	}
 	if resp.GetNotAfter() == nil && cert.Leaf != nil {
 		id.NotAfter = cert.Leaf.NotAfter

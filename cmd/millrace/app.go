@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +20,7 @@ import (
 	"github.com/millrace/millrace/internal/devdb"
 	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/netlimit"
+	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/streams"
@@ -172,17 +172,16 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 // serverTLS loads a PEM certificate and key for a gRPC server; both empty
 // is plaintext (nil). certFlag and keyFlag name the flags in errors.
 func serverTLS(cert, key, certFlag, keyFlag string) (grpc.ServerOption, error) {
-	if cert == "" && key == "" {
+	tc, err := tlsfiles.Server(cert, key)
+	switch {
+	case errors.Is(err, tlsfiles.ErrHalfPair):
+		return nil, usageError{certFlag + " and " + keyFlag + " go together"}
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", certFlag, err)
+	case tc == nil:
 		return nil, nil
 	}
-	if cert == "" || key == "" {
-		return nil, usageError{certFlag + " and " + keyFlag + " go together"}
-	}
-	pair, err := tls.LoadX509KeyPair(cert, key)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", certFlag, err)
-	}
-	return grpc.Creds(credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12})), nil
+	return grpc.Creds(credentials.NewTLS(tc)), nil
 }
 
 // stop stops accepting streams and lets open ones finish (their acks

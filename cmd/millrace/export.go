@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -15,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
@@ -128,23 +128,9 @@ func (o *kafkaOptions) tlsConfig() (*tls.Config, error) {
 	if !o.tls && o.tlsCA == "" && o.tlsCert == "" && o.tlsKey == "" {
 		return nil, nil
 	}
-	c := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: o.tlsServerName}
-	if o.tlsCA != "" {
-		pem, err := os.ReadFile(o.tlsCA)
-		if err != nil {
-			return nil, fmt.Errorf("--kafka-tls-ca: %w", err)
-		}
-		c.RootCAs = x509.NewCertPool()
-		if !c.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--kafka-tls-ca %s holds no PEM certificate", o.tlsCA)
-		}
-	}
-	if o.tlsCert != "" || o.tlsKey != "" {
-		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
-		if err != nil {
-			return nil, fmt.Errorf("--kafka-tls-cert/--kafka-tls-key: %w", err)
-		}
-		c.Certificates = []tls.Certificate{cert}
+	c, err := tlsfiles.Client{CA: o.tlsCA, Cert: o.tlsCert, Key: o.tlsKey, ServerName: o.tlsServerName}.Config()
+	if err != nil {
+		return nil, fmt.Errorf("--kafka-tls-ca/--kafka-tls-cert/--kafka-tls-key: %w", err)
 	}
 	return c, nil
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/grpclimit"
+	"github.com/millrace/millrace/internal/tlsfiles"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
@@ -102,7 +103,7 @@ func (o *fleetOptions) config(ctx context.Context, t *telemetry, devSecrets stri
 	}
 	var tc *tls.Config
 	if o.tlsCert != "" || o.tlsKey != "" {
-		cert, err := tls.LoadX509KeyPair(o.tlsCert, o.tlsKey)
+		cert, err := tlsfiles.KeyPair(o.tlsCert, o.tlsKey)
 		if err != nil {
 			return fleet.Config{}, fmt.Errorf("fleet TLS certificate: %w", err)
 		}

@@ -10,8 +10,6 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
-	"errors"
 	"fmt"
 	"math/big"
 	"os"
@@ -26,6 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/millrace/millrace/agent"
+	"github.com/millrace/millrace/internal/tlsfiles"
 )
 
 // issuer signs node certificates directly with the fleet CA's key, as the
@@ -37,58 +36,15 @@ type issuer struct {
 }
 
 func loadIssuer(certFile, keyFile string) (*issuer, error) {
-	certPEM, err := os.ReadFile(certFile)
+	cert, err := tlsfiles.Certificate(certFile)
 	if err != nil {
 		return nil, err
 	}
-	block, _ := pem.Decode(certPEM)
-	if block == nil || block.Type != "CERTIFICATE" {
-		return nil, fmt.Errorf("%s: no PEM CERTIFICATE", certFile)
-	}
-	cert, err := x509.ParseCertificate(block.Bytes)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", certFile, err)
-	}
-	keyPEM, err := os.ReadFile(keyFile)
+	key, err := tlsfiles.Key(keyFile)
 	if err != nil {
 		return nil, err
-	}
-	key, err := parseKey(keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", keyFile, err)
 	}
 	return &issuer{cert: cert, key: key}, nil
-}
-
-// parseKey reads a PEM private key: PKCS#8, SEC 1 (EC) or PKCS#1 (RSA).
-func parseKey(b []byte) (crypto.Signer, error) {
-	for {
-		var block *pem.Block
-		block, b = pem.Decode(b)
-		if block == nil {
-			return nil, errors.New("no PEM private key")
-		}
-		var k any
-		var err error
-		switch block.Type {
-		case "PRIVATE KEY":
-			k, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-		case "EC PRIVATE KEY":
-			k, err = x509.ParseECPrivateKey(block.Bytes)
-		case "RSA PRIVATE KEY":
-			k, err = x509.ParsePKCS1PrivateKey(block.Bytes)
-		default:
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		s, ok := k.(crypto.Signer)
-		if !ok {
-			return nil, fmt.Errorf("%T is not a signing key", k)
-		}
-		return s, nil
-	}
 }
 
 func (is *issuer) issue(nodeID, pool string) (*tls.Certificate, error) {

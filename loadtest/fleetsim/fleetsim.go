@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/millrace/millrace/agent"
+	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/loadtest/replay"
 )
 
@@ -373,13 +374,13 @@ func Run(ctx context.Context, cfg Config, progress io.Writer) (*Report, error) {
 // gateways with.
 func (s *sim) certificates(ctx context.Context, ids []string, ips []net.IP) ([]*tls.Certificate, *x509.CertPool, string, error) {
 	cfg := s.cfg
-	trust := x509.NewCertPool()
 	caPEM, err := os.ReadFile(cfg.GatewayCA)
 	if err != nil {
 		return nil, nil, "", err
 	}
-	if !trust.AppendCertsFromPEM(caPEM) {
-		return nil, nil, "", fmt.Errorf("%s: no PEM certificate", cfg.GatewayCA)
+	trust, err := tlsfiles.PoolPEM(caPEM)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("%s: %w", cfg.GatewayCA, err)
 	}
 	if cfg.CACert != "" {
 		is, err := loadIssuer(cfg.CACert, cfg.CAKey)

@@ -2,11 +2,8 @@ package fleetsim
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"sync"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/millrace/millrace/internal/tlsfiles"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
 
@@ -43,15 +41,11 @@ func newReserver(s *sim) (*reserver, error) {
 	c := s.cfg
 	creds := insecure.NewCredentials()
 	if c.ReservationsCA != "" {
-		b, err := os.ReadFile(c.ReservationsCA)
+		tc, err := tlsfiles.Client{CA: c.ReservationsCA}.Config()
 		if err != nil {
 			return nil, err
 		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("%s: no PEM certificate", c.ReservationsCA)
-		}
-		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
+		creds = credentials.NewTLS(tc)
 	}
 	conn, err := grpc.NewClient("passthrough:///"+c.ReservationsAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {

@@ -19,6 +19,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/millrace/millrace/internal/tlsfiles"
 )
 
 // DefaultNodeCertValidity is how long a node certificate is valid unless
@@ -93,23 +95,15 @@ func publicKeysEqual(a, b crypto.PublicKey) bool {
 // LoadCA reads a PEM CA certificate and its PEM private key (PKCS#8, SEC 1
 // EC or PKCS#1 RSA).
 func LoadCA(certPEMFile, keyPEMFile string) (*CA, error) {
-	certPEM, err := os.ReadFile(certPEMFile)
+	cert, err := tlsfiles.Certificate(certPEMFile)
 	if err != nil {
 		return nil, fmt.Errorf("fleet CA certificate: %w", err)
 	}
-	keyPEM, err := os.ReadFile(keyPEMFile)
+	key, err := tlsfiles.Key(keyPEMFile)
 	if err != nil {
 		return nil, fmt.Errorf("fleet CA key: %w", err)
 	}
-	block, _ := pem.Decode(certPEM)
-	if block == nil || block.Type != "CERTIFICATE" {
-		return nil, fmt.Errorf("fleet CA certificate %s: no PEM CERTIFICATE block", certPEMFile)
-	}
-	key, err := parsePrivateKey(keyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("fleet CA key %s: %w", keyPEMFile, err)
-	}
-	return newCA(block.Bytes, key)
+	return newCA(cert.Raw, key)
 }
 
 // CA file names under LoadOrCreateCA's directory.
@@ -191,38 +185,6 @@ func writeFileAtomic(name string, data []byte, mode os.FileMode) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), name)
-}
-
-func parsePrivateKey(keyPEM []byte) (crypto.Signer, error) {
-	for {
-		var block *pem.Block
-		block, keyPEM = pem.Decode(keyPEM)
-		if block == nil {
-			return nil, errors.New("no PEM private key block")
-		}
-		var (
-			key any
-			err error
-		)
-		switch block.Type {
-		case "PRIVATE KEY":
-			key, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-		case "EC PRIVATE KEY":
-			key, err = x509.ParseECPrivateKey(block.Bytes)
-		case "RSA PRIVATE KEY":
-			key, err = x509.ParsePKCS1PrivateKey(block.Bytes)
-		default:
-			continue // e.g. "EC PARAMETERS" before the key
-		}
-		if err != nil {
-			return nil, err
-		}
-		signer, ok := key.(crypto.Signer)
-		if !ok {
-			return nil, fmt.Errorf("a %T cannot sign", key)
-		}
-		return signer, nil
-	}
 }
 
 func serial() *big.Int {
@@ -377,8 +339,8 @@ func ServerTLSConfig(cert tls.Certificate) *tls.Config {
 // Join returns) and, when certPEM and keyPEM are given, presents that node
 // certificate. Join needs no certificate: pass nil for both.
 func NodeTLS(caPEM, certPEM, keyPEM []byte) (*tls.Config, error) {
-	roots := x509.NewCertPool()
-	if !roots.AppendCertsFromPEM(caPEM) {
+	roots, err := tlsfiles.PoolPEM(caPEM)
+	if err != nil {
 		return nil, errors.New("fleet: no CA certificate in the PEM bundle")
 	}
 	c := &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS13}
