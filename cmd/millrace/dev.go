@@ -14,6 +14,7 @@ import (
 
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/services/reservations"
 	"github.com/millrace/millrace/streams"
 )
 
@@ -132,7 +133,7 @@ func runDev(ctx context.Context, o devOptions) error {
 		gw.stop(ctx)
 		return err
 	}
-	var api lateReservations
+	var api reservations.Late
 	rg, err := startReservationsGRPC(o.resv, &api, log)
 	if err != nil {
 		edge.stop(ctx)
@@ -170,7 +171,7 @@ func runDev(ctx context.Context, o devOptions) error {
 	var pool atomic.Pointer[pgxpool.Pool]
 	mux := http.NewServeMux()
 	registerConsole(mux, pool.Load)
-	api.register(nil, mux)
+	api.Register(nil, mux)
 	ce.mount(mux)
 	web, err := startHTTP(ctx, o.http, t, readiness(bb, pool.Load), mux, log)
 	if err != nil {
@@ -216,7 +217,7 @@ func runDev(ctx context.Context, o devOptions) error {
 			return
 		}
 		pool.Store(p)
-		if err := api.start(resvCfg, p, bb, t, log); err != nil {
+		if err := startReservations(&api, resvCfg, p, bb, t, log); err != nil {
 			log.Error("reservations API not started", "err", err)
 		}
 		run := func(name string, f func()) {
@@ -250,7 +251,7 @@ func runDev(ctx context.Context, o devOptions) error {
 	log.Info("shutting down")
 	sctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
 	defer cancel()
-	api.close()     // waiting reservation calls answer now
+	api.Close()     // waiting reservation calls answer now
 	edge.stop(sctx) // stop accepting; open streams drain their acks
 	gw.stop(sctx)   // nodes re-home to another gateway
 	rg.stop(sctx)

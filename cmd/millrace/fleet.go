@@ -10,25 +10,20 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/internal/tlsfiles"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
-	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/services/fleet"
 	"github.com/millrace/millrace/services/reservations"
 	"github.com/millrace/millrace/streams"
@@ -219,7 +214,7 @@ type reservationsGRPC struct {
 	done chan error
 }
 
-func startReservationsGRPC(o reservationsOptions, l *lateReservations, log *slog.Logger) (*reservationsGRPC, error) {
+func startReservationsGRPC(o reservationsOptions, l *reservations.Late, log *slog.Logger) (*reservationsGRPC, error) {
 	opts, err := grpclimit.ServerOptions(grpclimit.Config{})
 	if err != nil {
 		return nil, err
@@ -233,7 +228,7 @@ func startReservationsGRPC(o reservationsOptions, l *lateReservations, log *slog
 		opts = append(opts, creds)
 	}
 	g := grpc.NewServer(opts...)
-	l.register(g, nil)
+	l.Register(g, nil)
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return nil, fmt.Errorf("reservations listen: %w", err)
@@ -297,80 +292,15 @@ func (fg *fleetGateway) stop(ctx context.Context) {
 
 func (fg *fleetGateway) serveDone() <-chan error { return fg.done }
 
-// lateReservations serves the reservations API once the database is there
-// (`millrace dev` starts its edges before PostgreSQL); until then every call
-// is UNAVAILABLE, which clients retry.
-type lateReservations struct {
-	fleetpb.UnimplementedReservationsServer
-	s atomic.Pointer[reservations.Server]
-}
-
-var errNoDatabaseYet = status.Error(codes.Unavailable, "the reservations API is waiting for its database; retry shortly")
-
-func (l *lateReservations) Create(ctx context.Context, r *fleetpb.CreateReservationRequest) (*fleetpb.Reservation, error) {
-	if s := l.s.Load(); s != nil {
-		return s.Create(ctx, r)
-	}
-	return nil, errNoDatabaseYet
-}
-
-func (l *lateReservations) Get(ctx context.Context, r *fleetpb.GetReservationRequest) (*fleetpb.Reservation, error) {
-	if s := l.s.Load(); s != nil {
-		return s.Get(ctx, r)
-	}
-	return nil, errNoDatabaseYet
-}
-
-func (l *lateReservations) List(ctx context.Context, r *fleetpb.ListReservationsRequest) (*fleetpb.ListReservationsResponse, error) {
-	if s := l.s.Load(); s != nil {
-		return s.List(ctx, r)
-	}
-	return nil, errNoDatabaseYet
-}
-
-func (l *lateReservations) Cancel(ctx context.Context, r *fleetpb.CancelReservationRequest) (*fleetpb.Reservation, error) {
-	if s := l.s.Load(); s != nil {
-		return s.Cancel(ctx, r)
-	}
-	return nil, errNoDatabaseYet
-}
-
-func (l *lateReservations) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if s := l.s.Load(); s != nil {
-		s.Handler().ServeHTTP(w, r)
-		return
-	}
-	w.Header().Set("Retry-After", "2")
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusServiceUnavailable)
-	fmt.Fprintln(w, `{"error": "the reservations API is waiting for its database; retry shortly", "code": "UNAVAILABLE"}`)
-}
-
-// register serves the API on g and under /v1/reservations on mux.
-func (l *lateReservations) register(g *grpc.Server, mux *http.ServeMux) {
-	if g != nil {
-		fleetpb.RegisterReservationsServer(g, l)
-	}
-	if mux != nil {
-		mux.Handle("/v1/reservations", l)
-		mux.Handle("/v1/reservations/", l)
-	}
-}
-
-// start makes the API on pool and lets calls through.
-func (l *lateReservations) start(cfg reservations.Config, pool *pgxpool.Pool, bb *streams.Backbone, t *telemetry, log *slog.Logger) error {
+// startReservations makes the reservations API on pool and lets l's calls
+// through to it.
+func startReservations(l *reservations.Late, cfg reservations.Config, pool *pgxpool.Pool, bb *streams.Backbone, t *telemetry, log *slog.Logger) error {
 	s, err := reservations.New(cfg, pool, bb.JS, bb.Conn, reservations.NewMetrics(t.reg), log.With("service", "reservations"))
 	if err != nil {
 		return err
 	}
-	l.s.Store(s)
+	l.Set(s)
 	return nil
-}
-
-func (l *lateReservations) close() {
-	if s := l.s.Load(); s != nil {
-		s.Close()
-	}
 }
 
 // portOf is the port of a listen address, for ids and messages.

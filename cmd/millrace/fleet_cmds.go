@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/millrace/internal/envflag"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
+	"github.com/millrace/millrace/services/reservations"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
@@ -129,17 +130,17 @@ Every call needs an API key (authorization: Bearer KEY).`,
 					return ctx.Err()
 				}
 				defer pool.Close()
-				var api lateReservations
-				if err := api.start(cfg, pool, bb, t, log); err != nil {
+				var api reservations.Late
+				if err := startReservations(&api, cfg, pool, bb, t, log); err != nil {
 					return err
 				}
-				defer api.close()
+				defer api.Close()
 				rg, err := startReservationsGRPC(ro, &api, log)
 				if err != nil {
 					return err
 				}
 				mux := http.NewServeMux()
-				api.register(nil, mux)
+				api.Register(nil, mux)
 				web, err := startHTTP(ctx, ho, t, readiness(bb, func() *pgxpool.Pool { return pool }), mux, log)
 				if err != nil {
 					rg.stop(ctx)
@@ -152,7 +153,7 @@ Every call needs an API key (authorization: Bearer KEY).`,
 				}
 				sctx, cancel := context.WithTimeout(context.Background(), shutdown)
 				defer cancel()
-				api.close() // waiting calls answer now
+				api.Close() // waiting calls answer now
 				rg.stop(sctx)
 				web.stop(sctx)
 				return serveErr

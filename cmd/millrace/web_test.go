@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/millrace/millrace/internal/grpclimit"
+	"github.com/millrace/millrace/services/reservations"
 )
 
 func get(t *testing.T, url string, setAuth func(*http.Request)) int {
@@ -153,7 +154,7 @@ func TestAPIServersCapStreamsPerConn(t *testing.T) {
 	}
 	var ro reservationsOptions
 	parseFlags(t, ro.register, "-reservations-listen", "127.0.0.1:0")
-	rg, err := startReservationsGRPC(ro, &lateReservations{}, slog.Default())
+	rg, err := startReservationsGRPC(ro, &reservations.Late{}, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
