@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/services/reservations"
@@ -170,7 +171,7 @@ func runDev(ctx context.Context, o devOptions) error {
 
 	var pool atomic.Pointer[pgxpool.Pool]
 	mux := http.NewServeMux()
-	registerConsole(mux, pool.Load)
+	console.Register(mux, pool.Load)
 	api.Register(nil, mux)
 	ce.mount(mux)
 	web, err := startHTTP(ctx, o.http, t, readiness(bb, pool.Load), mux, log)

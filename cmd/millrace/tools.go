@@ -8,11 +8,11 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/projectors/builds"
@@ -275,7 +275,7 @@ one tenant's build for another's.`,
 					return err
 				}
 				defer pool.Close()
-				bs, err := showBuilds(ctx, pool, project, args[0], asJSON)
+				bs, err := builds.Find(ctx, pool, project, args[0], asJSON)
 				if err != nil {
 					return err
 				}
@@ -288,55 +288,12 @@ one tenant's build for another's.`,
 					if i > 0 {
 						fmt.Println()
 					}
-					printBuild(b)
+					console.WriteBuild(os.Stdout, b)
 				}
 				return nil
 			}
 		},
 	}
-}
-
-// showBuilds reads the builds `builds show` prints: project's build with
-// that invocation id, or without a project every build with it. one asks
-// for exactly one (--json): several are then an error naming the projects.
-func showBuilds(ctx context.Context, q builds.Querier, project, id string, one bool) ([]*builds.Build, error) {
-	if project != "" {
-		b, err := builds.Show(ctx, q, project, id)
-		if errors.Is(err, builds.ErrNotFound) {
-			projects, perr := builds.Projects(ctx, q, id)
-			if perr != nil {
-				return nil, perr
-			}
-			if len(projects) > 0 {
-				return nil, fmt.Errorf("project %q has no build %q (projects that have one: %s)", project, id, strings.Join(projects, ", "))
-			}
-			return nil, fmt.Errorf("project %q has no build %q", project, id)
-		}
-		if err != nil {
-			return nil, err
-		}
-		return []*builds.Build{b}, nil
-	}
-	projects, err := builds.Projects(ctx, q, id)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case len(projects) == 0:
-		return nil, fmt.Errorf("no build %q in the database", id)
-	case len(projects) > 1 && one:
-		return nil, fmt.Errorf("invocation id %q is a build of %d projects (%s): name one with --project",
-			id, len(projects), strings.Join(projects, ", "))
-	}
-	var bs []*builds.Build
-	for _, p := range projects {
-		b, err := builds.Show(ctx, q, p, id)
-		if err != nil {
-			return nil, err
-		}
-		bs = append(bs, b)
-	}
-	return bs, nil
 }
 
 // version is set at link time (-ldflags "-X main.version=...").

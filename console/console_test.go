@@ -1,11 +1,13 @@
-package main
+package console
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -13,7 +15,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/projectors/builds"
 )
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.DropTemplate()
+	os.Exit(code)
+}
 
 // TestConsoleBuildPages: a build's page is addressed by project and
 // invocation id; two projects' builds with the same id are two pages, and
@@ -28,7 +37,7 @@ func TestConsoleBuildPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	registerConsole(mux, func() *pgxpool.Pool { return pool })
+	Register(mux, func() *pgxpool.Pool { return pool })
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
@@ -81,6 +90,36 @@ func TestConsoleBuildPages(t *testing.T) {
 	for _, link := range []string{`href="/builds/alpha/same-id"`, `href="/builds/beta/same-id"`, `href="/builds/a%2fb%20c/only-id"`} {
 		if !strings.Contains(strings.ToLower(page), strings.ToLower(link)) {
 			t.Errorf("the latest builds page has no link %s:\n%s", link, page)
+		}
+	}
+}
+
+// Before the database is connected every page says so (503), and none
+// panics.
+func TestNotConnectedYet(t *testing.T) {
+	mux := http.NewServeMux()
+	Register(mux, func() *pgxpool.Pool { return nil })
+	for _, path := range []string{"/", "/builds/p/i", "/builds/i"} {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))
+		if rec.Code != http.StatusServiceUnavailable {
+			t.Errorf("GET %s: %d, want 503", path, rec.Code)
+		}
+	}
+}
+
+func TestWriteBuild(t *testing.T) {
+	cmd, reason := "test", "compile error"
+	b := &builds.Build{ID: "i1", Project: "alpha", Status: "failed", Command: &cmd,
+		Targets: []builds.Target{{Label: "//a:ok", Success: true}, {Label: "//a:bad", FailureReason: &reason}},
+		Tests:   []builds.Test{{Label: "//a:t", Status: "PASSED"}}}
+	var out bytes.Buffer
+	if err := WriteBuild(&out, b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"invocation  i1", "project     alpha", "command     test", "targets     2 (1 failed)", "FAILED    //a:bad  compile error", "PASSED    //a:t"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in\n%s", want, out.String())
 		}
 	}
 }

@@ -1,0 +1,117 @@
+package console
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync/atomic"
+
+	"github.com/millrace/millrace/internal/httpapi"
+)
+
+// Tokens is a set of secrets (console keys, metrics tokens), one a line,
+// kept as SHA-256 digests and compared in constant time. The zero value is
+// empty and ready; Replace swaps in a reloaded set at once.
+type Tokens struct {
+	set atomic.Pointer[[][32]byte]
+}
+
+// ParseTokens parses a file of tokens, one a line (# comments); what names
+// a token in errors ("console key"). A token is at least 16 characters.
+func ParseTokens(what string) func(string) (*Tokens, error) {
+	return func(text string) (*Tokens, error) {
+		var ds [][32]byte
+		for _, line := range strings.Split(text, "\n") {
+			line = strings.TrimSpace(line)
+			if line == "" || strings.HasPrefix(line, "#") {
+				continue
+			}
+			if len(line) < 16 {
+				return nil, fmt.Errorf("a %s is shorter than 16 characters", what)
+			}
+			ds = append(ds, sha256.Sum256([]byte(line)))
+		}
+		t := &Tokens{}
+		t.set.Store(&ds)
+		return t, nil
+	}
+}
+
+func (t *Tokens) list() [][32]byte {
+	if t == nil {
+		return nil
+	}
+	if p := t.set.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Len is the number of tokens.
+func (t *Tokens) Len() int { return len(t.list()) }
+
+// Replace makes t hold the tokens of from.
+func (t *Tokens) Replace(from *Tokens) { l := from.list(); t.set.Store(&l) }
+
+// Has reports whether s is one of the tokens; every one is compared.
+func (t *Tokens) Has(s string) bool {
+	if s == "" {
+		return false
+	}
+	d := sha256.Sum256([]byte(s))
+	found := 0
+	for _, e := range t.list() {
+		found |= subtle.ConstantTimeCompare(d[:], e[:])
+	}
+	return found == 1
+}
+
+// Guard decides who may see what on a process's HTTP server:
+//   - /healthz and /readyz are open, for probes and balancers;
+//   - /metrics needs a metrics token (a bearer token);
+//   - the APIs under /v1/ check their own API keys;
+//   - everything else (the console) needs a console key, given as the
+//     password of HTTP basic auth (a browser) or as a bearer token.
+//
+// A check applies when its tokens are not empty; the command refuses a
+// listener other hosts can reach without them.
+type Guard struct {
+	Console, Metrics *Tokens
+	Next             http.Handler
+}
+
+func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch p := r.URL.Path; {
+	case p == "/healthz" || p == "/readyz" || strings.HasPrefix(p, "/v1/"):
+	case p == "/metrics":
+		if g.Metrics.Len() > 0 && !g.Metrics.Has(bearer(r)) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="millrace metrics"`)
+			httpapi.WriteJSONError(w, http.StatusUnauthorized, "UNAUTHENTICATED", "/metrics needs \"authorization: Bearer TOKEN\" with a token of --http-metrics-token-file")
+			return
+		}
+	default:
+		if g.Console.Len() > 0 && !g.Console.Has(consoleKey(r)) {
+			w.Header().Set("WWW-Authenticate", `Basic realm="millrace console", charset="UTF-8"`)
+			http.Error(w, "the console needs a key: give it as the password (any user name), or as \"authorization: Bearer KEY\"", http.StatusUnauthorized)
+			return
+		}
+	}
+	g.Next.ServeHTTP(w, r)
+}
+
+func bearer(r *http.Request) string {
+	scheme, v, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "bearer") {
+		return ""
+	}
+	return strings.TrimSpace(v)
+}
+
+func consoleKey(r *http.Request) string {
+	if _, pw, ok := r.BasicAuth(); ok {
+		return pw
+	}
+	return bearer(r)
+}

@@ -1,0 +1,82 @@
+package builds
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Summary is one build in a list of builds (the console's latest builds).
+type Summary struct {
+	ID, Project, Status, Command, ExitName string
+	Started                                *time.Time
+	DurationMs                             *int64
+}
+
+// Latest is the n builds whose first event came last, newest first.
+func Latest(ctx context.Context, q Querier, n int) ([]Summary, error) {
+	rows, err := q.Query(ctx, `select id, project, status, coalesce(command, ''), coalesce(exit_code_name, ''), started_at, duration_ms
+		from invocations order by first_event_at desc limit $1`, n)
+	if err != nil {
+		return nil, fmt.Errorf("builds: latest %d: %w", n, err)
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Summary, error) {
+		var b Summary
+		err := r.Scan(&b.ID, &b.Project, &b.Status, &b.Command, &b.ExitName, &b.Started, &b.DurationMs)
+		return b, err
+	})
+}
+
+// Find reads the builds with an invocation id: project's build when a
+// project is named, else every project's build with it. one asks for
+// exactly one (a tool reading JSON): several projects having the id are
+// then an error naming them, so that a tool never reads one tenant's build
+// for another's. A missing build is an error naming the projects that have
+// the id, if any.
+func Find(ctx context.Context, q Querier, project, id string, one bool) ([]*Build, error) {
+	if project != "" {
+		return findIn(ctx, q, project, id)
+	}
+	projects, err := Projects(ctx, q, id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case len(projects) == 0:
+		return nil, fmt.Errorf("no build %q in the database", id)
+	case len(projects) > 1 && one:
+		return nil, fmt.Errorf("invocation id %q is a build of %d projects (%s): name one with --project",
+			id, len(projects), strings.Join(projects, ", "))
+	}
+	var bs []*Build
+	for _, p := range projects {
+		b, err := Show(ctx, q, p, id)
+		if err != nil {
+			return nil, err
+		}
+		bs = append(bs, b)
+	}
+	return bs, nil
+}
+
+func findIn(ctx context.Context, q Querier, project, id string) ([]*Build, error) {
+	b, err := Show(ctx, q, project, id)
+	if errors.Is(err, ErrNotFound) {
+		projects, perr := Projects(ctx, q, id)
+		if perr != nil {
+			return nil, perr
+		}
+		if len(projects) > 0 {
+			return nil, fmt.Errorf("project %q has no build %q (projects that have one: %s)", project, id, strings.Join(projects, ", "))
+		}
+		return nil, fmt.Errorf("project %q has no build %q", project, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return []*Build{b}, nil
+}
