@@ -50,7 +50,7 @@ func (o *compactorOptions) register(fs *flag.FlagSet) {
 	envflag.Int(fs, &o.shardDocs, "compactor-shard-docs", "MILLRACE_COMPACTOR_SHARD_DOCS", 4096,
 		"documents per shard object of a checkpoint; a shard past twice this is split")
 	envflag.String(fs, &o.hold, "compactor-hold", "MILLRACE_COMPACTOR_HOLD", "",
-		`durable consumers on COMMITS, comma-separated, that hold deletions back: no version is deleted above their ack floor, none at all while one does not exist; empty: the Kafka export's consumer of COMMITS (`+kafkaDurable(subjects.StreamCommits)+`) when --kafka-brokers is set and a --kafka-routes route reads COMMITS, else none; "none": nothing holds`)
+		`durable consumers on COMMITS, comma-separated, that hold deletions back: no version is deleted above their ack floor, none at all while one does not exist; empty: the Kafka export's consumer of COMMITS (`+kafka.Durable(subjects.StreamCommits)+`) when --kafka-brokers is set and a --kafka-routes route reads COMMITS, else none; "none": nothing holds`)
 }
 
 // holdNone is the --compactor-hold that names no holder.
@@ -90,7 +90,7 @@ func kafkaHolders(k kafkaOptions) ([]string, error) {
 	}
 	for _, r := range routes {
 		if stream, ok := streams.StreamOf(r.Filter); ok && stream == subjects.StreamCommits {
-			return []string{kafkaDurable(subjects.StreamCommits)}, nil
+			return []string{kafka.Durable(subjects.StreamCommits)}, nil
 		}
 	}
 	return nil, nil

@@ -17,15 +17,7 @@ import (
 	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/streams"
-	"github.com/millrace/millrace/subjects"
 )
-
-// DefaultKafkaRoutes sends every stream of millrace to a topic of its own.
-const defaultKafkaRoutes = subjects.BESFilter + " -> millrace.bes, " +
-	subjects.FleetNodeFilter + " -> millrace.fleet.nodes, " +
-	subjects.FleetResvFilter + " -> millrace.reservations, " +
-	subjects.FleetPlaceFilter + " -> millrace.placements, " +
-	subjects.CommitsFilter + " -> millrace.commits"
 
 // kafkaOptions configure the Kafka export.
 type kafkaOptions struct {
@@ -70,11 +62,8 @@ func (o *kafkaOptions) register(fs *flag.FlagSet) {
 // whether the export of COMMITS holds its deletions back.
 func (o *kafkaOptions) registerRoutes(fs *flag.FlagSet) {
 	envflag.String(fs, &o.brokers, "kafka-brokers", "MILLRACE_KAFKA_BROKERS", "", "Kafka bootstrap brokers, host:port comma-separated (in dev: the export runs only when set)")
-	envflag.String(fs, &o.routes, "kafka-routes", "MILLRACE_KAFKA_ROUTES", defaultKafkaRoutes, `subjects to topics: "subject.pattern.> -> topic" comma-separated; the first match takes a message, subjects no route takes are not exported`)
+	envflag.String(fs, &o.routes, "kafka-routes", "MILLRACE_KAFKA_ROUTES", kafka.DefaultRoutes, `subjects to topics: "subject.pattern.> -> topic" comma-separated; the first match takes a message, subjects no route takes are not exported`)
 }
-
-// kafkaDurable names the export's durable consumer of stream.
-func kafkaDurable(stream string) string { return "export-kafka-" + strings.ToLower(stream) }
 
 // config builds the exporter's configuration and the streams to export.
 func (o *kafkaOptions) config(log *slog.Logger) (kafka.Config, map[string][]string, error) {
@@ -91,14 +80,9 @@ func (o *kafkaOptions) config(log *slog.Logger) (kafka.Config, map[string][]stri
 	if err != nil {
 		return cfg, nil, usageError{err.Error()}
 	}
-	filters := map[string][]string{} // stream -> subjects
-	for _, r := range routes {
-		stream, ok := streams.StreamOf(r.Filter)
-		if !ok {
-			return cfg, nil, usageError{fmt.Sprintf("route %s -> %s: no millrace stream holds every subject of %q (streams: %s)",
-				r.Filter, r.Topic, r.Filter, strings.Join(streams.Names(), ", "))}
-		}
-		filters[stream] = append(filters[stream], r.Filter)
+	filters, err := kafka.ByStream(routes, streams.StreamOf, streams.Names())
+	if err != nil {
+		return cfg, nil, usageError{err.Error()}
 	}
 	if o.partitions == 0 || o.replicationFactor == 0 || o.maxInFlight < 1 || o.maxBuffered < 1 || o.batchMaxBytes < 1 {
 		return cfg, nil, usageError{"--kafka-partitions and --kafka-replication-factor are -1 or positive; max in flight, max buffered records and batch max bytes are positive"}
@@ -156,7 +140,7 @@ func newKafkaExport(o kafkaOptions, js jetstream.JetStream, t *telemetry, log *s
 	k := &kafkaExport{exp: exp, log: log}
 	for stream, fs := range filters {
 		k.runners = append(k.runners, streams.NewExportRunner(js, exp, streams.ExportConfig{Stream: stream, Filters: fs,
-			Durable: kafkaDurable(stream), MaxInFlight: o.maxInFlight, Metrics: t.sm, Logger: log}, m))
+			Durable: kafka.Durable(stream), MaxInFlight: o.maxInFlight, Metrics: t.sm, Logger: log}, m))
 	}
 	return k, nil
 }
@@ -165,20 +149,8 @@ func newKafkaExport(o kafkaOptions, js jetstream.JetStream, t *telemetry, log *s
 // then exports every stream until ctx ends.
 func (k *kafkaExport) run(ctx context.Context) error {
 	defer k.exp.Close()
-	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
-		tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		err := k.exp.EnsureTopics(tctx)
-		cancel()
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		k.log.Warn("topics not ready; export waits", "err", err, "retry_in", wait)
-		if !sleepCtx(ctx, wait) {
-			return nil
-		}
+	if k.exp.WaitTopics(ctx) != nil {
+		return nil // stopped before the topics were there
 	}
 	var wg sync.WaitGroup
 	for _, r := range k.runners {
@@ -190,17 +162,6 @@ func (k *kafkaExport) run(ctx context.Context) error {
 	}
 	wg.Wait()
 	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }
 
 func exportKafkaCommand() command {

@@ -12,6 +12,7 @@ import (
 	"github.com/millrace/millrace/internal/envflag"
 	buildsproj "github.com/millrace/millrace/projectors/builds"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
+	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/projectors/placer"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/bes/redact"
@@ -277,7 +278,7 @@ func serviceConsumers() []string {
 		names = append(names, d)
 	}
 	for _, s := range streams.StreamSpecs(streams.Config{}) {
-		names = append(names, "export-kafka-"+strings.ToLower(s.Name))
+		names = append(names, kafka.Durable(s.Name))
 	}
 	return names
 }
