@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -10,7 +9,6 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog"
@@ -142,13 +140,10 @@ func (o *compactorOptions) config(drain time.Duration, k kafkaOptions, log *slog
 // newCompactor makes the fold runner of the compactor over bk, with its
 // metrics on t.
 func newCompactor(rc commitlog.FoldRunnerConfig, cc compactor.Config, js jetstream.JetStream, bk *bucket.Bucket, t *telemetry) *commitlog.FoldRunner {
-	ops := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "millrace_compactor_bucket_operations_total",
-		Help: "Bucket operations of the compactor, by operation (list, get, create, equal) and result (ok, exists, error).",
-	}, []string{"op", "result"})
-	t.reg.MustRegister(ops)
+	ops := bucket.NewOperations(t.reg, "millrace_compactor_bucket_operations_total",
+		"Bucket operations of the compactor, by operation (list, get, create, equal) and result (ok, exists, error).")
 	rc.Metrics, rc.ConsumerMetrics = commitlog.NewFoldMetrics(t.reg), t.sm
-	return commitlog.NewFoldRunner(js, compactor.MustNew(cc, countingStore{bk, ops}), rc)
+	return commitlog.NewFoldRunner(js, compactor.MustNew(cc, bucket.Count(bk, ops)), rc)
 }
 
 // runningCompactor is a fold runner on a goroutine of its own (in dev).
@@ -173,48 +168,6 @@ func startCompactor(r *commitlog.FoldRunner) *runningCompactor {
 func (c *runningCompactor) stop() {
 	c.cancel()
 	<-c.done
-}
-
-// countingStore counts the compactor's bucket operations: what a pass
-// costs in requests (and in money, on S3 or GCS) shows in the metrics.
-type countingStore struct {
-	b   *bucket.Bucket
-	ops *prometheus.CounterVec
-}
-
-func (s countingStore) count(op string, err error) {
-	result := "ok"
-	switch {
-	case errors.Is(err, bucket.ErrExists):
-		result = "exists" // a race or a retried pass: expected
-	case err != nil:
-		result = "error"
-	}
-	s.ops.WithLabelValues(op, result).Inc()
-}
-
-func (s countingStore) Create(ctx context.Context, key string, data []byte) error {
-	err := s.b.Create(ctx, key, data)
-	s.count("create", err)
-	return err
-}
-
-func (s countingStore) Get(ctx context.Context, key string) ([]byte, error) {
-	data, err := s.b.Get(ctx, key)
-	s.count("get", err)
-	return data, err
-}
-
-func (s countingStore) List(ctx context.Context, prefix string) ([]bucket.Object, error) {
-	objs, err := s.b.List(ctx, prefix)
-	s.count("list", err)
-	return objs, err
-}
-
-func (s countingStore) Equal(ctx context.Context, key string, data []byte) (bool, error) {
-	same, err := s.b.Equal(ctx, key, data)
-	s.count("equal", err)
-	return same, err
 }
 
 func projectCompactorCommand() command {
