@@ -14,6 +14,7 @@ import (
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/grpclimit"
+	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/streams"
 )
@@ -43,8 +44,8 @@ func (o *commitsOptions) register(fs *flag.FlagSet) {
 // development key for every world is kept if none is configured.
 func (o *commitsOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (commits.Config, error) {
 	keys := &commits.Keys{}
-	src := keySource{inline: o.keys, file: o.keysFile, devSecrets: devSecrets, devFile: "commits-api-keys", devName: "*", what: "commits API keys"}
-	if err := loadKeys(ctx, t, src, commits.ParseKeys, keys, log); err != nil {
+	src := keyfile.Source{Inline: o.keys, File: o.keysFile, DevDir: devSecrets, DevFile: "commits-api-keys", DevName: "*", What: "commits API keys"}
+	if err := keyfile.Load(ctx, src, commits.ParseKeys, keys, t.kf, log); err != nil {
 		return commits.Config{}, err
 	}
 	return commits.Config{Keys: keys, MaxBodyBytes: o.maxBody, CacheBytes: o.cacheBytes,

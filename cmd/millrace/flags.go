@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/keyfile"
 	buildsproj "github.com/millrace/millrace/projectors/builds"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/kafka"
@@ -161,8 +162,8 @@ func (o *besOptions) register(fs *flag.FlagSet) {
 
 func (o *besOptions) config(ctx context.Context, t *telemetry, log *slog.Logger) (bes.Config, error) {
 	keys := &bes.Keys{}
-	src := keySource{inline: o.keys, file: o.keysFile, what: "BES API keys"}
-	if err := loadKeys(ctx, t, src, bes.ParseKeys, keys, log); err != nil {
+	src := keyfile.Source{Inline: o.keys, File: o.keysFile, What: "BES API keys"}
+	if err := keyfile.Load(ctx, src, bes.ParseKeys, keys, t.kf, log); err != nil {
 		return bes.Config{}, err
 	}
 	r, err := o.redact.redactor()

@@ -2,16 +2,13 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -21,6 +18,7 @@ import (
 
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/grpclimit"
+	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/tlsfiles"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
@@ -113,8 +111,8 @@ func (o *fleetOptions) config(ctx context.Context, t *telemetry, devSecrets stri
 		}
 	}
 	tokens := &fleet.JoinTokens{}
-	src := keySource{inline: o.joinTokens, file: o.joinTokensFile, devSecrets: devSecrets, devFile: "join-tokens", devName: "default", what: "join tokens"}
-	if err := loadKeys(ctx, t, src, fleet.ParseJoinTokens, tokens, log); err != nil {
+	src := keyfile.Source{Inline: o.joinTokens, File: o.joinTokensFile, DevDir: devSecrets, DevFile: "join-tokens", DevName: "default", What: "join tokens"}
+	if err := keyfile.Load(ctx, src, fleet.ParseJoinTokens, tokens, t.kf, log); err != nil {
 		return fleet.Config{}, err
 	}
 	id := o.gatewayID
@@ -150,34 +148,6 @@ func (o *fleetOptions) config(ctx context.Context, t *telemetry, devSecrets stri
 	}, nil
 }
 
-// devSecret returns the "name=secret" line kept in dir/file, making one
-// with a random secret on first use (mode 0600), so that `millrace dev`
-// authenticates its fleet edges without any setup.
-func devSecret(dir, file, name string) (string, error) {
-	path := filepath.Join(dir, file)
-	if b, err := os.ReadFile(path); err == nil {
-		return string(b), nil
-	} else if !errors.Is(err, os.ErrNotExist) {
-		return "", err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", err
-	}
-	secret := make([]byte, 16)
-	rand.Read(secret)
-	line := name + "=" + hex.EncodeToString(secret) + "\n"
-	// Written beside and renamed into place: a reader (a script, a test)
-	// never sees the file empty or half written.
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(line), 0o600); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return "", err
-	}
-	return line, nil
-}
-
 // reservationsOptions configure the reservations API.
 type reservationsOptions struct {
 	listen, tlsCert, tlsKey string
@@ -198,8 +168,8 @@ func (o *reservationsOptions) register(fs *flag.FlagSet) {
 
 func (o *reservationsOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (reservations.Config, error) {
 	keys := &reservations.Keys{}
-	src := keySource{inline: o.keys, file: o.keysFile, devSecrets: devSecrets, devFile: "api-keys", devName: "dev", what: "reservation API keys"}
-	if err := loadKeys(ctx, t, src, reservations.ParseKeys, keys, log); err != nil {
+	src := keyfile.Source{Inline: o.keys, File: o.keysFile, DevDir: devSecrets, DevFile: "api-keys", DevName: "dev", What: "reservation API keys"}
+	if err := keyfile.Load(ctx, src, reservations.ParseKeys, keys, t.kf, log); err != nil {
 		return reservations.Config{}, err
 	}
 	return reservations.Config{Keys: keys, MaxPendingPerOwner: o.maxPending, MaxWait: o.maxWait}, nil

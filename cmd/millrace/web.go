@@ -11,6 +11,7 @@ import (
 
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/netlimit"
 )
 
@@ -43,12 +44,12 @@ func (o *httpOptions) register(fs *flag.FlagSet, def, help string) {
 func (o httpOptions) guard(ctx context.Context, t *telemetry, next http.Handler, log *slog.Logger) (http.Handler, error) {
 	g := &console.Guard{Console: &console.Tokens{}, Metrics: &console.Tokens{}, Next: next}
 	if o.consoleKeysFile != "" {
-		if err := loadKeys(ctx, t, keySource{file: o.consoleKeysFile, what: "console keys"}, console.ParseTokens("console key"), g.Console, log); err != nil {
+		if err := keyfile.Load(ctx, keyfile.Source{File: o.consoleKeysFile, What: "console keys"}, console.ParseTokens("console key"), g.Console, t.kf, log); err != nil {
 			return nil, err
 		}
 	}
 	if o.metricsTokenFile != "" {
-		if err := loadKeys(ctx, t, keySource{file: o.metricsTokenFile, what: "metrics tokens"}, console.ParseTokens("metrics token"), g.Metrics, log); err != nil {
+		if err := keyfile.Load(ctx, keyfile.Source{File: o.metricsTokenFile, What: "metrics tokens"}, console.ParseTokens("metrics token"), g.Metrics, t.kf, log); err != nil {
 			return nil, err
 		}
 	}

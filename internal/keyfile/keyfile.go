@@ -11,6 +11,10 @@
 // previous keys in force: the error is logged and counted
 // (millrace_keyfile_reload_errors_total), and the next change is tried
 // again. Keys are never half replaced.
+//
+// Load is what a server calls: it reads a Source (keys given inline, a
+// file, or in development a file made with a random key on first use,
+// DevSecret) into the server's key set and keeps it current.
 package keyfile
 
 import (
