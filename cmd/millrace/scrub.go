@@ -3,16 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
 )
 
@@ -138,74 +136,24 @@ progress on standard error. Without --yes it only counts the messages.`,
 					return fmt.Errorf("stream %s: %w", subjects.StreamBES, err)
 				}
 				filter := subjects.BESProjectFilter(project)
-				info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+				n, invocations, err := streams.CountSubjects(ctx, s, filter)
 				if err != nil {
 					return err
 				}
-				var n uint64
-				for _, c := range info.State.Subjects {
-					n += c
-				}
 				if !yes {
 					fmt.Printf("streams purge-bes: %s holds %d messages on %s (%d invocations); run again with --yes to delete them\n",
-						subjects.StreamBES, n, filter, len(info.State.Subjects))
+						subjects.StreamBES, n, filter, invocations)
 					return nil
 				}
-				erased, err := eraseSubjects(ctx, s, filter, n, os.Stderr)
+				erased, err := streams.EraseSubjects(ctx, s, filter, func(erased, total uint64) {
+					fmt.Fprintf(os.Stderr, "streams purge-bes: erased %d of %d messages\n", erased, max(n, total))
+				})
 				if err != nil {
 					return fmt.Errorf("erase %s (%d messages erased): %w", filter, erased, err)
 				}
-				fmt.Printf("streams purge-bes: deleted %d messages on %s (%d invocations), their bytes overwritten\n", erased, filter, len(info.State.Subjects))
+				fmt.Printf("streams purge-bes: deleted %d messages on %s (%d invocations), their bytes overwritten\n", erased, filter, invocations)
 				return nil
 			}
 		},
 	}
-}
-
-// eraseSubjects deletes every message of s on filter with JetStream's
-// secure delete, which overwrites the message's bytes in its block: a
-// plain purge leaves them on disk until the block is compacted, which a
-// block shared with other projects' messages may never be. It reads the
-// sequences headers-only, then erases them, reporting progress about once
-// a second on progress; total is what the caller counted, for the display.
-func eraseSubjects(ctx context.Context, s jetstream.Stream, filter string, total uint64, progress io.Writer) (uint64, error) {
-	cons, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{filter}, HeadersOnly: true})
-	if err != nil {
-		return 0, fmt.Errorf("read %s: %w", filter, err)
-	}
-	var seqs []uint64
-	for {
-		batch, err := cons.FetchNoWait(1000)
-		if err != nil {
-			return 0, fmt.Errorf("read %s: %w", filter, err)
-		}
-		n, left := 0, uint64(0)
-		for m := range batch.Messages() {
-			md, err := m.Metadata()
-			if err != nil {
-				return 0, err
-			}
-			seqs = append(seqs, md.Sequence.Stream)
-			n, left = n+1, md.NumPending
-		}
-		if err := batch.Error(); err != nil {
-			return 0, fmt.Errorf("read %s: %w", filter, err)
-		}
-		if n == 0 || left == 0 {
-			break
-		}
-	}
-	var erased uint64
-	last := time.Now()
-	for _, seq := range seqs {
-		if err := s.SecureDeleteMsg(ctx, seq); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
-			return erased, fmt.Errorf("erase message %d: %w", seq, err)
-		}
-		erased++
-		if time.Since(last) >= time.Second {
-			fmt.Fprintf(progress, "streams purge-bes: erased %d of %d messages\n", erased, max(total, uint64(len(seqs))))
-			last = time.Now()
-		}
-	}
-	return erased, nil
 }

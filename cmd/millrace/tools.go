@@ -10,7 +10,6 @@ import (
 	"runtime/debug"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/envflag"
@@ -113,37 +112,9 @@ func streamsInfoCommand() command {
 					return err
 				}
 				defer bb.Close()
-				type consumerInfo struct {
-					Name       string `json:"name"`
-					Pending    uint64 `json:"pending"`
-					AckPending int    `json:"ack_pending"`
-					AckFloor   uint64 `json:"ack_floor"`
-				}
-				type streamInfo struct {
-					Name      string         `json:"name"`
-					Subjects  []string       `json:"subjects"`
-					Messages  uint64         `json:"messages"`
-					Bytes     uint64         `json:"bytes"`
-					FirstSeq  uint64         `json:"first_seq"`
-					LastSeq   uint64         `json:"last_seq"`
-					Consumers []consumerInfo `json:"consumers"`
-				}
-				var out []streamInfo
-				for _, spec := range streams.StreamSpecs(nc) {
-					s, err := bb.JS.Stream(ctx, spec.Name)
-					if err != nil {
-						return fmt.Errorf("stream %s: %w", spec.Name, err)
-					}
-					st := s.CachedInfo().State
-					si := streamInfo{Name: spec.Name, Subjects: spec.Subjects, Messages: st.Msgs, Bytes: st.Bytes, FirstSeq: st.FirstSeq, LastSeq: st.LastSeq}
-					lister := s.ListConsumers(ctx)
-					for ci := range lister.Info() {
-						si.Consumers = append(si.Consumers, consumerInfo{ci.Name, ci.NumPending, ci.NumAckPending, ci.AckFloor.Stream})
-					}
-					if err := lister.Err(); err != nil && !errors.Is(err, jetstream.ErrEndOfData) {
-						return err
-					}
-					out = append(out, si)
+				out, err := streams.Describe(ctx, bb.JS, streams.StreamSpecs(nc))
+				if err != nil {
+					return err
 				}
 				if asJSON {
 					enc := json.NewEncoder(os.Stdout)
