@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -43,24 +42,7 @@ func databaseURL(ctx context.Context, o dbOptions, log *slog.Logger) (string, er
 	if srv.Private {
 		log.Info("using the private PostgreSQL cluster", "dir", srv.DataDir())
 	}
-	conn, err := pgx.Connect(ctx, srv.URL)
-	if err != nil {
-		return "", err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	var exists bool
-	if err := conn.QueryRow(ctx, "select exists (select 1 from pg_database where datname = $1)", devDatabase).Scan(&exists); err != nil {
-		return "", err
-	}
-	if !exists {
-		if _, err := conn.Exec(ctx, "create database "+devDatabase); err != nil {
-			var again bool // another process may have created it meanwhile
-			if conn.QueryRow(ctx, "select exists (select 1 from pg_database where datname = $1)", devDatabase).Scan(&again); !again {
-				return "", fmt.Errorf("create database %s: %w", devDatabase, err)
-			}
-		}
-	}
-	return devdb.WithDatabase(srv.URL, devDatabase)
+	return srv.EnsureDatabase(ctx, devDatabase)
 }
 
 // openPool connects to the database and, when migrate is set, brings its

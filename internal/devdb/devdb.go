@@ -232,3 +232,31 @@ func WithDatabase(u, db string) (string, error) {
 	parsed.Path = "/" + db
 	return parsed.String(), nil
 }
+
+// EnsureDatabase returns the URL of database name on the server, creating
+// the database when it is missing; another process creating it at the
+// same moment is no error.
+func (s *Server) EnsureDatabase(ctx context.Context, name string) (string, error) {
+	conn, err := pgx.Connect(ctx, s.URL)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	exists := func() (bool, error) {
+		var ok bool
+		err := conn.QueryRow(ctx, "select exists (select 1 from pg_database where datname = $1)", name).Scan(&ok)
+		return ok, err
+	}
+	ok, err := exists()
+	if err != nil {
+		return "", err
+	}
+	if !ok {
+		if _, err := conn.Exec(ctx, "create database "+pgx.Identifier{name}.Sanitize()); err != nil {
+			if again, _ := exists(); !again {
+				return "", fmt.Errorf("create database %s: %w", name, err)
+			}
+		}
+	}
+	return WithDatabase(s.URL, name)
+}
