@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -19,7 +18,6 @@ import (
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/internal/keyfile"
-	"github.com/millrace/millrace/internal/tlsfiles"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
 	"github.com/millrace/millrace/services/fleet"
@@ -78,37 +76,16 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 // config loads the CA and TLS material. devSecrets, when not empty, is the
 // directory where a development join token is kept if none is configured.
 func (o *fleetOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (fleet.Config, error) {
-	var (
-		ca  *fleet.CA
-		err error
-	)
-	switch {
-	case o.caCert != "" || o.caKey != "":
-		if o.caCert == "" || o.caKey == "" {
-			return fleet.Config{}, usageError{"--fleet-ca-cert and --fleet-ca-key go together"}
-		}
-		ca, err = fleet.LoadCA(o.caCert, o.caKey)
-	default:
-		ca, err = fleet.LoadOrCreateCA(o.caDir)
+	if (o.caCert == "") != (o.caKey == "") {
+		return fleet.Config{}, usageError{"--fleet-ca-cert and --fleet-ca-key go together"}
 	}
+	hosts := envflag.SplitList(o.tlsHosts)
+	if h, _, err := net.SplitHostPort(o.listen); err == nil && h != "" {
+		hosts = append(hosts, h)
+	}
+	ca, tc, err := fleet.Credentials{CACert: o.caCert, CAKey: o.caKey, CADir: o.caDir, Cert: o.tlsCert, Key: o.tlsKey, Hosts: hosts}.Load()
 	if err != nil {
-		return fleet.Config{}, fmt.Errorf("fleet CA: %w", err)
-	}
-	var tc *tls.Config
-	if o.tlsCert != "" || o.tlsKey != "" {
-		cert, err := tlsfiles.KeyPair(o.tlsCert, o.tlsKey)
-		if err != nil {
-			return fleet.Config{}, fmt.Errorf("fleet TLS certificate: %w", err)
-		}
-		tc = fleet.ServerTLSConfig(cert)
-	} else {
-		hosts := append([]string{"localhost", "127.0.0.1", "::1"}, envflag.SplitList(o.tlsHosts)...)
-		if h, _, err := net.SplitHostPort(o.listen); err == nil && h != "" {
-			hosts = append(hosts, h)
-		}
-		if tc, err = ca.ServerTLS(hosts); err != nil {
-			return fleet.Config{}, fmt.Errorf("fleet server certificate: %w", err)
-		}
+		return fleet.Config{}, err
 	}
 	tokens := &fleet.JoinTokens{}
 	src := keyfile.Source{Inline: o.joinTokens, File: o.joinTokensFile, DevDir: devSecrets, DevFile: "join-tokens", DevName: "default", What: "join tokens"}
