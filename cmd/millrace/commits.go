@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/supervise"
 	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/streams"
 )
@@ -55,10 +55,8 @@ func (o *commitsOptions) config(ctx context.Context, t *telemetry, devSecrets st
 // commitsEdge is a running commits edge: its gRPC server, and the API for
 // an HTTP mux.
 type commitsEdge struct {
-	srv  *commits.Server
-	grpc *grpc.Server
-	addr net.Addr
-	done chan error
+	*supervise.GRPCServer
+	srv *commits.Server
 }
 
 // startCommits starts the edge on bb; bk is the bucket the compactor folds
@@ -72,43 +70,50 @@ func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *
 	if bk != nil {
 		cfg.Store = bk
 	}
+	tc, err := serverTLS(o.tlsCert, o.tlsKey, "--commits-tls-cert", "--commits-tls-key")
+	if err != nil {
+		return nil, err
+	}
 	srv, err := commits.New(ctx, cfg, bb.JS, commits.NewMetrics(t.reg), log)
 	if err != nil {
 		return nil, err
 	}
 	opts, err := grpclimit.ServerOptions(grpclimit.Config{})
 	if err != nil {
+		srv.Close()
 		return nil, err
 	}
-	opts = append(opts, grpc.MaxRecvMsgSize(o.maxBody+64<<10))
-	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--commits-tls-cert", "--commits-tls-key")
+	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.listen, TLS: tc, Options: append(opts, grpc.MaxRecvMsgSize(o.maxBody+64<<10))})
 	if err != nil {
-		return nil, err
-	}
-	if creds != nil {
-		opts = append(opts, creds)
-	}
-	g := grpc.NewServer(opts...)
-	srv.Register(g)
-	lis, err := net.Listen("tcp", o.listen)
-	if err != nil {
+		srv.Close()
 		return nil, fmt.Errorf("commits listen: %w", err)
 	}
-	e := &commitsEdge{srv: srv, grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
-	go func() { e.done <- g.Serve(lis) }()
-	log.Info("commits API serving", "addr", lis.Addr().String(), "tls", creds != nil)
-	return e, nil
+	srv.Register(g.Server)
+	log.Info("commits API serving", "addr", g.Addr().String(), "tls", tc != nil)
+	return &commitsEdge{GRPCServer: g, srv: srv}, nil
 }
 
 // mount serves the HTTP API on mux.
 func (e *commitsEdge) mount(mux *http.ServeMux) { mux.Handle(commits.Prefix, e.srv.Handler()) }
 
-func (e *commitsEdge) stop(ctx context.Context) {
-	stopGRPC(ctx, e.grpc)
+// Stop stops the gRPC server, then the edge.
+func (e *commitsEdge) Stop(ctx context.Context) error {
+	err := e.GRPCServer.Stop(ctx)
 	e.srv.Close()
+	return err
 }
 
-func (e *commitsEdge) serveDone() <-chan error { return e.done }
+// commits serves the commits edge over gRPC and under /v1/worlds/ on the
+// process's mux, reading folded versions from the process's bucket.
+func (p *process) commits(o commitsOptions, devSecrets string) supervise.Component {
+	return supervise.Serve("commits edge", func(ctx context.Context) (*commitsEdge, error) {
+		e, err := startCommits(ctx, o, devSecrets, p.bb, p.bk, p.t, p.log)
+		if err == nil {
+			e.mount(p.mux)
+		}
+		return e, err
+	})
+}
 
 func serveCommitsCommand() command {
 	return command{
@@ -129,41 +134,16 @@ tail after it, then follows the tail; it answers every write acknowledged
 before the call.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo       logOptions
-				no       natsOptions
-				co       commitsOptions
-				bo       bucketOptions
-				ho       httpOptions
-				shutdown time.Duration
+				po procOptions
+				co commitsOptions
+				bo bucketOptions
 			)
-			lo.register(fs)
-			no.register(fs)
+			po.register(fs, "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz", "how long shutdown waits for calls in progress")
 			co.register(fs)
 			bo.register(fs)
-			ho.register(fs, "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz")
-			envflag.Duration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls in progress")
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"serve commits takes no arguments"}
-				}
-				log, err := lo.logger()
-				if err != nil {
-					return err
-				}
-				bk, err := bo.open(ctx)
-				if err != nil {
-					return err
-				}
-				defer bk.Close()
-				return runEdgeProcess(ctx, "millrace-commits", no, ho, shutdown, log,
-					func(ctx context.Context, bb *streams.Backbone, t *telemetry, mux *http.ServeMux) (servedEdge, error) {
-						e, err := startCommits(ctx, co, "", bb, bk, t, log)
-						if err == nil {
-							e.mount(mux)
-						}
-						return e, err
-					})
-			}
+			return po.run("serve commits", "millrace-commits", func(p *process) ([]supervise.Component, []supervise.Component, error) {
+				return []supervise.Component{p.openBucket(bo)}, []supervise.Component{p.commits(co, "")}, nil
+			})
 		},
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog"
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/supervise"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/streams"
@@ -146,28 +147,22 @@ func newCompactor(rc commitlog.FoldRunnerConfig, cc compactor.Config, js jetstre
 	return commitlog.NewFoldRunner(js, compactor.MustNew(cc, bucket.Count(bk, ops)), rc)
 }
 
-// runningCompactor is a fold runner on a goroutine of its own (in dev).
-type runningCompactor struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-func startCompactor(r *commitlog.FoldRunner) *runningCompactor {
-	ctx, cancel := context.WithCancel(context.Background())
-	c := &runningCompactor{cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(c.done)
-		r.Run(ctx)
-	}()
-	return c
-}
-
-// stop asks the runner to stop and waits: passes in flight get the
-// runner's Drain, and what they did not fold is folded after the next
-// start.
-func (c *runningCompactor) stop() {
-	c.cancel()
-	<-c.done
+// compactor folds the commit log into the process's bucket; passes in
+// flight get drain once it is told to stop.
+func (p *process) compactor(o compactorOptions, drain time.Duration, k kafkaOptions) (supervise.Component, error) {
+	rc, cc, err := o.config(drain, k, p.log)
+	if err != nil {
+		return supervise.Component{}, err
+	}
+	var r *commitlog.FoldRunner
+	return supervise.Component{
+		Name:  "compactor",
+		Start: func(context.Context) error { r = newCompactor(rc, cc, p.bb.JS, p.bk, p.t); return nil },
+		// Run returns once its context ends and passes in flight have
+		// finished or been abandoned (within drain); what they did not
+		// fold is folded after the next start.
+		Run: func(ctx context.Context) error { return r.Run(ctx) },
+	}, nil
 }
 
 func projectCompactorCommand() command {
@@ -205,57 +200,20 @@ its deletions only while the lease holds. Metrics (millrace_compactor_*,
 and millrace_consumer_*{kind="fold"}) on --http-listen.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo       logOptions
-				no       natsOptions
-				bo       bucketOptions
-				co       compactorOptions
-				ko       kafkaOptions
-				ho       httpOptions
-				shutdown time.Duration
+				po procOptions
+				bo bucketOptions
+				co compactorOptions
+				ko kafkaOptions
 			)
-			lo.register(fs)
-			no.register(fs)
+			po.register(fs, "127.0.0.1:8087", "HTTP address: /metrics, /healthz, /readyz",
+				"how long the whole shutdown may take; passes in flight get three quarters of it, and a pass cut short is redone after the next start")
 			bo.register(fs)
 			co.register(fs)
 			ko.registerRoutes(fs)
-			ho.register(fs, "127.0.0.1:8087", "HTTP address: /metrics, /healthz, /readyz")
-			envflag.Duration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second,
-				"how long shutdown lets passes in flight finish; a pass cut short is redone after the next start")
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"project compactor takes no arguments"}
-				}
-				log, err := lo.logger()
-				if err != nil {
-					return err
-				}
-				rc, cc, err := co.config(shutdown, ko, log)
-				if err != nil {
-					return err
-				}
-				t := newTelemetry()
-				bb, _, err := no.open(ctx, "millrace-compactor", t.sm)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				bk, err := bo.open(ctx)
-				if err != nil {
-					return err
-				}
-				defer bk.Close()
-				web, err := startHTTP(ctx, ho, t, readiness(bb, nil), nil, log)
-				if err != nil {
-					return err
-				}
-				// Run returns once ctx ends and passes in flight have
-				// finished or been abandoned (within shutdown).
-				err = newCompactor(rc, cc, bb.JS, bk, t).Run(ctx)
-				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				web.stop(sctx)
-				return err
-			}
+			return po.run("project compactor", "millrace-compactor", func(p *process) ([]supervise.Component, []supervise.Component, error) {
+				c, err := p.compactor(co, po.timeout()-po.timeout()/4, ko)
+				return []supervise.Component{p.openBucket(bo), c}, nil, err
+			})
 		},
 	}
 }

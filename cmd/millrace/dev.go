@@ -3,20 +3,10 @@ package main
 import (
 	"context"
 	"flag"
-	"log/slog"
-	"net/http"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
-	"time"
-
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/console"
-	"github.com/millrace/millrace/internal/envflag"
-	"github.com/millrace/millrace/projectors/builds"
-	"github.com/millrace/millrace/services/reservations"
-	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/internal/supervise"
 )
 
 func devCommand() command {
@@ -41,19 +31,13 @@ reader.nk (read-only: nats --nkey var/nats/auth/reader.nk stream ls).`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var o devOptions
 			o.register(fs)
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"dev takes no arguments"}
-				}
-				return runDev(ctx, o)
-			}
+			return o.proc.run("dev", "millrace-dev", o.components)
 		},
 	}
 }
 
 type devOptions struct {
-	log       logOptions
-	nats      natsOptions
+	proc      procOptions
 	db        dbOptions
 	bes       besOptions
 	projector projectorOptions
@@ -65,13 +49,11 @@ type devOptions struct {
 	bucket    bucketOptions
 	compactor compactorOptions
 	kafka     kafkaOptions
-	http      httpOptions
-	shutdown  time.Duration
 }
 
 func (o *devOptions) register(fs *flag.FlagSet) {
-	o.log.register(fs)
-	o.nats.register(fs)
+	o.proc.register(fs, "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz",
+		"how long shutdown waits for streams to finish and batches to commit")
 	o.db.register(fs)
 	o.bes.register(fs)
 	o.projector.register(fs)
@@ -83,214 +65,48 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.bucket.register(fs)
 	o.compactor.register(fs)
 	o.kafka.register(fs)
-	o.http.register(fs, "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz")
-	envflag.Duration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for streams to finish and batches to commit")
 }
 
-func runDev(ctx context.Context, o devOptions) error {
-	log, err := o.log.logger()
+// components is the whole system in one process. What needs only the
+// backbone starts at once; what needs PostgreSQL waits for it in the
+// background, so that the edges serve within a second of a restart
+// whatever the database is doing (Bazel's retries span about 9 s). The
+// edges come last, so that they stop first: open streams drain their acks
+// and nodes re-home while everything behind them still runs.
+func (o *devOptions) components(p *process) (before, after []supervise.Component, err error) {
+	// Passes in flight get half the shutdown timeout: the rest is for what
+	// stops after the compactor.
+	compactor, err := p.compactor(o.compactor, o.proc.timeout()/2, o.kafka)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	// Checked before anything starts. Passes in flight get half the
-	// shutdown timeout: the rest is for what stops after the compactor.
-	compactorRC, compactorCC, err := o.compactor.config(o.shutdown/2, o.kafka, log)
+	fleetProj, err := o.fleetProj.projector(p.log, p.t.reg)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	t := newTelemetry()
-	start := time.Now()
-
-	// The edge comes first: Bazel's retries span about 9 s, so a restarted
-	// edge must serve again within seconds, whatever the database is doing.
-	bb, _, err := o.nats.open(ctx, "millrace-dev", t.sm)
+	placerCfg, err := o.placer.config(p.log)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	defer bb.Close()
-	if bb.ReaderSeedFile != "" {
-		log.Info("embedded NATS admits only its identities: read with nats --server "+bb.URL+" --nkey "+bb.ReaderSeedFile,
-			"reader", bb.ReaderSeedFile, "service", bb.ServiceSeedFile)
-	}
-	edge, err := startBES(ctx, o.bes, bb, t, log)
+	// The development join token and API keys that dev makes on first
+	// start when none is configured live beside the CA (var/fleet).
+	devSecrets := filepath.Dir(filepath.Clean(o.fleet.caDir))
+	buildsProj, err := p.buildsProjector(o.projector)
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	log.Info("accepting build events", "after", time.Since(start).Round(time.Millisecond))
-
-	// The fleet edges too start before the database: node sessions and
-	// liveness need only the backbone.
-	// The development join token and API key that dev makes on first start
-	// when none is configured live beside the CA (var/fleet by default).
-	devSecretsDir := filepath.Dir(filepath.Clean(o.fleet.caDir))
-	gw, err := startFleet(ctx, o.fleet, devSecretsDir, bb, t, log)
-	if err != nil {
-		edge.stop(ctx)
-		return err
-	}
-	resvCfg, err := o.resv.config(ctx, t, devSecretsDir, log)
-	if err != nil {
-		edge.stop(ctx)
-		gw.stop(ctx)
-		return err
-	}
-	var api reservations.Late
-	rg, err := startReservationsGRPC(o.resv, &api, log)
-	if err != nil {
-		edge.stop(ctx)
-		gw.stop(ctx)
-		return err
-	}
-	bk, err := o.bucket.open(ctx)
-	if err != nil {
-		edge.stop(ctx)
-		gw.stop(ctx)
-		rg.stop(ctx)
-		return err
-	}
-	defer bk.Close()
-	ce, err := startCommits(ctx, o.commits, devSecretsDir, bb, bk, t, log)
-	if err != nil {
-		edge.stop(ctx)
-		gw.stop(ctx)
-		rg.stop(ctx)
-		return err
-	}
-	fleetProj, err := o.fleetProj.projector(log, t.reg)
-	if err != nil {
-		return err
-	}
-	placerCfg, err := o.placer.config(log)
-	if err != nil {
-		return err
-	}
-	buildsProj, err := builds.New(builds.Config{AbandonAfter: o.projector.abandonAfter})
-	if err != nil {
-		return err
-	}
-
-	var pool atomic.Pointer[pgxpool.Pool]
-	mux := http.NewServeMux()
-	console.Register(mux, pool.Load)
-	api.Register(nil, mux)
-	ce.mount(mux)
-	web, err := startHTTP(ctx, o.http, t, readiness(bb, pool.Load), mux, log)
-	if err != nil {
-		edge.stop(ctx)
-		gw.stop(ctx)
-		rg.stop(ctx)
-		ce.stop(ctx)
-		return err
-	}
-
-	// The compactor needs the backbone and the bucket, not the database.
-	comp := startCompactor(newCompactor(compactorRC, compactorCC, bb.JS, bk, t))
-
+	resvAPI, resvGRPC := p.reservations(o.resv, devSecrets)
+	console.Register(p.mux, p.pool.Load)
+	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
+		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), buildsProj, compactor}
 	// The Kafka export, when brokers are named: it needs the backbone only.
-	exportCtx, stopExport := context.WithCancel(context.WithoutCancel(ctx))
-	exportDone := make(chan struct{})
-	if o.kafka.brokers == "" {
-		close(exportDone)
-	} else {
-		k, err := newKafkaExport(o.kafka, bb.JS, t, log)
+	if o.kafka.brokers != "" {
+		k, err := p.kafka(o.kafka)
 		if err != nil {
-			stopExport()
-			comp.stop()
-			edge.stop(ctx)
-			gw.stop(ctx)
-			rg.stop(ctx)
-			ce.stop(ctx)
-			return err
+			return nil, nil, err
 		}
-		go func() {
-			defer close(exportDone)
-			k.run(exportCtx)
-		}()
+		before = append(before, k)
 	}
-
-	projCtx, stopProjector := context.WithCancel(context.WithoutCancel(ctx))
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		p := connectWithRetry(projCtx, o.db, log)
-		if p == nil {
-			return
-		}
-		pool.Store(p)
-		if err := startReservations(&api, resvCfg, p, bb, t, log); err != nil {
-			log.Error("reservations API not started", "err", err)
-		}
-		run := func(name string, f func()) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				f()
-				log.Debug("stopped", "component", name)
-			}()
-		}
-		run("fleet projector", func() {
-			streams.NewRunner(bb.JS, p, fleetProj, o.fleetProj.runnerConfig(log), t.sm).Run(projCtx)
-		})
-		run("placer", func() { runPlacer(projCtx, placerCfg, o.placer, bb, p, t, log) })
-		runner := streams.NewRunner(bb.JS, p, buildsProj,
-			withLogger(o.projector.runnerConfig(), log), t.sm)
-		runner.Run(projCtx)
-	}()
-
-	select {
-	case <-ctx.Done():
-	case err := <-edge.done:
-		log.Error("BES edge stopped", "err", err)
-	case err := <-gw.done:
-		log.Error("fleet gateway stopped", "err", err)
-	case err := <-rg.done:
-		log.Error("reservations API stopped", "err", err)
-	case err := <-ce.done:
-		log.Error("commits API stopped", "err", err)
-	}
-	log.Info("shutting down")
-	sctx, cancel := context.WithTimeout(context.Background(), o.shutdown)
-	defer cancel()
-	api.Close()     // waiting reservation calls answer now
-	edge.stop(sctx) // stop accepting; open streams drain their acks
-	gw.stop(sctx)   // nodes re-home to another gateway
-	rg.stop(sctx)
-	ce.stop(sctx)
-	comp.stop()  // passes in flight finish, or are abandoned and redone at the next start
-	stopExport() // what Kafka has not acknowledged is sent again at the next start
-	<-exportDone
-	stopProjector() // the runners finish or roll back their batches
-	wg.Wait()
-	bb.Close() // flush publishes, stop the embedded server
-	if p := pool.Load(); p != nil {
-		p.Close()
-	}
-	web.stop(sctx)
-	return nil
-}
-
-func withLogger(c streams.RunnerConfig, log *slog.Logger) streams.RunnerConfig {
-	c.Logger = log.With("component", "projector")
-	return c
-}
-
-// connectWithRetry opens the pool (applying migrations), retrying while the
-// database is away; it returns nil when ctx ends first.
-func connectWithRetry(ctx context.Context, o dbOptions, log *slog.Logger) *pgxpool.Pool {
-	for {
-		p, err := openPool(ctx, o, true, log)
-		if err == nil {
-			return p
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		log.Warn("database not available; retrying", "err", err)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(2 * time.Second):
-		}
-	}
+	after = []supervise.Component{p.commits(o.commits, devSecrets), resvGRPC, p.gateway(o.fleet, devSecrets), p.bes(o.bes)}
+	return before, after, nil
 }

@@ -104,8 +104,9 @@ func TestBESKeysReloadWithoutRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer edge.stop(context.Background())
-	conn, err := grpc.NewClient(edge.addr.String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	go edge.Serve(ctx)
+	defer edge.Stop(context.Background())
+	conn, err := grpc.NewClient(edge.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,14 +207,14 @@ func TestBESRefusesOpenListenerWithoutKeys(t *testing.T) {
 	if err != nil {
 		t.Fatalf("with --bes-insecure-open: %v", err)
 	}
-	e.stop(context.Background())
+	e.Stop(context.Background())
 	var keyed besOptions
 	parseFlags(t, keyed.register, "-bes-listen", "0.0.0.0:0", "-bes-api-keys", "p=0123456789abcdef")
 	e, err = startBES(ctx, keyed, bb, newTelemetry(), slog.Default())
 	if err != nil {
 		t.Fatalf("with keys: %v", err)
 	}
-	e.stop(context.Background())
+	e.Stop(context.Background())
 }
 
 // bazelTLSRC lets Debian's Bazel 4.2.3 speak TLS: its Netty finds no ALPN in
@@ -269,7 +270,8 @@ func TestCommitsKeysReloadWithoutRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ce.stop(context.Background())
+	go ce.Serve(ctx)
+	defer ce.Stop(context.Background())
 	mux := http.NewServeMux()
 	ce.mount(mux)
 	srv := httptest.NewServer(mux)

@@ -11,9 +11,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/supervise"
 	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/streams"
@@ -119,49 +118,42 @@ func (o *kafkaOptions) tlsConfig() (*tls.Config, error) {
 	return c, nil
 }
 
-// kafkaExport is the exporter and one runner per stream.
-type kafkaExport struct {
-	exp     *kafka.Exporter
-	runners []*streams.ExportRunner
-	log     *slog.Logger
-}
-
-func newKafkaExport(o kafkaOptions, js jetstream.JetStream, t *telemetry, log *slog.Logger) (*kafkaExport, error) {
-	log = log.With("component", "kafka-export")
+// kafka exports the streams to Kafka: one export runner per stream the
+// routes read, started once the topics are there. The configuration is
+// checked now, before anything starts.
+func (p *process) kafka(o kafkaOptions) (supervise.Component, error) {
+	log := p.log.With("component", "kafka-export")
 	cfg, filters, err := o.config(log)
 	if err != nil {
-		return nil, err
+		return supervise.Component{}, err
 	}
-	exp, err := kafka.New(cfg, kafka.NewMetrics(t.reg))
-	if err != nil {
-		return nil, err
-	}
-	m := streams.NewExportMetrics(t.reg)
-	k := &kafkaExport{exp: exp, log: log}
-	for stream, fs := range filters {
-		k.runners = append(k.runners, streams.NewExportRunner(js, exp, streams.ExportConfig{Stream: stream, Filters: fs,
-			Durable: kafka.Durable(stream), MaxInFlight: o.maxInFlight, Metrics: t.sm, Logger: log}, m))
-	}
-	return k, nil
-}
-
-// run makes sure of the topics (retrying while the brokers are away),
-// then exports every stream until ctx ends.
-func (k *kafkaExport) run(ctx context.Context) error {
-	defer k.exp.Close()
-	if k.exp.WaitTopics(ctx) != nil {
-		return nil // stopped before the topics were there
-	}
-	var wg sync.WaitGroup
-	for _, r := range k.runners {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			r.Run(ctx)
-		}()
-	}
-	wg.Wait()
-	return nil
+	var exp *kafka.Exporter
+	return supervise.Component{
+		Name: "kafka export",
+		Start: func(context.Context) (err error) {
+			exp, err = kafka.New(cfg, kafka.NewMetrics(p.t.reg))
+			return err
+		},
+		Run: func(ctx context.Context) error {
+			defer exp.Close()
+			if exp.WaitTopics(ctx) != nil {
+				return nil // stopped before the topics were there
+			}
+			m := streams.NewExportMetrics(p.t.reg)
+			var wg sync.WaitGroup
+			for stream, fs := range filters {
+				r := streams.NewExportRunner(p.bb.JS, exp, streams.ExportConfig{Stream: stream, Filters: fs,
+					Durable: kafka.Durable(stream), MaxInFlight: o.maxInFlight, Metrics: p.t.sm, Logger: log}, m)
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					r.Run(ctx)
+				}()
+			}
+			wg.Wait()
+			return nil
+		},
+	}, nil
 }
 
 func exportKafkaCommand() command {
@@ -196,43 +188,16 @@ stand by and take over within --nats-lease-ttl of its end. Metrics
 on --http-listen. See projectors/kafka/README.md.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo logOptions
-				no natsOptions
+				po procOptions
 				ko kafkaOptions
-				ho httpOptions
 			)
-			lo.register(fs)
-			no.register(fs)
+			po.register(fs, "127.0.0.1:8088", "HTTP address: /metrics, /healthz, /readyz",
+				"how long shutdown waits for what Kafka has not acknowledged yet (it is sent again at the next start)")
 			ko.register(fs)
-			ho.register(fs, "127.0.0.1:8088", "HTTP address: /metrics, /healthz, /readyz")
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"export kafka takes no arguments"}
-				}
-				log, err := lo.logger()
-				if err != nil {
-					return err
-				}
-				t := newTelemetry()
-				bb, _, err := no.open(ctx, "millrace-export-kafka", t.sm)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				k, err := newKafkaExport(ko, bb.JS, t, log)
-				if err != nil {
-					return err
-				}
-				web, err := startHTTP(ctx, ho, t, readiness(bb, nil), nil, log)
-				if err != nil {
-					return err
-				}
-				err = k.run(ctx)
-				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				web.stop(sctx)
-				return err
-			}
+			return po.run("export kafka", "millrace-export-kafka", func(p *process) ([]supervise.Component, []supervise.Component, error) {
+				k, err := p.kafka(ko)
+				return []supervise.Component{k}, nil, err
+			})
 		},
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/keyfile"
 	buildsproj "github.com/millrace/millrace/projectors/builds"
@@ -127,6 +128,12 @@ type dbOptions struct {
 func (o *dbOptions) register(fs *flag.FlagSet) {
 	envflag.String(fs, &o.url, "database-url", "DATABASE_URL", "", "PostgreSQL URL; empty uses 127.0.0.1:5432 if it answers, else a private cluster in --pg-dir")
 	envflag.String(fs, &o.dir, "pg-dir", "MILLRACE_PG_DIR", "var/pg", "data directory of the private development cluster")
+}
+
+// config is the database's configuration; migrate brings the schema up
+// to date before the pool opens.
+func (o *dbOptions) config(migrate bool, log *slog.Logger) database.Config {
+	return database.Config{URL: o.url, DevDir: o.dir, Migrate: migrate, Logger: log}
 }
 
 // besOptions configure the BES edge.

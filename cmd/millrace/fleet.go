@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -18,6 +17,7 @@ import (
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/supervise"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
 	"github.com/millrace/millrace/services/fleet"
@@ -156,52 +156,72 @@ func (o *reservationsOptions) config(ctx context.Context, t *telemetry, devSecre
 // may wait up to a minute for a placement, so they do not share the
 // gateway's connections (which allow a few streams each).
 type reservationsGRPC struct {
-	grpc *grpc.Server
-	addr net.Addr
-	done chan error
+	*supervise.GRPCServer
+	api *reservations.Late
 }
 
-func startReservationsGRPC(o reservationsOptions, l *reservations.Late, log *slog.Logger) (*reservationsGRPC, error) {
+func startReservationsGRPC(o reservationsOptions, api *reservations.Late, log *slog.Logger) (*reservationsGRPC, error) {
+	tc, err := serverTLS(o.tlsCert, o.tlsKey, "--reservations-tls-cert", "--reservations-tls-key")
+	if err != nil {
+		return nil, err
+	}
 	opts, err := grpclimit.ServerOptions(grpclimit.Config{})
 	if err != nil {
 		return nil, err
 	}
-	opts = append(opts, grpc.MaxRecvMsgSize(reservations.MaxRequestBytes))
-	creds, err := serverTLS(o.tlsCert, o.tlsKey, "--reservations-tls-cert", "--reservations-tls-key")
-	if err != nil {
-		return nil, err
-	}
-	if creds != nil {
-		opts = append(opts, creds)
-	}
-	g := grpc.NewServer(opts...)
-	l.Register(g, nil)
-	lis, err := net.Listen("tcp", o.listen)
+	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.listen, TLS: tc, Options: append(opts, grpc.MaxRecvMsgSize(reservations.MaxRequestBytes))})
 	if err != nil {
 		return nil, fmt.Errorf("reservations listen: %w", err)
 	}
-	r := &reservationsGRPC{grpc: g, addr: lis.Addr(), done: make(chan error, 1)}
-	go func() { r.done <- g.Serve(lis) }()
-	log.Info("reservations API serving", "addr", lis.Addr().String(), "tls", creds != nil)
-	return r, nil
+	api.Register(g.Server, nil)
+	log.Info("reservations API serving", "addr", g.Addr().String(), "tls", tc != nil)
+	return &reservationsGRPC{GRPCServer: g, api: api}, nil
 }
 
-func (r *reservationsGRPC) stop(ctx context.Context) { stopGRPC(ctx, r.grpc) }
+// Stop answers the calls waiting for a placement at once (over HTTP too),
+// so that the graceful stops do not sit out their waits, then stops.
+func (r *reservationsGRPC) Stop(ctx context.Context) error {
+	r.api.Close()
+	return r.GRPCServer.Stop(ctx)
+}
 
-// fleetGateway is a running gateway: its gRPC server (which may also serve
-// the reservations API) and its background loops.
+// reservations serves the reservations API: over gRPC on its own listener
+// and under /v1/reservations on the process's mux at once, UNAVAILABLE
+// until the database is there (reservations.Late).
+func (p *process) reservations(o reservationsOptions, devSecrets string) (api, grpc supervise.Component) {
+	var late reservations.Late
+	late.Register(nil, p.mux)
+	var cfg reservations.Config
+	api = p.consumer("reservations API", func(ctx context.Context, pool *pgxpool.Pool) error {
+		s, err := reservations.New(cfg, pool, p.bb.JS, p.bb.Conn, reservations.NewMetrics(p.t.reg), p.log.With("service", "reservations"))
+		if err != nil {
+			return err
+		}
+		late.Set(s)
+		<-ctx.Done()
+		return nil
+	})
+	api.Start = func(ctx context.Context) (err error) {
+		cfg, err = o.config(ctx, p.t, devSecrets, p.log)
+		return err
+	}
+	grpc = supervise.Serve("reservations gRPC", func(context.Context) (*reservationsGRPC, error) {
+		return startReservationsGRPC(o, &late, p.log)
+	})
+	return api, grpc
+}
+
+// fleetGateway is a running gateway: its gRPC server and its background
+// loops.
 type fleetGateway struct {
+	*supervise.GRPCServer
 	srv    *fleet.Server
-	grpc   *grpc.Server
-	addr   net.Addr
-	done   chan error
 	runEnd chan struct{}
 	cancel context.CancelFunc
 }
 
-// startFleet listens on o.listen and serves the gateway on bb; extra
-// registers more services on the same (TLS) server.
-func startFleet(ctx context.Context, o fleetOptions, devSecrets string, bb *streams.Backbone, t *telemetry, log *slog.Logger, extra ...func(*grpc.Server)) (*fleetGateway, error) {
+// startFleet listens on o.listen and serves the gateway on bb.
+func startFleet(ctx context.Context, o fleetOptions, devSecrets string, bb *streams.Backbone, t *telemetry, log *slog.Logger) (*fleetGateway, error) {
 	log = log.With("service", "fleet")
 	cfg, err := o.config(ctx, t, devSecrets, log)
 	if err != nil {
@@ -211,50 +231,34 @@ func startFleet(ctx context.Context, o fleetOptions, devSecrets string, bb *stre
 	if err != nil {
 		return nil, err
 	}
-	g := grpc.NewServer(srv.ServerOptions()...)
-	srv.Register(g)
-	for _, f := range extra {
-		f(g)
-	}
-	lis, err := net.Listen("tcp", o.listen)
+	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.listen, Options: srv.ServerOptions()})
 	if err != nil {
 		return nil, fmt.Errorf("fleet listen: %w", err)
 	}
+	srv.Register(g.Server)
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	fg := &fleetGateway{srv: srv, grpc: g, addr: lis.Addr(), done: make(chan error, 1), runEnd: make(chan struct{}), cancel: cancel}
+	fg := &fleetGateway{GRPCServer: g, srv: srv, runEnd: make(chan struct{}), cancel: cancel}
 	go func() { defer close(fg.runEnd); srv.Run(runCtx) }()
-	go func() { fg.done <- g.Serve(lis) }()
-	log.Info("fleet gateway serving", "addr", lis.Addr().String(), "gateway", srv.Config().GatewayID)
+	log.Info("fleet gateway serving", "addr", g.Addr().String(), "gateway", srv.Config().GatewayID)
 	return fg, nil
 }
 
-// stop drains the sessions (nodes re-home elsewhere at once), stops the
+// Stop drains the sessions (nodes re-home elsewhere at once), stops the
 // gRPC server and then the background loops.
-func (fg *fleetGateway) stop(ctx context.Context) {
+func (fg *fleetGateway) Stop(ctx context.Context) error {
 	fg.srv.Drain(ctx)
-	stopGRPC(ctx, fg.grpc)
+	err := fg.GRPCServer.Stop(ctx)
 	fg.cancel()
 	<-fg.runEnd
+	return err
 }
 
-func (fg *fleetGateway) serveDone() <-chan error { return fg.done }
-
-// startReservations makes the reservations API on pool and lets l's calls
-// through to it.
-func startReservations(l *reservations.Late, cfg reservations.Config, pool *pgxpool.Pool, bb *streams.Backbone, t *telemetry, log *slog.Logger) error {
-	s, err := reservations.New(cfg, pool, bb.JS, bb.Conn, reservations.NewMetrics(t.reg), log.With("service", "reservations"))
-	if err != nil {
-		return err
-	}
-	l.Set(s)
-	return nil
-}
-
-// portOf is the port of a listen address, for ids and messages.
-func portOf(addr string) int {
-	_, p, _ := net.SplitHostPort(addr)
-	n, _ := strconv.Atoi(p)
-	return n
+// gateway serves the fleet gateway; devSecrets, when not empty, is where
+// a development join token is kept if none is configured.
+func (p *process) gateway(o fleetOptions, devSecrets string) supervise.Component {
+	return supervise.Serve("fleet gateway", func(ctx context.Context) (*fleetGateway, error) {
+		return startFleet(ctx, o, devSecrets, p.bb, p.t, p.log)
+	})
 }
 
 // fleetProjectorOptions tune the liveness projector.
@@ -340,19 +344,21 @@ func (o *placerOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 	}
 }
 
-// runPlacer runs the placer's consumer and the outbox relay that publishes
-// its decisions, until ctx ends.
-func runPlacer(ctx context.Context, cfg placer.Config, o placerOptions, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry, log *slog.Logger) error {
-	p, err := placer.New(cfg)
-	if err != nil {
+// placer runs the placer's consumer and the outbox relay that publishes
+// its decisions.
+func (p *process) placer(cfg placer.Config, o placerOptions) supervise.Component {
+	return p.consumer(placer.ConsumerName, func(ctx context.Context, pool *pgxpool.Pool) error {
+		relay := streams.NewOutbox(pool, p.bb.Publisher(), streams.OutboxConfig{Registerer: p.t.reg, Metrics: p.t.sm, Logger: p.log})
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(ctx) }()
+		pl, err := placer.New(cfg)
+		if err != nil {
+			return err
+		}
+		err = streams.NewRunner(p.bb.JS, pool, pl, o.runnerConfig(p.log), p.t.sm).Run(ctx)
+		if rerr := <-done; err == nil && !errors.Is(rerr, context.Canceled) {
+			err = rerr
+		}
 		return err
-	}
-	relay := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Registerer: t.reg, Metrics: t.sm, Logger: log})
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	err = streams.NewRunner(bb.JS, pool, p, o.runnerConfig(log), t.sm).Run(ctx)
-	if rerr := <-done; err == nil && !errors.Is(rerr, context.Canceled) {
-		err = rerr
-	}
-	return err
+	})
 }

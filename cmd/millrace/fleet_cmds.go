@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"os"
 	"runtime/debug"
 	"time"
@@ -14,10 +13,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/supervise"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
-	"github.com/millrace/millrace/services/reservations"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
@@ -34,54 +34,46 @@ Run several instances, each with its own --fleet-gateway-id and the same CA:
 a node whose gateway goes away re-homes through any other.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo       logOptions
-				no       natsOptions
+				po       procOptions
 				fo       fleetOptions
-				ho       httpOptions
 				memLimit string
-				shutdown time.Duration
 			)
-			lo.register(fs)
-			no.register(fs)
+			po.register(fs, "127.0.0.1:8082", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for sessions to move away")
 			fo.register(fs)
-			ho.register(fs, "127.0.0.1:8082", "HTTP address: /metrics, /healthz, /readyz")
 			envflag.String(fs, &memLimit, "memory-limit", "MILLRACE_FLEET_MEMORY_LIMIT", "960MiB", "soft limit of the gateway's memory (Go's GOMEMLIMIT, which wins when set): about 50 KiB per session plus 30 MiB; off: none")
-			envflag.Duration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for sessions to move away")
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"serve fleet takes no arguments"}
+			return po.run("serve fleet", "millrace-fleet", func(p *process) ([]supervise.Component, []supervise.Component, error) {
+				if err := gatewayMemory(memLimit); err != nil {
+					return nil, nil, err
 				}
-				// A gateway's memory is its sessions' live data; main's GOGC=400
-				// (set for the event edges' CPU) would let the heap grow to five
-				// times it. GOGC in the environment still wins.
-				if os.Getenv("GOGC") == "" {
-					debug.SetGCPercent(100)
-				}
-				// At GOGC=100 alone a gateway holds about 63 KiB per session,
-				// mostly garbage not yet collected: 19,000 sessions took
-				// 1.2 GiB. A soft limit makes the collector run as the limit
-				// nears (at 10 s heartbeats the garbage is little): 960 MiB
-				// held 19,000 sessions in 959 MiB for a tenth more CPU.
-				if os.Getenv("GOMEMLIMIT") == "" {
-					n, err := envflag.ParseMemoryLimit(memLimit)
-					if err != nil {
-						return usageError{"--memory-limit ($MILLRACE_FLEET_MEMORY_LIMIT): " + err.Error()}
-					}
-					if n > 0 {
-						debug.SetMemoryLimit(n)
-					}
-				}
-				log, err := lo.logger()
-				if err != nil {
-					return err
-				}
-				return runEdgeProcess(ctx, "millrace-fleet", no, ho, shutdown, log,
-					func(ctx context.Context, bb *streams.Backbone, t *telemetry, _ *http.ServeMux) (servedEdge, error) {
-						return startFleet(ctx, fo, "", bb, t, log)
-					})
-			}
+				return nil, []supervise.Component{p.gateway(fo, "")}, nil
+			})
 		},
 	}
+}
+
+// gatewayMemory sets the garbage collector for a gateway, whose memory is
+// its sessions' live data.
+func gatewayMemory(limit string) error {
+	// main's GOGC=400 (set for the event edges' CPU) would let the heap
+	// grow to five times the live data. GOGC in the environment still wins.
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(100)
+	}
+	// At GOGC=100 alone a gateway holds about 63 KiB per session, mostly
+	// garbage not yet collected: 19,000 sessions took 1.2 GiB. A soft limit
+	// makes the collector run as the limit nears (at 10 s heartbeats the
+	// garbage is little): 960 MiB held 19,000 sessions in 959 MiB for a
+	// tenth more CPU.
+	if os.Getenv("GOMEMLIMIT") == "" {
+		n, err := envflag.ParseMemoryLimit(limit)
+		if err != nil {
+			return usageError{"--memory-limit ($MILLRACE_FLEET_MEMORY_LIMIT): " + err.Error()}
+		}
+		if n > 0 {
+			debug.SetMemoryLimit(n)
+		}
+	}
+	return nil
 }
 
 func serveReservationsCommand() command {
@@ -94,70 +86,17 @@ gRPC on --reservations-listen, JSON under /v1/reservations on --http-listen.
 Every call needs an API key (authorization: Bearer KEY).`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo       logOptions
-				no       natsOptions
-				do       dbOptions
-				ro       reservationsOptions
-				ho       httpOptions
-				shutdown time.Duration
+				po procOptions
+				do dbOptions
+				ro reservationsOptions
 			)
-			lo.register(fs)
-			no.register(fs)
+			po.register(fs, "127.0.0.1:8083", "HTTP address: /v1/reservations, /metrics, /healthz, /readyz", "how long shutdown waits for calls to finish")
 			do.register(fs)
 			ro.register(fs)
-			ho.register(fs, "127.0.0.1:8083", "HTTP address: /v1/reservations, /metrics, /healthz, /readyz")
-			envflag.Duration(fs, &shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", 20*time.Second, "how long shutdown waits for calls to finish")
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"serve reservations takes no arguments"}
-				}
-				log, err := lo.logger()
-				if err != nil {
-					return err
-				}
-				t := newTelemetry()
-				cfg, err := ro.config(ctx, t, "", log)
-				if err != nil {
-					return err
-				}
-				bb, _, err := no.open(ctx, "millrace-reservations", t.sm)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				pool := connectWithRetry(ctx, do, log)
-				if pool == nil {
-					return ctx.Err()
-				}
-				defer pool.Close()
-				var api reservations.Late
-				if err := startReservations(&api, cfg, pool, bb, t, log); err != nil {
-					return err
-				}
-				defer api.Close()
-				rg, err := startReservationsGRPC(ro, &api, log)
-				if err != nil {
-					return err
-				}
-				mux := http.NewServeMux()
-				api.Register(nil, mux)
-				web, err := startHTTP(ctx, ho, t, readiness(bb, func() *pgxpool.Pool { return pool }), mux, log)
-				if err != nil {
-					rg.stop(ctx)
-					return err
-				}
-				var serveErr error
-				select {
-				case <-ctx.Done():
-				case serveErr = <-rg.done:
-				}
-				sctx, cancel := context.WithTimeout(context.Background(), shutdown)
-				defer cancel()
-				api.Close() // waiting calls answer now
-				rg.stop(sctx)
-				web.stop(sctx)
-				return serveErr
-			}
+			return po.run("serve reservations", "millrace-reservations", func(p *process) ([]supervise.Component, []supervise.Component, error) {
+				api, grpc := p.reservations(ro, "")
+				return []supervise.Component{p.database(do), api}, []supervise.Component{grpc}, nil
+			})
 		},
 	}
 }
@@ -171,37 +110,20 @@ liveness (healthy -> suspect -> unreachable as a node goes unheard). Several
 instances may run: one applies, the others stand by.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo logOptions
-				no natsOptions
+				po procOptions
 				do dbOptions
-				po fleetProjectorOptions
-				ho httpOptions
+				fo fleetProjectorOptions
 			)
-			lo.register(fs)
-			no.register(fs)
+			po.register(fs, "127.0.0.1:8084", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for the batch in progress to commit or roll back")
 			do.register(fs)
-			po.register(fs)
-			ho.register(fs, "127.0.0.1:8084", "HTTP address: /metrics, /healthz, /readyz")
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"project fleet takes no arguments"}
-				}
-				log, err := lo.logger()
+			fo.register(fs)
+			return po.run("project fleet", "millrace-project-fleet", func(p *process) ([]supervise.Component, []supervise.Component, error) {
+				proj, err := fo.projector(p.log, p.t.reg)
 				if err != nil {
-					return err
+					return nil, nil, err
 				}
-				if _, err := po.projector(log, nil); err != nil {
-					return err // a bad configuration fails before anything starts
-				}
-				return runProjectorProcess(ctx, "millrace-project-fleet", no, do, ho, log,
-					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
-						proj, err := po.projector(log, t.reg)
-						if err != nil {
-							return err
-						}
-						return streams.NewRunner(bb.JS, pool, proj, po.runnerConfig(log), t.sm).Run(ctx)
-					})
-			}
+				return []supervise.Component{p.database(do), p.projector(proj, fo.runnerConfig(p.log))}, nil, nil
+			})
 		},
 	}
 }
@@ -218,34 +140,20 @@ unreachable nodes and unconfirmed binds and places them again. Several
 instances may run: one places, the others stand by.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo logOptions
-				no natsOptions
+				po procOptions
 				do dbOptions
-				po placerOptions
-				ho httpOptions
+				lo placerOptions
 			)
-			lo.register(fs)
-			no.register(fs)
+			po.register(fs, "127.0.0.1:8085", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for the batch in progress to commit or roll back")
 			do.register(fs)
-			po.register(fs)
-			ho.register(fs, "127.0.0.1:8085", "HTTP address: /metrics, /healthz, /readyz")
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"project placer takes no arguments"}
-				}
-				log, err := lo.logger()
+			lo.register(fs)
+			return po.run("project placer", "millrace-placer", func(p *process) ([]supervise.Component, []supervise.Component, error) {
+				cfg, err := lo.config(p.log)
 				if err != nil {
-					return err
+					return nil, nil, err
 				}
-				cfg, err := po.config(log)
-				if err != nil {
-					return err
-				}
-				return runProjectorProcess(ctx, "millrace-placer", no, do, ho, log,
-					func(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, t *telemetry) error {
-						return runPlacer(ctx, cfg, po, bb, pool, t, log)
-					})
-			}
+				return []supervise.Component{p.database(do), p.placer(cfg, lo)}, nil, nil
+			})
 		},
 	}
 }
@@ -288,7 +196,7 @@ left in its outbox before it starts.`,
 					return err
 				}
 				defer bb.Close()
-				pool, err := openPool(ctx, do, true, log)
+				pool, err := database.Open(ctx, do.config(true, log))
 				if err != nil {
 					return err
 				}

@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-
+	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
@@ -57,7 +57,7 @@ projector runs. --dry-run counts what would change.`,
 				if err != nil {
 					return err
 				}
-				pool, err := openPool(ctx, do, false, log)
+				pool, err := database.Open(ctx, do.config(false, log))
 				if err != nil {
 					return err
 				}

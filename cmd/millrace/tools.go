@@ -10,8 +10,8 @@ import (
 	"runtime/debug"
 	"time"
 
-
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/projectors/builds"
@@ -39,7 +39,7 @@ func migrateCommand() command {
 				if err != nil {
 					return err
 				}
-				url, err := databaseURL(ctx, do, log)
+				url, err := database.URL(ctx, do.config(false, log))
 				if err != nil {
 					return err
 				}
@@ -164,7 +164,7 @@ equals what the live projector would have built. Stop the builds projector first
 					return err
 				}
 				defer bb.Close()
-				pool, err := openPool(ctx, do, true, log)
+				pool, err := database.Open(ctx, do.config(true, log))
 				if err != nil {
 					return err
 				}
@@ -241,7 +241,7 @@ one tenant's build for another's.`,
 				if err != nil {
 					return err
 				}
-				pool, err := openPool(ctx, do, false, log)
+				pool, err := database.Open(ctx, do.config(false, log))
 				if err != nil {
 					return err
 				}

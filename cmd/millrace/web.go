@@ -4,15 +4,20 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/netlimit"
+	"github.com/millrace/millrace/internal/supervise"
 )
 
 // httpOptions configure a command's HTTP server (console, APIs over HTTP,
@@ -68,4 +73,56 @@ func (o httpOptions) guard(ctx context.Context, t *telemetry, next http.Handler,
 		}
 	}
 	return g, nil
+}
+
+// httpServer serves /metrics, /healthz, /readyz and what the command adds
+// to its mux (the console, the APIs over HTTP).
+type httpServer struct {
+	*supervise.HTTPServer
+	lis *netlimit.Listener
+}
+
+func startHTTP(ctx context.Context, o httpOptions, t *telemetry, ready func(context.Context) error, mux *http.ServeMux, log *slog.Logger) (*httpServer, error) {
+	if mux == nil {
+		mux = http.NewServeMux()
+	}
+	mux.Handle("GET /metrics", promhttp.HandlerFor(t.reg, promhttp.HandlerOpts{Registry: t.reg}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := ready(ctx); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	h, err := o.guard(ctx, t, mux, log)
+	if err != nil {
+		return nil, err
+	}
+	// No read or write timeout for whole requests: a reservation waits up
+	// to a minute for its placement and a document body may be large. A
+	// client still must send its headers promptly, may keep an idle
+	// connection only so long, and may hold only so many.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: o.idleTimeout, MaxHeaderBytes: 64 << 10}
+	web := &httpServer{}
+	s, err := supervise.NewHTTP(o.listen, srv, func(l net.Listener) (net.Listener, error) {
+		var err error
+		web.lis, err = netlimit.Wrap(l, netlimit.Config{Max: o.maxConns})
+		return web.lis, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("HTTP listen: %w", err)
+	}
+	web.HTTPServer = s
+	log.Info("HTTP serving", "addr", s.Addr().String())
+	return web, nil
+}
+
+// web is the process's HTTP server on its mux.
+func (p *process) web(o httpOptions) supervise.Component {
+	return supervise.Serve("HTTP", func(ctx context.Context) (*httpServer, error) {
+		return startHTTP(ctx, o, p.t, p.readiness, p.mux, p.log)
+	})
 }

@@ -72,8 +72,9 @@ func TestHTTPGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer web.stop(context.Background())
-	_, port, _ := net.SplitHostPort(web.addr.String())
+	go web.Serve(ctx)
+	defer web.Stop(context.Background())
+	_, port, _ := net.SplitHostPort(web.Addr().String())
 	base := "http://127.0.0.1:" + port
 
 	for _, c := range []struct {
@@ -105,8 +106,8 @@ func TestHTTPGuard(t *testing.T) {
 		t.Fatalf("key2 after rotation: %d", got)
 	}
 
-	if web.srv.IdleTimeout <= 0 || web.srv.ReadHeaderTimeout <= 0 {
-		t.Fatalf("idle timeout %v, read header timeout %v", web.srv.IdleTimeout, web.srv.ReadHeaderTimeout)
+	if web.Server.IdleTimeout <= 0 || web.Server.ReadHeaderTimeout <= 0 {
+		t.Fatalf("idle timeout %v, read header timeout %v", web.Server.IdleTimeout, web.Server.ReadHeaderTimeout)
 	}
 	// The connection cap: three held, a fourth is closed unanswered.
 	http.DefaultClient.CloseIdleConnections()
@@ -148,8 +149,9 @@ func TestAPIServersCapStreamsPerConn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ce.stop(context.Background())
-	if n, err := grpclimit.ReadMaxStreams(ce.addr.String()); err != nil || n != grpclimit.DefaultMaxStreamsPerConn {
+	go ce.Serve(ctx)
+	defer ce.Stop(context.Background())
+	if n, err := grpclimit.ReadMaxStreams(ce.Addr().String()); err != nil || n != grpclimit.DefaultMaxStreamsPerConn {
 		t.Fatalf("commits: SETTINGS_MAX_CONCURRENT_STREAMS %d, %v; want %d", n, err, grpclimit.DefaultMaxStreamsPerConn)
 	}
 	var ro reservationsOptions
@@ -158,8 +160,9 @@ func TestAPIServersCapStreamsPerConn(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer rg.stop(context.Background())
-	if n, err := grpclimit.ReadMaxStreams(rg.addr.String()); err != nil || n != grpclimit.DefaultMaxStreamsPerConn {
+	go rg.Serve(ctx)
+	defer rg.Stop(context.Background())
+	if n, err := grpclimit.ReadMaxStreams(rg.Addr().String()); err != nil || n != grpclimit.DefaultMaxStreamsPerConn {
 		t.Fatalf("reservations: SETTINGS_MAX_CONCURRENT_STREAMS %d, %v; want %d", n, err, grpclimit.DefaultMaxStreamsPerConn)
 	}
 }

@@ -45,8 +45,9 @@ type GRPCConfig struct {
 	TLS *tls.Config
 	// Options are the server's options.
 	Options []grpc.ServerOption
-	// Listener, when not nil, wraps the listener (a connection cap).
-	Listener func(net.Listener) net.Listener
+	// Listener, when not nil, wraps the listener (a connection cap); an
+	// error closes the listener and is NewGRPC's.
+	Listener func(net.Listener) (net.Listener, error)
 }
 
 // GRPCServer is a gRPC server on a listener of its own. Register services
@@ -66,8 +67,8 @@ func NewGRPC(c GRPCConfig) (*GRPCServer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.Listener != nil {
-		lis = c.Listener(lis)
+	if lis, err = wrap(lis, c.Listener); err != nil {
+		return nil, err
 	}
 	return &GRPCServer{Server: grpc.NewServer(opts...), lis: lis}, nil
 }
@@ -105,17 +106,30 @@ type HTTPServer struct {
 	lis    net.Listener
 }
 
-// NewHTTP listens on addr for srv; wrap, when not nil, wraps the listener
-// (a connection cap).
-func NewHTTP(addr string, srv *http.Server, wrap func(net.Listener) net.Listener) (*HTTPServer, error) {
+// NewHTTP listens on addr for srv; wrapper, when not nil, wraps the
+// listener (a connection cap).
+func NewHTTP(addr string, srv *http.Server, wrapper func(net.Listener) (net.Listener, error)) (*HTTPServer, error) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, err
 	}
-	if wrap != nil {
-		lis = wrap(lis)
+	if lis, err = wrap(lis, wrapper); err != nil {
+		return nil, err
 	}
 	return &HTTPServer{Server: srv, lis: lis}, nil
+}
+
+// wrap applies wrapper to lis, closing lis when it fails.
+func wrap(lis net.Listener, wrapper func(net.Listener) (net.Listener, error)) (net.Listener, error) {
+	if wrapper == nil {
+		return lis, nil
+	}
+	w, err := wrapper(lis)
+	if err != nil {
+		lis.Close()
+		return nil, err
+	}
+	return w, nil
 }
 
 // Addr is the address it listens on.

@@ -110,7 +110,7 @@ func TestGRPCTLS(t *testing.T) {
 	wrapped := false
 	s := healthServer(t, GRPCConfig{
 		TLS:      &tls.Config{Certificates: []tls.Certificate{cert}},
-		Listener: func(l net.Listener) net.Listener { wrapped = true; return l },
+		Listener: func(l net.Listener) (net.Listener, error) { wrapped = true; return l, nil },
 	})
 	if !wrapped {
 		t.Fatal("Listener was not applied")
@@ -187,4 +187,23 @@ func TestHTTPUnderRun(t *testing.T) {
 	if err := <-reqDone; err == nil {
 		t.Fatal("the request in progress was answered, not cut")
 	}
+}
+
+// A Listener that fails closes what was listened on, and its error is
+// NewGRPC's.
+func TestGRPCListenerError(t *testing.T) {
+	boom := errors.New("bad cap")
+	var addr string
+	_, err := NewGRPC(GRPCConfig{Addr: "127.0.0.1:0", Listener: func(l net.Listener) (net.Listener, error) {
+		addr = l.Addr().String()
+		return nil, boom
+	}})
+	if !errors.Is(err, boom) {
+		t.Fatalf("NewGRPC: %v, want the Listener's error", err)
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("the address is still held: %v", err)
+	}
+	l.Close()
 }

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/internal/database"
+	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/internal/tlsfiles"
+	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/streams/projection"
+)
+
+// procOptions are the flags of every command that runs until a signal.
+type procOptions struct {
+	log      logOptions
+	nats     natsOptions
+	http     httpOptions
+	shutdown time.Duration
+}
+
+func (o *procOptions) register(fs *flag.FlagSet, httpListen, httpHelp, shutdownHelp string) {
+	o.log.register(fs)
+	o.nats.register(fs)
+	o.http.register(fs, httpListen, httpHelp)
+	envflag.Duration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", supervise.DefaultShutdownTimeout, shutdownHelp)
+}
+
+// timeout is the shutdown's deadline (zero: the default).
+func (o *procOptions) timeout() time.Duration {
+	if o.shutdown == 0 {
+		return supervise.DefaultShutdownTimeout
+	}
+	return o.shutdown
+}
+
+// process is what the components of one command share: the logger and the
+// metrics, and what earlier components opened (the backbone, the pool, the
+// bucket) for later ones.
+type process struct {
+	log   *slog.Logger
+	t     *telemetry
+	mux   *http.ServeMux
+	begin time.Time
+	bb    *streams.Backbone
+	bk    *bucket.Bucket
+	// pool is the database once connected; poolReady is closed then. db
+	// says the process has a database (readiness waits for it).
+	pool      atomic.Pointer[pgxpool.Pool]
+	poolReady chan struct{}
+	db        bool
+	up        atomic.Bool // every component started, none stopping yet
+}
+
+// run makes the body of a long-running command named cmd: its backbone
+// (as client), then the components that components makes, then its HTTP
+// server and the edges, each started in order and stopped in reverse under
+// one deadline (internal/supervise). components runs before anything
+// starts, so that a bad configuration fails first; it returns the
+// components that go before the HTTP server and those after it (the edges,
+// which stop first).
+func (o *procOptions) run(cmd, client string, components func(p *process) (before, after []supervise.Component, err error)) func(context.Context, []string) error {
+	return func(ctx context.Context, args []string) error {
+		if len(args) > 0 {
+			return usageError{cmd + " takes no arguments"}
+		}
+		log, err := o.log.logger()
+		if err != nil {
+			return err
+		}
+		p := &process{log: log, t: newTelemetry(), mux: http.NewServeMux(), begin: time.Now(), poolReady: make(chan struct{})}
+		before, after, err := components(p)
+		if err != nil {
+			return err
+		}
+		all := append([]supervise.Component{p.backbone(o.nats, client)}, before...)
+		all = append(append(append(all, p.web(o.http)), after...), p.ready())
+		return supervise.Run(ctx, supervise.Config{ShutdownTimeout: o.shutdown, Logger: log}, all...)
+	}
+}
+
+// backbone opens the backbone as client (starting the embedded server when
+// no URL is set); its stop flushes what was published and closes it.
+func (p *process) backbone(o natsOptions, client string) supervise.Component {
+	return supervise.Component{
+		Name: "backbone",
+		Start: func(ctx context.Context) (err error) {
+			if p.bb, _, err = o.open(ctx, client, p.t.sm); err != nil {
+				return err
+			}
+			if p.bb.ReaderSeedFile != "" {
+				p.log.Info("embedded NATS admits only its identities: read with nats --server "+p.bb.URL+" --nkey "+p.bb.ReaderSeedFile,
+					"reader", p.bb.ReaderSeedFile, "service", p.bb.ServiceSeedFile)
+			}
+			return nil
+		},
+		Stop: func(context.Context) error { p.bb.Close(); return nil },
+	}
+}
+
+// database connects to PostgreSQL (applying migrations) in the background,
+// retrying while it is away, so that nothing waits for it but what needs
+// it (awaitPool); the pool closes when the component stops, after every
+// component started after it.
+func (p *process) database(o dbOptions) supervise.Component {
+	p.db = true
+	return supervise.Component{
+		Name: "database",
+		Run: func(ctx context.Context) error {
+			pool := database.Connect(ctx, o.config(true, p.log))
+			if pool == nil {
+				return nil // stopped first
+			}
+			p.pool.Store(pool)
+			close(p.poolReady)
+			<-ctx.Done()
+			pool.Close()
+			return nil
+		},
+	}
+}
+
+// awaitPool waits for the database; nil when ctx ends first.
+func (p *process) awaitPool(ctx context.Context) *pgxpool.Pool {
+	select {
+	case <-p.poolReady:
+		return p.pool.Load()
+	case <-ctx.Done():
+		return nil
+	}
+}
+
+// openBucket opens the bucket the commit log is folded into.
+func (p *process) openBucket(o bucketOptions) supervise.Component {
+	return supervise.Component{
+		Name:  "bucket",
+		Start: func(ctx context.Context) (err error) { p.bk, err = o.open(ctx); return err },
+		Stop:  func(context.Context) error { return p.bk.Close() },
+	}
+}
+
+// consumer runs the consumer that run makes once the database is there,
+// until the component stops.
+func (p *process) consumer(name string, run func(ctx context.Context, pool *pgxpool.Pool) error) supervise.Component {
+	return supervise.Component{Name: name, Run: func(ctx context.Context) error {
+		pool := p.awaitPool(ctx)
+		if pool == nil {
+			return nil
+		}
+		return run(ctx, pool)
+	}}
+}
+
+// projector runs a projector's consumer (streams.Runner) on rc.
+func (p *process) projector(proj projection.Projector, rc streams.RunnerConfig) supervise.Component {
+	return p.consumer(proj.Name(), func(ctx context.Context, pool *pgxpool.Pool) error {
+		return streams.NewRunner(p.bb.JS, pool, proj, rc, p.t.sm).Run(ctx)
+	})
+}
+
+// ready is the last component: /readyz answers ready from its start, when
+// every component before it serves, until the stop begins.
+func (p *process) ready() supervise.Component {
+	return supervise.Component{
+		Name:  "ready",
+		Start: func(context.Context) error { p.up.Store(true); return nil },
+		Stop:  func(context.Context) error { p.up.Store(false); return nil },
+	}
+}
+
+// readiness reports whether the process serves: every component started,
+// the backbone connected and (when it has one) the database answering.
+func (p *process) readiness(ctx context.Context) error {
+	switch pool := p.pool.Load(); {
+	case !p.up.Load():
+		return errors.New("starting or stopping")
+	case !p.bb.Conn.IsConnected():
+		return errors.New("backbone disconnected")
+	case p.db && pool == nil:
+		return errors.New("database not connected yet")
+	case p.db:
+		if err := pool.Ping(ctx); err != nil {
+			return fmt.Errorf("database: %w", err)
+		}
+	}
+	return nil
+}
+
+// telemetry is the process's metrics registry and the backbone's metrics.
+type telemetry struct {
+	reg *prometheus.Registry
+	sm  *streams.Metrics
+	kf  *keyfile.Metrics
+}
+
+func newTelemetry() *telemetry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return &telemetry{reg: reg, sm: streams.NewMetrics(reg), kf: keyfile.NewMetrics(reg)}
+}
+
+// serverTLS loads a PEM certificate and key for a gRPC server; both empty
+// is plaintext (nil). certFlag and keyFlag name the flags in errors.
+func serverTLS(cert, key, certFlag, keyFlag string) (*tls.Config, error) {
+	tc, err := tlsfiles.Server(cert, key)
+	switch {
+	case errors.Is(err, tlsfiles.ErrHalfPair):
+		return nil, usageError{certFlag + " and " + keyFlag + " go together"}
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", certFlag, err)
+	}
+	return tc, nil
+}
+
+func withLogger(c streams.RunnerConfig, log *slog.Logger) streams.RunnerConfig {
+	c.Logger = log.With("component", "projector")
+	return c
+}
