@@ -3,12 +3,14 @@ package console
 import (
 	"crypto/sha256"
 	"crypto/subtle"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
 
 	"github.com/millrace/millrace/internal/httpapi"
+	"github.com/millrace/millrace/internal/netlimit"
 )
 
 // Tokens is a set of secrets (console keys, metrics tokens), one a line,
@@ -114,4 +116,26 @@ func consoleKey(r *http.Request) string {
 		return pw
 	}
 	return bearer(r)
+}
+
+// CheckExposure refuses to serve the console and /metrics on listen, when
+// other hosts can reach it, without console keys and a metrics token;
+// insecureOpen (--http-insecure-open) allows it. The error says what to do.
+func (g *Guard) CheckExposure(listen string, insecureOpen bool) error {
+	if netlimit.IsLoopback(listen) || insecureOpen {
+		return nil
+	}
+	var missing []string
+	if g.Console.Len() == 0 {
+		missing = append(missing, "console keys (--http-console-keys-file, $MILLRACE_HTTP_CONSOLE_KEYS_FILE)")
+	}
+	if g.Metrics.Len() == 0 {
+		missing = append(missing, "a metrics token (--http-metrics-token-file, $MILLRACE_HTTP_METRICS_TOKEN_FILE)")
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return errors.New("HTTP: refusing to serve the console and /metrics on " + listen +
+		", which other hosts can reach, without " + strings.Join(missing, " and ") +
+		"; listen on 127.0.0.1, give them, or pass --http-insecure-open ($MILLRACE_HTTP_INSECURE_OPEN=true) if this is intended")
 }

@@ -123,3 +123,24 @@ func TestWriteBuild(t *testing.T) {
 		}
 	}
 }
+
+// Beyond loopback the console and /metrics need their keys, unless told
+// otherwise; the refusal names what is missing.
+func TestCheckExposure(t *testing.T) {
+	keys, _ := ParseTokens("key")("0123456789abcdef0123")
+	none := &Guard{Console: &Tokens{}, Metrics: &Tokens{}}
+	both := &Guard{Console: keys, Metrics: keys}
+	if err := none.CheckExposure("127.0.0.1:8080", false); err != nil {
+		t.Fatalf("loopback: %v", err)
+	}
+	if err := none.CheckExposure("0.0.0.0:8080", true); err != nil {
+		t.Fatalf("insecure open: %v", err)
+	}
+	if err := both.CheckExposure("0.0.0.0:8080", false); err != nil {
+		t.Fatalf("with keys: %v", err)
+	}
+	err := (&Guard{Console: keys, Metrics: &Tokens{}}).CheckExposure("0.0.0.0:8080", false)
+	if err == nil || !strings.Contains(err.Error(), "--http-metrics-token-file") || strings.Contains(err.Error(), "--http-console-keys-file") {
+		t.Fatalf("no metrics token: %v", err)
+	}
+}

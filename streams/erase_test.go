@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,5 +88,12 @@ func TestEraseSubjectsAndDescribe(t *testing.T) {
 	j := slices.IndexFunc(info[i].Consumers, func(c streams.ConsumerInfo) bool { return c.Name == "reader" })
 	if j < 0 || info[i].Consumers[j].Pending != 2 {
 		t.Fatalf("BES consumers: %+v", info[i].Consumers)
+	}
+	var out strings.Builder
+	if err := streams.WriteInfo(&out, info[i:i+1]); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "BES    [bes.>]  messages=2") || !strings.Contains(out.String(), "  consumer reader       pending=2 ack_pending=0") {
+		t.Fatalf("written:\n%s", out.String())
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -48,4 +49,18 @@ func Describe(ctx context.Context, js jetstream.JetStream, specs []jetstream.Str
 		out = append(out, si)
 	}
 	return out, nil
+}
+
+// WriteInfo writes streams for a person: a line per stream, one per
+// consumer under it.
+func WriteInfo(w io.Writer, streams []StreamInfo) error {
+	for _, s := range streams {
+		if _, err := fmt.Fprintf(w, "%-6s %v  messages=%d bytes=%d seq=%d..%d\n", s.Name, s.Subjects, s.Messages, s.Bytes, s.FirstSeq, s.LastSeq); err != nil {
+			return err
+		}
+		for _, c := range s.Consumers {
+			fmt.Fprintf(w, "  consumer %-12s pending=%d ack_pending=%d ack_floor=%d\n", c.Name, c.Pending, c.AckPending, c.AckFloor)
+		}
+	}
+	return nil
 }

@@ -88,17 +88,17 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	if err != nil {
 		return nil, nil, err
 	}
-	// The development join token and API keys that dev makes on first
-	// start when none is configured live beside the CA (var/fleet).
-	devSecrets := filepath.Dir(filepath.Clean(o.fleet.caDir))
-	buildsProj, err := p.buildsProjector(o.projector)
+	buildsProj, err := o.projector.projector()
 	if err != nil {
 		return nil, nil, err
 	}
+	// The development join token and API keys that dev makes on first
+	// start when none is configured live beside the CA (var/fleet).
+	devSecrets := filepath.Dir(filepath.Clean(o.fleet.caDir))
 	resvAPI, resvGRPC := p.reservations(o.resv, devSecrets)
 	console.Register(p.mux, p.pool.Load)
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
-		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), buildsProj, compactor}
+		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor}
 	// The Kafka export, when brokers are named: it needs the backbone only.
 	if o.kafka.brokers != "" {
 		k, err := p.kafka(o.kafka)

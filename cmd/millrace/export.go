@@ -20,38 +20,35 @@ import (
 
 // kafkaOptions configure the Kafka export.
 type kafkaOptions struct {
-	brokers, routes, clientID      string
-	createTopics                   bool
-	partitions, replicationFactor  int
-	linger                         time.Duration
-	batchMaxBytes, maxBuffered     int
-	compression                    string
-	tls                            bool
-	tlsCA, tlsCert, tlsKey         string
-	tlsServerName                  string
-	saslMechanism, saslUser        string
-	saslPassword, saslPasswordFile string
-	maxInFlight                    int
+	c                             kafka.Config
+	brokers, routes               string
+	partitions, replicationFactor int
+	batchMaxBytes                 int
+	tls                           bool
+	tlsCA, tlsCert, tlsKey        string
+	tlsServerName                 string
+	saslPasswordFile              string
+	maxInFlight                   int
 }
 
 func (o *kafkaOptions) register(fs *flag.FlagSet) {
 	o.registerRoutes(fs)
-	envflag.String(fs, &o.clientID, "kafka-client-id", "MILLRACE_KAFKA_CLIENT_ID", "millrace-export", "client id the producer shows the brokers")
-	envflag.Bool(fs, &o.createTopics, "kafka-create-topics", "MILLRACE_KAFKA_CREATE_TOPICS", true, "create missing topics with --kafka-partitions and --kafka-replication-factor; false: only check they exist")
+	envflag.String(fs, &o.c.ClientID, "kafka-client-id", "MILLRACE_KAFKA_CLIENT_ID", "millrace-export", "client id the producer shows the brokers")
+	envflag.Bool(fs, &o.c.CreateTopics, "kafka-create-topics", "MILLRACE_KAFKA_CREATE_TOPICS", true, "create missing topics with --kafka-partitions and --kafka-replication-factor; false: only check they exist")
 	envflag.SignedInt(fs, &o.partitions, "kafka-partitions", "MILLRACE_KAFKA_PARTITIONS", 12, "partitions of created topics (-1: the brokers' default)")
 	envflag.SignedInt(fs, &o.replicationFactor, "kafka-replication-factor", "MILLRACE_KAFKA_REPLICATION_FACTOR", -1, "replication factor of created topics (-1: the brokers' default)")
-	envflag.Duration(fs, &o.linger, "kafka-linger", "MILLRACE_KAFKA_LINGER", 10*time.Millisecond, "how long a partition's batch waits for more records before it is sent (a backlog fills batches sooner)")
+	envflag.Duration(fs, &o.c.Linger, "kafka-linger", "MILLRACE_KAFKA_LINGER", 10*time.Millisecond, "how long a partition's batch waits for more records before it is sent (a backlog fills batches sooner)")
 	envflag.Size(fs, &o.batchMaxBytes, "kafka-batch-max-bytes", "MILLRACE_KAFKA_BATCH_MAX_BYTES", 1<<20, "largest batch per partition (keep under the brokers' message.max.bytes)")
-	envflag.Int(fs, &o.maxBuffered, "kafka-max-buffered-records", "MILLRACE_KAFKA_MAX_BUFFERED_RECORDS", 50000, "records waiting for Kafka's ack before export pauses")
-	envflag.String(fs, &o.compression, "kafka-compression", "MILLRACE_KAFKA_COMPRESSION", "lz4", "batch compression: none, gzip, snappy, lz4 or zstd")
+	envflag.Int(fs, &o.c.MaxBufferedRecords, "kafka-max-buffered-records", "MILLRACE_KAFKA_MAX_BUFFERED_RECORDS", 50000, "records waiting for Kafka's ack before export pauses")
+	envflag.String(fs, &o.c.Compression, "kafka-compression", "MILLRACE_KAFKA_COMPRESSION", "lz4", "batch compression: none, gzip, snappy, lz4 or zstd")
 	envflag.Bool(fs, &o.tls, "kafka-tls", "MILLRACE_KAFKA_TLS", false, "connect to the brokers over TLS (implied by --kafka-tls-ca or --kafka-tls-cert)")
 	envflag.String(fs, &o.tlsCA, "kafka-tls-ca", "MILLRACE_KAFKA_TLS_CA", "", "PEM CA bundle the brokers' certificates must chain to (default: the system's)")
 	envflag.String(fs, &o.tlsCert, "kafka-tls-cert", "MILLRACE_KAFKA_TLS_CERT", "", "PEM client certificate for mutual TLS (with --kafka-tls-key)")
 	envflag.String(fs, &o.tlsKey, "kafka-tls-key", "MILLRACE_KAFKA_TLS_KEY", "", "PEM private key of --kafka-tls-cert")
 	envflag.String(fs, &o.tlsServerName, "kafka-tls-server-name", "MILLRACE_KAFKA_TLS_SERVER_NAME", "", "name to verify the brokers' certificates against (default: the broker host)")
-	envflag.String(fs, &o.saslMechanism, "kafka-sasl-mechanism", "MILLRACE_KAFKA_SASL_MECHANISM", "", "SASL: plain, scram-sha-256 or scram-sha-512 (empty: none); use with TLS")
-	envflag.String(fs, &o.saslUser, "kafka-sasl-user", "MILLRACE_KAFKA_SASL_USER", "", "SASL user")
-	envflag.String(fs, &o.saslPassword, "kafka-sasl-password", "MILLRACE_KAFKA_SASL_PASSWORD", "", "SASL password (prefer --kafka-sasl-password-file)")
+	envflag.String(fs, &o.c.SASLMechanism, "kafka-sasl-mechanism", "MILLRACE_KAFKA_SASL_MECHANISM", "", "SASL: plain, scram-sha-256 or scram-sha-512 (empty: none); use with TLS")
+	envflag.String(fs, &o.c.SASLUser, "kafka-sasl-user", "MILLRACE_KAFKA_SASL_USER", "", "SASL user")
+	envflag.String(fs, &o.c.SASLPassword, "kafka-sasl-password", "MILLRACE_KAFKA_SASL_PASSWORD", "", "SASL password (prefer --kafka-sasl-password-file)")
 	envflag.String(fs, &o.saslPasswordFile, "kafka-sasl-password-file", "MILLRACE_KAFKA_SASL_PASSWORD_FILE", "", "file holding the SASL password")
 	envflag.Int(fs, &o.maxInFlight, "kafka-max-in-flight", "MILLRACE_KAFKA_MAX_IN_FLIGHT", 20000, "messages per stream sent and not yet acknowledged by Kafka (the consumer's max ack pending)")
 }
@@ -66,13 +63,8 @@ func (o *kafkaOptions) registerRoutes(fs *flag.FlagSet) {
 
 // config builds the exporter's configuration and the streams to export.
 func (o *kafkaOptions) config(log *slog.Logger) (kafka.Config, map[string][]string, error) {
-	var cfg kafka.Config
-	for _, b := range strings.Split(o.brokers, ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			cfg.Brokers = append(cfg.Brokers, b)
-		}
-	}
-	if len(cfg.Brokers) == 0 {
+	cfg := o.c
+	if cfg.Brokers = envflag.SplitList(o.brokers); len(cfg.Brokers) == 0 {
 		return cfg, nil, usageError{"--kafka-brokers (MILLRACE_KAFKA_BROKERS) names no broker"}
 	}
 	routes, err := kafka.ParseRoutes(o.routes)
@@ -83,16 +75,14 @@ func (o *kafkaOptions) config(log *slog.Logger) (kafka.Config, map[string][]stri
 	if err != nil {
 		return cfg, nil, usageError{err.Error()}
 	}
-	if o.partitions == 0 || o.replicationFactor == 0 || o.maxInFlight < 1 || o.maxBuffered < 1 || o.batchMaxBytes < 1 {
+	if o.partitions == 0 || o.replicationFactor == 0 || o.maxInFlight < 1 || cfg.MaxBufferedRecords < 1 || o.batchMaxBytes < 1 {
 		return cfg, nil, usageError{"--kafka-partitions and --kafka-replication-factor are -1 or positive; max in flight, max buffered records and batch max bytes are positive"}
 	}
-	cfg.Routes, cfg.ClientID, cfg.CreateTopics = routes, o.clientID, o.createTopics
-	cfg.Partitions, cfg.ReplicationFactor = int32(o.partitions), int16(o.replicationFactor)
-	cfg.Linger, cfg.BatchMaxBytes, cfg.MaxBufferedRecords, cfg.Compression = o.linger, int32(o.batchMaxBytes), o.maxBuffered, o.compression
+	cfg.Routes, cfg.Logger = routes, log
+	cfg.Partitions, cfg.ReplicationFactor, cfg.BatchMaxBytes = int32(o.partitions), int16(o.replicationFactor), int32(o.batchMaxBytes)
 	if cfg.TLS, err = o.tlsConfig(); err != nil {
 		return cfg, nil, err
 	}
-	cfg.SASLMechanism, cfg.SASLUser, cfg.SASLPassword = o.saslMechanism, o.saslUser, o.saslPassword
 	if o.saslPasswordFile != "" {
 		b, err := os.ReadFile(o.saslPasswordFile)
 		if err != nil {
@@ -103,7 +93,6 @@ func (o *kafkaOptions) config(log *slog.Logger) (kafka.Config, map[string][]stri
 	if cfg.SASLMechanism != "" && cfg.TLS == nil {
 		log.Warn("SASL without TLS: the brokers see the credentials in clear (plain) or a replayable exchange; set --kafka-tls")
 	}
-	cfg.Logger = log
 	return cfg, filters, nil
 }
 

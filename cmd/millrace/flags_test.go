@@ -87,11 +87,11 @@ func TestEnvironmentSizes(t *testing.T) {
 	if err := envflag.Errors(fs); err != nil {
 		t.Fatal(err)
 	}
-	if o.maxEventBytes != 2<<20 {
-		t.Fatalf("MILLRACE_BES_MAX_EVENT_BYTES=2MiB gave %d", o.maxEventBytes)
+	if o.c.MaxEventBytes != 2<<20 {
+		t.Fatalf("MILLRACE_BES_MAX_EVENT_BYTES=2MiB gave %d", o.c.MaxEventBytes)
 	}
-	if err := fs.Parse([]string{"-bes-max-event-bytes=512KiB"}); err != nil || o.maxEventBytes != 512<<10 {
-		t.Fatalf("-bes-max-event-bytes=512KiB gave %d, %v", o.maxEventBytes, err)
+	if err := fs.Parse([]string{"-bes-max-event-bytes=512KiB"}); err != nil || o.c.MaxEventBytes != 512<<10 {
+		t.Fatalf("-bes-max-event-bytes=512KiB gave %d, %v", o.c.MaxEventBytes, err)
 	}
 	if err := fs.Parse([]string{"-bes-max-event-bytes=1k"}); err == nil {
 		t.Fatal("-bes-max-event-bytes=1k was accepted")

@@ -28,24 +28,18 @@ import (
 
 // fleetOptions configure the fleet gateway.
 type fleetOptions struct {
-	listen, gatewayID                     string
-	caDir, caCert, caKey                  string
-	tlsCert, tlsKey, tlsHosts             string
-	joinTokens, joinTokensFile            string
-	maxSessions, handshakeRate, hellos    int
-	heartbeat, flush, bindWindow, certTTL time.Duration
-	resumption                            bool
-	// Per-session bounds.
-	reportRate, reportBurst, maxHeld, queueShare int
-	joinRatePerClient, joinBurstPerClient        int
-	joinRate                                     int
-	tlsHandshakeTimeout                          time.Duration
-	denyList                                     string
+	c                             fleet.Config
+	listen, caDir, caCert, caKey  string
+	tlsCert, tlsKey, tlsHosts     string
+	joinTokens, joinTokensFile    string
+	handshakeRate, joinRate       int
+	joinRatePerClient, reportRate int
+	resumption                    bool
 }
 
 func (o *fleetOptions) register(fs *flag.FlagSet) {
 	envflag.String(fs, &o.listen, "fleet-listen", "MILLRACE_FLEET_LISTEN", "127.0.0.1:1986", "fleet gateway gRPC address (mTLS): node sessions and Join")
-	envflag.String(fs, &o.gatewayID, "fleet-gateway-id", "MILLRACE_FLEET_GATEWAY_ID", "", "this gateway instance's id (default: host name and listen port); every instance needs its own")
+	envflag.String(fs, &o.c.GatewayID, "fleet-gateway-id", "MILLRACE_FLEET_GATEWAY_ID", "", "this gateway instance's id (default: host name and listen port); every instance needs its own")
 	envflag.String(fs, &o.caDir, "fleet-ca-dir", "MILLRACE_FLEET_CA_DIR", "var/fleet/ca", "directory of the fleet CA (ca.crt, ca.key), created on first start when --fleet-ca-cert is not given")
 	envflag.String(fs, &o.caCert, "fleet-ca-cert", "MILLRACE_FLEET_CA_CERT", "", "PEM file of the CA that signs node certificates (with --fleet-ca-key); overrides --fleet-ca-dir")
 	envflag.String(fs, &o.caKey, "fleet-ca-key", "MILLRACE_FLEET_CA_KEY", "", "PEM file of the CA's private key")
@@ -54,23 +48,23 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 	envflag.String(fs, &o.tlsHosts, "fleet-tls-hosts", "MILLRACE_FLEET_TLS_HOSTS", "", "extra host names and IPs, comma-separated, for the CA-issued server certificate (localhost and the listen host are always in)")
 	envflag.String(fs, &o.joinTokens, "fleet-join-tokens", "MILLRACE_FLEET_JOIN_TOKENS", "", "join tokens as pool=token,pool=token (a node exchanges one for a certificate)")
 	envflag.String(fs, &o.joinTokensFile, "fleet-join-tokens-file", "MILLRACE_FLEET_JOIN_TOKENS_FILE", "", "file of pool=token lines (added to --fleet-join-tokens)")
-	envflag.Int(fs, &o.maxSessions, "fleet-max-sessions", "MILLRACE_FLEET_MAX_SESSIONS", fleet.DefaultMaxSessions, "most node sessions this gateway holds; more are refused with a retry-after")
+	envflag.Int(fs, &o.c.MaxSessions, "fleet-max-sessions", "MILLRACE_FLEET_MAX_SESSIONS", fleet.DefaultMaxSessions, "most node sessions this gateway holds; more are refused with a retry-after")
 	envflag.Int(fs, &o.handshakeRate, "fleet-handshake-rate", "MILLRACE_FLEET_HANDSHAKE_RATE", fleet.DefaultHandshakeRate, "new sessions accepted per second (token bucket, burst the same); Joins have their own limits")
-	envflag.Int(fs, &o.hellos, "fleet-max-hellos-in-flight", "MILLRACE_FLEET_MAX_HELLOS_IN_FLIGHT", fleet.DefaultMaxHellosInFlight, "Hellos being checked and stored at once")
-	envflag.Duration(fs, &o.heartbeat, "fleet-heartbeat-interval", "MILLRACE_FLEET_HEARTBEAT_INTERVAL", fleet.DefaultHeartbeatInterval, "how often nodes send a heartbeat (told in Welcome)")
-	envflag.Duration(fs, &o.flush, "fleet-flush-interval", "MILLRACE_FLEET_FLUSH_INTERVAL", fleet.DefaultFlushInterval, "how often heartbeat ages are published, one batch per pool")
-	envflag.Duration(fs, &o.bindWindow, "fleet-bind-window", "MILLRACE_FLEET_BIND_WINDOW", fleet.DefaultBindWindow, "how long a gateway keeps binds for nodes not connected to it")
+	envflag.Int(fs, &o.c.MaxHellosInFlight, "fleet-max-hellos-in-flight", "MILLRACE_FLEET_MAX_HELLOS_IN_FLIGHT", fleet.DefaultMaxHellosInFlight, "Hellos being checked and stored at once")
+	envflag.Duration(fs, &o.c.HeartbeatInterval, "fleet-heartbeat-interval", "MILLRACE_FLEET_HEARTBEAT_INTERVAL", fleet.DefaultHeartbeatInterval, "how often nodes send a heartbeat (told in Welcome)")
+	envflag.Duration(fs, &o.c.FlushInterval, "fleet-flush-interval", "MILLRACE_FLEET_FLUSH_INTERVAL", fleet.DefaultFlushInterval, "how often heartbeat ages are published, one batch per pool")
+	envflag.Duration(fs, &o.c.BindWindow, "fleet-bind-window", "MILLRACE_FLEET_BIND_WINDOW", fleet.DefaultBindWindow, "how long a gateway keeps binds for nodes not connected to it")
 	envflag.Bool(fs, &o.resumption, "fleet-tls-resumption", "MILLRACE_FLEET_TLS_RESUMPTION", true, "TLS session tickets (keys derived from the CA key, shared by every gateway of the fleet) so that re-homing nodes resume rather than redo a full handshake")
-	envflag.Duration(fs, &o.certTTL, "fleet-node-cert-validity", "MILLRACE_FLEET_NODE_CERT_VALIDITY", fleet.DefaultNodeCertValidity, "validity of node certificates issued by Join")
+	envflag.Duration(fs, &o.c.NodeCertValidity, "fleet-node-cert-validity", "MILLRACE_FLEET_NODE_CERT_VALIDITY", fleet.DefaultNodeCertValidity, "validity of node certificates issued by Join")
 	envflag.Int(fs, &o.reportRate, "fleet-report-rate", "MILLRACE_FLEET_REPORT_RATE", fleet.DefaultReportRate, "status and allocation reports per second one node session may send (token bucket); a node over it is refused report_rate")
-	envflag.Int(fs, &o.reportBurst, "fleet-report-burst", "MILLRACE_FLEET_REPORT_BURST", fleet.DefaultReportBurst, "burst of --fleet-report-rate (a reconnect answering every pending bind at once must fit)")
-	envflag.Int(fs, &o.maxHeld, "fleet-max-held-allocations", "MILLRACE_FLEET_MAX_HELD_ALLOCATIONS", fleet.DefaultMaxHeld, "allocations one node session may hold (Hello list and BOUND reports); bounds its Connected and resync events")
-	envflag.Int(fs, &o.queueShare, "fleet-session-queue-share", "MILLRACE_FLEET_SESSION_QUEUE_SHARE", fleet.DefaultSessionQueueShare, "events of one node session that may wait in the gateway's shared publish queue at once")
+	envflag.Int(fs, &o.c.ReportBurst, "fleet-report-burst", "MILLRACE_FLEET_REPORT_BURST", fleet.DefaultReportBurst, "burst of --fleet-report-rate (a reconnect answering every pending bind at once must fit)")
+	envflag.Int(fs, &o.c.MaxHeldAllocations, "fleet-max-held-allocations", "MILLRACE_FLEET_MAX_HELD_ALLOCATIONS", fleet.DefaultMaxHeld, "allocations one node session may hold (Hello list and BOUND reports); bounds its Connected and resync events")
+	envflag.Int(fs, &o.c.SessionQueueShare, "fleet-session-queue-share", "MILLRACE_FLEET_SESSION_QUEUE_SHARE", fleet.DefaultSessionQueueShare, "events of one node session that may wait in the gateway's shared publish queue at once")
 	envflag.Int(fs, &o.joinRatePerClient, "fleet-join-rate-per-client", "MILLRACE_FLEET_JOIN_RATE_PER_CLIENT", fleet.DefaultJoinRatePerClient, "Joins per second from one client address (an IPv6 client's /64); apart from session handshakes, so a Join flood never refuses reconnecting nodes")
-	envflag.Int(fs, &o.joinBurstPerClient, "fleet-join-burst-per-client", "MILLRACE_FLEET_JOIN_BURST_PER_CLIENT", fleet.DefaultJoinBurstPerClient, "Joins one client address may make at once (token bucket burst)")
+	envflag.Int(fs, &o.c.JoinBurstPerClient, "fleet-join-burst-per-client", "MILLRACE_FLEET_JOIN_BURST_PER_CLIENT", fleet.DefaultJoinBurstPerClient, "Joins one client address may make at once (token bucket burst)")
 	envflag.Int(fs, &o.joinRate, "fleet-join-rate", "MILLRACE_FLEET_JOIN_RATE", fleet.DefaultJoinRate, "Joins per second from all clients together (burst twice this)")
-	envflag.Duration(fs, &o.tlsHandshakeTimeout, "fleet-tls-handshake-timeout", "MILLRACE_FLEET_TLS_HANDSHAKE_TIMEOUT", fleet.DefaultTLSHandshakeTimeout, "a connection's TLS handshake must finish this soon after it starts (a client that opens TCP and says nothing is dropped then)")
-	envflag.String(fs, &o.denyList, "fleet-deny-list", "MILLRACE_FLEET_DENY_LIST", "", "file of revoked node certificate serials (hex) and node identities (pool/node), one per line, # comments; reloaded when it changes (checked every second): revoked sessions are closed and refused")
+	envflag.Duration(fs, &o.c.TLSHandshakeTimeout, "fleet-tls-handshake-timeout", "MILLRACE_FLEET_TLS_HANDSHAKE_TIMEOUT", fleet.DefaultTLSHandshakeTimeout, "a connection's TLS handshake must finish this soon after it starts (a client that opens TCP and says nothing is dropped then)")
+	envflag.String(fs, &o.c.DenyListFile, "fleet-deny-list", "MILLRACE_FLEET_DENY_LIST", "", "file of revoked node certificate serials (hex) and node identities (pool/node), one per line, # comments; reloaded when it changes (checked every second): revoked sessions are closed and refused")
 }
 
 // config loads the CA and TLS material. devSecrets, when not empty, is the
@@ -92,45 +86,24 @@ func (o *fleetOptions) config(ctx context.Context, t *telemetry, devSecrets stri
 	if err := keyfile.Load(ctx, src, fleet.ParseJoinTokens, tokens, t.kf, log); err != nil {
 		return fleet.Config{}, err
 	}
-	id := o.gatewayID
-	if id == "" {
+	c := o.c
+	c.CA, c.TLS, c.JoinTokens, c.DisableResumption = ca, tc, tokens, !o.resumption
+	if c.GatewayID == "" {
 		host, _ := os.Hostname()
 		_, port, _ := net.SplitHostPort(o.listen)
-		id = host + "-" + port
+		c.GatewayID = host + "-" + port
 	}
-	return fleet.Config{
-		GatewayID:           id,
-		CA:                  ca,
-		TLS:                 tc,
-		JoinTokens:          tokens,
-		NodeCertValidity:    o.certTTL,
-		MaxSessions:         o.maxSessions,
-		HandshakeRate:       float64(o.handshakeRate),
-		HandshakeBurst:      o.handshakeRate,
-		MaxHellosInFlight:   o.hellos,
-		HeartbeatInterval:   o.heartbeat,
-		FlushInterval:       o.flush,
-		BindWindow:          o.bindWindow,
-		DisableResumption:   !o.resumption,
-		JoinRatePerClient:   float64(o.joinRatePerClient),
-		JoinBurstPerClient:  o.joinBurstPerClient,
-		JoinRate:            float64(o.joinRate),
-		JoinBurst:           2 * o.joinRate,
-		TLSHandshakeTimeout: o.tlsHandshakeTimeout,
-		DenyListFile:        o.denyList,
-		ReportRate:          float64(o.reportRate),
-		ReportBurst:         o.reportBurst,
-		MaxHeldAllocations:  o.maxHeld,
-		SessionQueueShare:   o.queueShare,
-	}, nil
+	c.HandshakeRate, c.HandshakeBurst = float64(o.handshakeRate), o.handshakeRate
+	c.JoinRatePerClient, c.JoinRate, c.JoinBurst = float64(o.joinRatePerClient), float64(o.joinRate), 2*o.joinRate
+	c.ReportRate = float64(o.reportRate)
+	return c, nil
 }
 
 // reservationsOptions configure the reservations API.
 type reservationsOptions struct {
+	c                       reservations.Config
 	listen, tlsCert, tlsKey string
 	keys, keysFile          string
-	maxPending              int
-	maxWait                 time.Duration
 }
 
 func (o *reservationsOptions) register(fs *flag.FlagSet) {
@@ -139,17 +112,15 @@ func (o *reservationsOptions) register(fs *flag.FlagSet) {
 	envflag.String(fs, &o.tlsKey, "reservations-tls-key", "MILLRACE_RESERVATIONS_TLS_KEY", "", "PEM private key of --reservations-tls-cert")
 	envflag.String(fs, &o.keys, "fleet-api-keys", "MILLRACE_FLEET_API_KEYS", "", "reservation API keys as owner=key or owner:pool1|pool2=key, comma-separated")
 	envflag.String(fs, &o.keysFile, "fleet-api-keys-file", "MILLRACE_FLEET_API_KEYS_FILE", "", "file of API key lines (added to --fleet-api-keys)")
-	envflag.Int(fs, &o.maxPending, "fleet-max-pending-per-owner", "MILLRACE_FLEET_MAX_PENDING_PER_OWNER", reservations.DefaultMaxPendingPerOwner, "reservations one owner may have pending or placed at once")
-	envflag.Duration(fs, &o.maxWait, "fleet-max-wait", "MILLRACE_FLEET_MAX_WAIT", reservations.DefaultMaxWait, "longest wait for placement a Create may ask for")
+	envflag.Int(fs, &o.c.MaxPendingPerOwner, "fleet-max-pending-per-owner", "MILLRACE_FLEET_MAX_PENDING_PER_OWNER", reservations.DefaultMaxPendingPerOwner, "reservations one owner may have pending or placed at once")
+	envflag.Duration(fs, &o.c.MaxWait, "fleet-max-wait", "MILLRACE_FLEET_MAX_WAIT", reservations.DefaultMaxWait, "longest wait for placement a Create may ask for")
 }
 
 func (o *reservationsOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (reservations.Config, error) {
-	keys := &reservations.Keys{}
+	c := o.c
+	c.Keys = &reservations.Keys{}
 	src := keyfile.Source{Inline: o.keys, File: o.keysFile, DevDir: devSecrets, DevFile: "api-keys", DevName: "dev", What: "reservation API keys"}
-	if err := keyfile.Load(ctx, src, reservations.ParseKeys, keys, t.kf, log); err != nil {
-		return reservations.Config{}, err
-	}
-	return reservations.Config{Keys: keys, MaxPendingPerOwner: o.maxPending, MaxWait: o.maxWait}, nil
+	return c, keyfile.Load(ctx, src, reservations.ParseKeys, c.Keys, t.kf, log)
 }
 
 // reservationsGRPC is the reservations API's own gRPC server: its calls
@@ -263,25 +234,23 @@ func (p *process) gateway(o fleetOptions, devSecrets string) supervise.Component
 
 // fleetProjectorOptions tune the liveness projector.
 type fleetProjectorOptions struct {
-	batch                     int
-	maxWait                   time.Duration
-	suspectAfter, unreachable time.Duration
-	clockSlack                time.Duration
+	c  fleetproj.Config
+	rc streams.RunnerConfig
 }
 
 func (o *fleetProjectorOptions) register(fs *flag.FlagSet) {
-	envflag.Int(fs, &o.batch, "fleet-projector-batch", "MILLRACE_FLEET_PROJECTOR_BATCH", 1000, "most node messages applied in one transaction")
-	envflag.Duration(fs, &o.maxWait, "fleet-projector-max-wait", "MILLRACE_FLEET_PROJECTOR_MAX_WAIT", 250*time.Millisecond, "how long a fetch waits to fill a batch of node messages")
-	envflag.Duration(fs, &o.suspectAfter, "fleet-suspect-after", "MILLRACE_FLEET_SUSPECT_AFTER", fleetproj.DefaultSuspectAfter, "a node unheard for this long is suspect: nothing new is placed on it, what it holds stays")
-	envflag.Duration(fs, &o.unreachable, "fleet-unreachable-after", "MILLRACE_FLEET_UNREACHABLE_AFTER", fleetproj.DefaultUnreachableAfter, "a node unheard for this long is unreachable: nothing is placed on it and its reservations are placed elsewhere")
-	envflag.Duration(fs, &o.clockSlack, "fleet-clock-slack", "MILLRACE_FLEET_CLOCK_SLACK", fleetproj.DefaultClockSlack, "how far past the newest liveness batch nodes may age (a silent control plane marks nothing)")
+	envflag.Int(fs, &o.rc.Batch, "fleet-projector-batch", "MILLRACE_FLEET_PROJECTOR_BATCH", 1000, "most node messages applied in one transaction")
+	envflag.Duration(fs, &o.rc.MaxWait, "fleet-projector-max-wait", "MILLRACE_FLEET_PROJECTOR_MAX_WAIT", 250*time.Millisecond, "how long a fetch waits to fill a batch of node messages")
+	envflag.Duration(fs, &o.c.SuspectAfter, "fleet-suspect-after", "MILLRACE_FLEET_SUSPECT_AFTER", fleetproj.DefaultSuspectAfter, "a node unheard for this long is suspect: nothing new is placed on it, what it holds stays")
+	envflag.Duration(fs, &o.c.UnreachableAfter, "fleet-unreachable-after", "MILLRACE_FLEET_UNREACHABLE_AFTER", fleetproj.DefaultUnreachableAfter, "a node unheard for this long is unreachable: nothing is placed on it and its reservations are placed elsewhere")
+	envflag.Duration(fs, &o.c.ClockSlack, "fleet-clock-slack", "MILLRACE_FLEET_CLOCK_SLACK", fleetproj.DefaultClockSlack, "how far past the newest liveness batch nodes may age (a silent control plane marks nothing)")
 }
 
 // projector makes the liveness projector; reg (nil: none) gets its
 // counter of foreign allocation reports.
 func (o *fleetProjectorOptions) projector(log *slog.Logger, reg prometheus.Registerer) (*fleetproj.Projector, error) {
-	cfg := fleetproj.Config{SuspectAfter: o.suspectAfter, UnreachableAfter: o.unreachable, ClockSlack: o.clockSlack, Logger: log,
-		ForeignReports: fleetproj.NewForeignReportsCounter(reg)}
+	cfg := o.c
+	cfg.Logger, cfg.ForeignReports = log, fleetproj.NewForeignReportsCounter(reg)
 	if err := cfg.Validate(); err != nil {
 		return nil, usageError{err.Error()}
 	}
@@ -289,44 +258,33 @@ func (o *fleetProjectorOptions) projector(log *slog.Logger, reg prometheus.Regis
 }
 
 func (o *fleetProjectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
-	return streams.RunnerConfig{
-		Stream:  subjects.StreamFleetNodes,
-		Filter:  subjects.FleetNodeFilter,
-		Batch:   o.batch,
-		MaxWait: o.maxWait,
-		// The projector ages nodes on the stream's clock as batches arrive;
-		// the idle sweep covers a quiet stream.
-		SweepEvery: 5 * time.Second,
-		Logger:     log.With("component", "projector", "projector", fleetproj.ConsumerName),
-	}
+	c := o.rc
+	c.Stream, c.Filter = subjects.StreamFleetNodes, subjects.FleetNodeFilter
+	// The projector ages nodes on the stream's clock as batches arrive;
+	// the idle sweep covers a quiet stream.
+	c.SweepEvery = 5 * time.Second
+	c.Logger = log.With("component", "projector", "projector", fleetproj.ConsumerName)
+	return c
 }
 
 // placerOptions tune the placer.
 type placerOptions struct {
-	batch                      int
-	maxWait                    time.Duration
-	bindTimeout, pendingTimout time.Duration
-	sweepEvery                 time.Duration
-	unbindRetry                time.Duration
+	c  placer.Config
+	rc streams.RunnerConfig
 }
 
 func (o *placerOptions) register(fs *flag.FlagSet) {
-	envflag.Int(fs, &o.batch, "placer-batch", "MILLRACE_PLACER_BATCH", 500, "most reservation requests planned and committed in one transaction")
-	envflag.Duration(fs, &o.maxWait, "placer-max-wait", "MILLRACE_PLACER_MAX_WAIT", 20*time.Millisecond, "how long requests may gather before the placer plans them (adds to the time to place)")
-	envflag.Duration(fs, &o.bindTimeout, "placer-bind-timeout", "MILLRACE_PLACER_BIND_TIMEOUT", placer.DefaultBindTimeout, "an allocation its node has not confirmed within this is released and placed again")
-	envflag.Duration(fs, &o.pendingTimout, "placer-pending-timeout", "MILLRACE_PLACER_PENDING_TIMEOUT", placer.DefaultPendingTimeout, "a reservation that found no capacity within this fails")
-	envflag.Duration(fs, &o.unbindRetry, "placer-unbind-retry", "MILLRACE_PLACER_UNBIND_RETRY", placer.DefaultUnbindRetry, "how often the nodes are asked again to unbind a released allocation they have not confirmed (its GPUs are not bookable until they do)")
-	envflag.Duration(fs, &o.sweepEvery, "placer-sweep-every", "MILLRACE_PLACER_SWEEP_EVERY", time.Second, "how often an idle placer retries pending reservations and applies its release policies")
+	envflag.Int(fs, &o.rc.Batch, "placer-batch", "MILLRACE_PLACER_BATCH", 500, "most reservation requests planned and committed in one transaction")
+	envflag.Duration(fs, &o.rc.MaxWait, "placer-max-wait", "MILLRACE_PLACER_MAX_WAIT", 20*time.Millisecond, "how long requests may gather before the placer plans them (adds to the time to place)")
+	envflag.Duration(fs, &o.c.BindTimeout, "placer-bind-timeout", "MILLRACE_PLACER_BIND_TIMEOUT", placer.DefaultBindTimeout, "an allocation its node has not confirmed within this is released and placed again")
+	envflag.Duration(fs, &o.c.PendingTimeout, "placer-pending-timeout", "MILLRACE_PLACER_PENDING_TIMEOUT", placer.DefaultPendingTimeout, "a reservation that found no capacity within this fails")
+	envflag.Duration(fs, &o.c.UnbindRetry, "placer-unbind-retry", "MILLRACE_PLACER_UNBIND_RETRY", placer.DefaultUnbindRetry, "how often the nodes are asked again to unbind a released allocation they have not confirmed (its GPUs are not bookable until they do)")
+	envflag.Duration(fs, &o.rc.SweepEvery, "placer-sweep-every", "MILLRACE_PLACER_SWEEP_EVERY", time.Second, "how often an idle placer retries pending reservations and applies its release policies")
 }
 
 func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {
-	cfg := placer.Config{
-		BindTimeout:    o.bindTimeout,
-		PendingTimeout: o.pendingTimout,
-		UnbindRetry:    o.unbindRetry,
-		Subject:        subjects.FleetPlace,
-		Logger:         log.With("projector", placer.ConsumerName),
-	}
+	cfg := o.c
+	cfg.Subject, cfg.Logger = subjects.FleetPlace, log.With("projector", placer.ConsumerName)
 	if err := cfg.Validate(); err != nil {
 		return cfg, usageError{err.Error()}
 	}
@@ -334,14 +292,10 @@ func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {
 }
 
 func (o *placerOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
-	return streams.RunnerConfig{
-		Stream:     subjects.StreamFleetResv,
-		Filter:     subjects.FleetResvFilter,
-		Batch:      o.batch,
-		MaxWait:    o.maxWait,
-		SweepEvery: o.sweepEvery,
-		Logger:     log.With("component", "projector", "projector", placer.ConsumerName),
-	}
+	c := o.rc
+	c.Stream, c.Filter = subjects.StreamFleetResv, subjects.FleetResvFilter
+	c.Logger = log.With("component", "projector", "projector", placer.ConsumerName)
+	return c
 }
 
 // placer runs the placer's consumer and the outbox relay that publishes

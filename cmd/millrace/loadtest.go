@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -11,35 +12,25 @@ import (
 	"github.com/millrace/millrace/loadtest/fleetsim"
 )
 
+// The load tools register their own flags and describe themselves
+// (loadtest/fleetsim, loadtest/commitsload): the bench orchestrator shares
+// them.
+
 func loadtestFleetCommand() command {
 	return command{
 		name:    "loadtest fleet",
 		summary: "simulate GPU nodes and reservations against running gateways",
-		long: `Runs N simulated GPU nodes in this process, each with a real session over TLS to
-the given gateways: heartbeats, status changes, crashes and a reconnect storm;
-creates reservations at a rate through the reservations API. Prints progress
-to stderr and writes a JSON report (-out; - for stdout): sessions held, gateway
-RSS per session, placements/s, place-to-active p50/p99, re-home times,
-liveness lag, false unreachable marks and double bookings (must be 0).
-See loadtest/fleetsim/README.md.`,
+		long:    fleetsim.Description,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var cfg fleetsim.Config
 			cfg.RegisterFlags(fs)
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"loadtest fleet takes no arguments"}
-				}
-				if err := cfg.Validate(); err != nil {
-					return usageError{err.Error()}
-				}
+			return loadtest("loadtest fleet", func() error { return cfg.Validate() }, func(ctx context.Context) error {
 				rep, err := fleetsim.Run(ctx, cfg, os.Stderr)
 				if rep != nil && cfg.Out != "" {
-					if werr := fleetsim.WriteReport(cfg.Out, rep, os.Stdout); werr != nil && err == nil {
-						err = werr
-					}
+					err = cmp.Or(err, fleetsim.WriteReport(cfg.Out, rep, os.Stdout))
 				}
 				return err
-			}
+			})
 		},
 	}
 }
@@ -48,51 +39,36 @@ func loadtestCommitsCommand() command {
 	return command{
 		name:    "loadtest commits",
 		summary: "write documents through a running commits edge, fold them, and check that none was lost",
-		long: `Puts document versions through the commits edge (gRPC, --addr): --writers
-clients, each with its own connection (--shared-conn: one for all) and up to
---in-flight puts outstanding, on one world or --worlds, over --docs documents
-per world: first each document once (--fill), then random updates for
---writes or --duration, flat out or at --rate puts/s, blind or a
---cas-fraction with compare-and-set. With --fold it then folds every world
-into the bucket in this process (the compactor over --nats-url into
---bucket-url, which must be the bucket the edge reads).
-
-Then the oracle reads back, from --read-addr (default --addr; a freshly
-started edge measures a cold start): List of each world (the first page
-timed, every document at its latest acknowledged version), Get of every
-acknowledged version (same body) and each document's History (every
-acknowledged version, in order). Lost, mismatched and gaps must be 0.
---ledger keeps the acknowledged versions in a file; --verify-only checks
-them again later without writing.
-
-Prints progress to stderr every second and writes a JSON report (--out; -
-for stdout): acked writes/s, latency p50/p99/p99.9/max, errors by gRPC code,
-the fold's documents/s and bucket operations per document, the oracle's
-counts, and the CPU of --pids processes per 1,000 writes. Exits non-zero
-when the oracle finds a problem. See loadtest/commitsload/README.md.`,
+		long:    commitsload.Description,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var cfg commitsload.Config
 			cfg.RegisterFlags(fs)
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"loadtest commits takes no arguments"}
-				}
-				if err := cfg.Validate(); err != nil {
-					return usageError{err.Error()}
-				}
+			return loadtest("loadtest commits", func() error { return cfg.Validate() }, func(ctx context.Context) error {
 				rep, err := commitsload.Run(ctx, cfg, os.Stderr)
-				if rep != nil && cfg.Out != "" {
-					if werr := commitsload.WriteReport(cfg.Out, rep, os.Stdout); werr != nil && err == nil {
-						err = werr
-					}
+				if rep == nil {
+					return err
 				}
-				if err == nil && rep != nil {
-					if failed := rep.Failed(); len(failed) > 0 {
-						err = fmt.Errorf("the oracle found: %s", strings.Join(failed, ", "))
-					}
+				if cfg.Out != "" {
+					err = cmp.Or(err, commitsload.WriteReport(cfg.Out, rep, os.Stdout))
+				}
+				if failed := rep.Failed(); err == nil && len(failed) > 0 {
+					err = fmt.Errorf("the oracle found: %s", strings.Join(failed, ", "))
 				}
 				return err
-			}
+			})
 		},
+	}
+}
+
+// loadtest is the body of a load tool: no arguments, a valid config, run.
+func loadtest(cmd string, validate func() error, run func(context.Context) error) func(context.Context, []string) error {
+	return func(ctx context.Context, args []string) error {
+		if len(args) > 0 {
+			return usageError{cmd + " takes no arguments"}
+		}
+		if err := validate(); err != nil {
+			return usageError{err.Error()}
+		}
+		return run(ctx)
 	}
 }

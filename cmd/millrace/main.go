@@ -9,9 +9,11 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -94,10 +96,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fs := flag.NewFlagSet("millrace "+cmd.name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	for _, a := range rest {
-		if a == "-h" || a == "-help" || a == "--help" {
-			fs.SetOutput(stdout) // asked-for help goes to stdout
-		}
+	if slices.ContainsFunc(rest, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }) {
+		fs.SetOutput(stdout) // asked-for help goes to stdout
 	}
 	runFn := cmd.flags(fs)
 	fs.Usage = func() {
@@ -108,36 +108,56 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(fs.Output(), "\nFlags (each also read from the environment variable shown):\n")
 		fs.PrintDefaults()
 	}
-	// Flags may come after arguments too (`builds show ID --json`).
-	var positional []string
-	for {
-		if err := fs.Parse(rest); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return 0 // the flag package printed the usage
-			}
-			return 2
+	positional, err := parse(fs, rest)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0 // the flag package printed the usage
 		}
-		rest = fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		positional, rest = append(positional, rest[0]), rest[1:]
+		return 2
 	}
 	if err := envflag.Errors(fs); err != nil {
 		fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
 		return 2
 	}
 	if err := runFn(ctx, positional); err != nil {
-		var ue usageError
-		if errors.As(err, &ue) {
-			fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
+		fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
+		if errors.As(err, new(usageError)) {
 			fs.Usage()
 			return 2
 		}
-		fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
 		return 1
 	}
 	return 0
+}
+
+// parse parses the flags of args, which may come after arguments too
+// (`builds show ID --json`), and returns the arguments.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if args = fs.Args(); len(args) == 0 {
+			return positional, nil
+		}
+		positional, args = append(positional, args[0]), args[1:]
+	}
+}
+
+// once is the body of a command that runs once and takes no arguments: it
+// makes the logger and runs body.
+func once(cmd string, lo *logOptions, body func(ctx context.Context, log *slog.Logger) error) func(context.Context, []string) error {
+	return func(ctx context.Context, args []string) error {
+		if len(args) > 0 {
+			return usageError{cmd + " takes no arguments"}
+		}
+		log, err := lo.logger()
+		if err != nil {
+			return err
+		}
+		return body(ctx, log)
+	}
 }
 
 // usageError is a mistake in the command line rather than a failure.

@@ -3,18 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime/debug"
-	"time"
 
-	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/database"
-	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/migrations"
-	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
 )
@@ -31,25 +27,17 @@ func migrateCommand() command {
 			)
 			lo.register(fs)
 			do.register(fs)
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"migrate takes no arguments"}
-				}
-				log, err := lo.logger()
-				if err != nil {
-					return err
-				}
+			return once("migrate", &lo, func(ctx context.Context, log *slog.Logger) error {
 				url, err := database.URL(ctx, do.config(false, log))
 				if err != nil {
 					return err
 				}
 				from, to, err := migrations.ApplyURL(ctx, url)
-				if err != nil {
-					return err
+				if err == nil {
+					fmt.Printf("schema version %d -> %d\n", from, to)
 				}
-				fmt.Printf("schema version %d -> %d\n", from, to)
-				return nil
-			}
+				return err
+			})
 		},
 	}
 }
@@ -66,23 +54,14 @@ func streamsApplyCommand() command {
 			)
 			lo.register(fs)
 			no.register(fs)
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"streams apply takes no arguments"}
-				}
-				if _, err := lo.logger(); err != nil {
-					return err
-				}
-				bb, nc, err := no.open(ctx, "millrace-streams", nil)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				for _, s := range streams.StreamSpecs(nc) {
-					fmt.Printf("applied %s (%v)\n", s.Name, s.Subjects)
-				}
-				return nil
-			}
+			return once("streams apply", &lo, func(ctx context.Context, _ *slog.Logger) error {
+				return no.with(ctx, func(_ *streams.Backbone, c streams.Config) error {
+					for _, s := range streams.StreamSpecs(c) {
+						fmt.Printf("applied %s (%v)\n", s.Name, s.Subjects)
+					}
+					return nil
+				})
+			})
 		},
 	}
 }
@@ -100,171 +79,86 @@ func streamsInfoCommand() command {
 			lo.register(fs)
 			no.register(fs)
 			fs.BoolVar(&asJSON, "json", false, "print JSON")
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"streams info takes no arguments"}
-				}
-				if _, err := lo.logger(); err != nil {
-					return err
-				}
-				bb, nc, err := no.open(ctx, "millrace-streams", nil)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				out, err := streams.Describe(ctx, bb.JS, streams.StreamSpecs(nc))
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					enc := json.NewEncoder(os.Stdout)
-					enc.SetIndent("", "  ")
-					return enc.Encode(out)
-				}
-				for _, s := range out {
-					fmt.Printf("%-6s %v  messages=%d bytes=%d seq=%d..%d\n", s.Name, s.Subjects, s.Messages, s.Bytes, s.FirstSeq, s.LastSeq)
-					for _, c := range s.Consumers {
-						fmt.Printf("  consumer %-12s pending=%d ack_pending=%d ack_floor=%d\n", c.Name, c.Pending, c.AckPending, c.AckFloor)
+			return once("streams info", &lo, func(ctx context.Context, _ *slog.Logger) error {
+				return no.with(ctx, func(bb *streams.Backbone, c streams.Config) error {
+					out, err := streams.Describe(ctx, bb.JS, streams.StreamSpecs(c))
+					switch {
+					case err != nil:
+						return err
+					case asJSON:
+						return printJSON(out)
 					}
-				}
-				return nil
-			}
+					return streams.WriteInfo(os.Stdout, out)
+				})
+			})
 		},
 	}
 }
 
-func replayBuildsCommand() command {
+func streamsPurgeBESCommand() command {
 	return command{
-		name:    "replay builds",
-		summary: "rebuild the builds projection from the BES stream",
-		long: `Empties the builds projection and applies the whole BES stream again; the result
-equals what the live projector would have built. Stop the builds projector first
-(replay refuses to run while it holds its lock); start it again afterwards.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
-			var (
-				lo logOptions
-				no natsOptions
-				do dbOptions
-				po projectorOptions
-			)
-			lo.register(fs)
-			no.register(fs)
-			do.register(fs)
-			po.register(fs)
-			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return usageError{"replay builds takes no arguments"}
-				}
-				log, err := lo.logger()
-				if err != nil {
-					return err
-				}
-				bb, _, err := no.open(ctx, "millrace-replay", nil)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				pool, err := database.Open(ctx, do.config(true, log))
-				if err != nil {
-					return err
-				}
-				defer pool.Close()
-				s, err := bb.JS.Stream(ctx, subjects.StreamBES)
-				if err != nil {
-					return err
-				}
-				total := s.CachedInfo().State.LastSeq
-				start := time.Now()
-				rc := withLogger(po.runnerConfig(), log)
-				rc.Progress = replayProgress("replay builds", "events", total)
-				proj, err := builds.New(builds.Config{AbandonAfter: po.abandonAfter})
-				if err != nil {
-					return err
-				}
-				runner := streams.NewRunner(bb.JS, pool, proj, rc, nil)
-				if err := runner.Replay(ctx); err != nil {
-					if errors.Is(err, streams.ErrLocked) {
-						return errors.New("the builds projector is running (it holds the lock): stop it, replay, then start it again")
-					}
-					return err
-				}
-				fmt.Fprintf(os.Stderr, "\nreplay builds: done, %d events in %s\n", total, time.Since(start).Round(time.Millisecond))
-				return nil
-			}
-		},
-	}
-}
-
-// replayProgress prints a replay's position on stderr, at most once a
-// second and at the end, on one line rewritten in place.
-func replayProgress(label, unit string, total uint64) func(streams.Progress) {
-	start, last := time.Now(), time.Time{}
-	return func(p streams.Progress) {
-		if time.Since(last) < time.Second && p.Position < total {
-			return
-		}
-		last = time.Now()
-		rate := float64(p.Applied) / max(time.Since(start).Seconds(), 0.001)
-		fmt.Fprintf(os.Stderr, "\r%s: %d/%d %s (%.0f/s)   ", label, p.Position, total, unit, rate)
-	}
-}
-
-func buildsShowCommand() command {
-	return command{
-		name:    "builds show",
-		summary: "print the projection of one build",
-		usage:   "<invocation_id> [--project P]",
-		long: `Reads the database directly; no server needs to run.
-
-A build is a project and an invocation id: clients of two projects may choose
-the same id (Bazel's --invocation_id). With --project, prints that project's
-build. Without it, prints every build with that id (one after the other);
-with --json, it prints the build if exactly one project has the id, and
-otherwise fails naming the projects that have it, so that a tool never reads
-one tenant's build for another's.`,
+		name:    "streams purge-bes",
+		summary: "delete a project's raw build events from the BES stream",
+		long: `Purges the subjects bes.<project>.> of the BES stream: every raw event of the
+project's builds, for events stored before the edge redacted secrets (JetStream
+cannot rewrite a stored message). The projected rows stay (scrub them with
+builds scrub); a replay of the builds projection can no longer rebuild these
+builds. Each message is erased, not only purged: a purge marks messages
+deleted but leaves their bytes in the store's blocks until JetStream compacts
+them, so each one is overwritten in place (JetStream's secure delete), with
+progress on standard error. Without --yes it only counts the messages.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo      logOptions
-				do      dbOptions
-				asJSON  bool
+				no      natsOptions
 				project string
+				yes     bool
 			)
 			lo.register(fs)
-			do.register(fs)
-			fs.BoolVar(&asJSON, "json", false, "print JSON (the stable format tools compare)")
-			envflag.String(fs, &project, "project", "MILLRACE_BUILDS_PROJECT", "", "the project of the build; empty: any project that has the invocation id")
-			return func(ctx context.Context, args []string) error {
-				if len(args) != 1 {
-					return usageError{"builds show takes one invocation id"}
+			no.register(fs)
+			fs.StringVar(&project, "project", "", "the project whose raw events go (required)")
+			fs.BoolVar(&yes, "yes", false, "really delete them (without it: count only)")
+			return once("streams purge-bes", &lo, func(ctx context.Context, _ *slog.Logger) error {
+				if project == "" {
+					return usageError{"streams purge-bes needs --project"}
 				}
-				log, err := lo.logger()
-				if err != nil {
-					return err
-				}
-				pool, err := database.Open(ctx, do.config(false, log))
-				if err != nil {
-					return err
-				}
-				defer pool.Close()
-				bs, err := builds.Find(ctx, pool, project, args[0], asJSON)
-				if err != nil {
-					return err
-				}
-				if asJSON {
-					enc := json.NewEncoder(os.Stdout)
-					enc.SetIndent("", "  ")
-					return enc.Encode(bs[0])
-				}
-				for i, b := range bs {
-					if i > 0 {
-						fmt.Println()
-					}
-					console.WriteBuild(os.Stdout, b)
-				}
-				return nil
-			}
+				return no.with(ctx, func(bb *streams.Backbone, _ streams.Config) error { return purgeBES(ctx, bb, project, yes) })
+			})
 		},
 	}
+}
+
+// purgeBES erases the project's raw events (streams.EraseSubjects), or
+// with yes unset counts them.
+func purgeBES(ctx context.Context, bb *streams.Backbone, project string, yes bool) error {
+	s, err := bb.JS.Stream(ctx, subjects.StreamBES)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", subjects.StreamBES, err)
+	}
+	filter := subjects.BESProjectFilter(project)
+	n, invocations, err := streams.CountSubjects(ctx, s, filter)
+	switch {
+	case err != nil:
+		return err
+	case !yes:
+		fmt.Printf("streams purge-bes: %s holds %d messages on %s (%d invocations); run again with --yes to delete them\n",
+			subjects.StreamBES, n, filter, invocations)
+		return nil
+	}
+	erased, err := streams.EraseSubjects(ctx, s, filter, func(erased, total uint64) {
+		fmt.Fprintf(os.Stderr, "streams purge-bes: erased %d of %d messages\n", erased, max(n, total))
+	})
+	if err != nil {
+		return fmt.Errorf("erase %s (%d messages erased): %w", filter, erased, err)
+	}
+	fmt.Printf("streams purge-bes: deleted %d messages on %s (%d invocations), their bytes overwritten\n", erased, filter, invocations)
+	return nil
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
 }
 
 // version is set at link time (-ldflags "-X main.version=...").

@@ -252,6 +252,31 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// Description is the help of `millrace loadtest commits`, beside the flags it
+// describes (RegisterFlags).
+const Description = `Puts document versions through the commits edge (gRPC, --addr): --writers
+clients, each with its own connection (--shared-conn: one for all) and up to
+--in-flight puts outstanding, on one world or --worlds, over --docs documents
+per world: first each document once (--fill), then random updates for
+--writes or --duration, flat out or at --rate puts/s, blind or a
+--cas-fraction with compare-and-set. With --fold it then folds every world
+into the bucket in this process (the compactor over --nats-url into
+--bucket-url, which must be the bucket the edge reads).
+
+Then the oracle reads back, from --read-addr (default --addr; a freshly
+started edge measures a cold start): List of each world (the first page
+timed, every document at its latest acknowledged version), Get of every
+acknowledged version (same body) and each document's History (every
+acknowledged version, in order). Lost, mismatched and gaps must be 0.
+--ledger keeps the acknowledged versions in a file; --verify-only checks
+them again later without writing.
+
+Prints progress to stderr every second and writes a JSON report (--out; -
+for stdout): acked writes/s, latency p50/p99/p99.9/max, errors by gRPC code,
+the fold's documents/s and bucket operations per document, the oracle's
+counts, and the CPU of --pids processes per 1,000 writes. Exits non-zero
+when the oracle finds a problem. See loadtest/commitsload/README.md.`
+
 // RegisterFlags registers a flag for every field on fs, each defaulting to
 // its environment variable when set (the command line wins over the
 // environment, the environment over the default): MILLRACE_COMMITSLOAD_*,

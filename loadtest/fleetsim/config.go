@@ -281,6 +281,16 @@ func ParseModels(s string) ([]Model, error) {
 	return ms, nil
 }
 
+// Description is the help of `millrace loadtest fleet`, beside the flags it
+// describes (RegisterFlags).
+const Description = `Runs N simulated GPU nodes in this process, each with a real session over TLS to
+the given gateways: heartbeats, status changes, crashes and a reconnect storm;
+creates reservations at a rate through the reservations API. Prints progress
+to stderr and writes a JSON report (-out; - for stdout): sessions held, gateway
+RSS per session, placements/s, place-to-active p50/p99, re-home times,
+liveness lag, false unreachable marks and double bookings (must be 0).
+See loadtest/fleetsim/README.md.`
+
 // RegisterFlags registers a flag for every field on fs, each defaulting to
 // its environment variable when set (the command line wins over the
 // environment, the environment over the default): MILLRACE_FLEETSIM_*,

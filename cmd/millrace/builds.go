@@ -1,0 +1,459 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/internal/database"
+	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/netlimit"
+	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/services/bes"
+	"github.com/millrace/millrace/services/bes/redact"
+	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
+)
+
+// The BES edge and the builds projection: serve bes, project builds,
+// replay builds, builds show, builds scrub.
+
+// besOptions configure the BES edge.
+type besOptions struct {
+	c                      bes.Config
+	listen, keys, keysFile string
+	tlsCert, tlsKey        string
+	insecureOpen           bool
+	redact                 redactOptions
+	connsPerAddr           int
+}
+
+func (o *besOptions) register(fs *flag.FlagSet) {
+	envflag.String(fs, &o.listen, "bes-listen", "MILLRACE_BES_LISTEN", "127.0.0.1:1985", "BES gRPC address (bazel --bes_backend=grpc://ADDR)")
+	envflag.String(fs, &o.keys, "bes-api-keys", "MILLRACE_BES_API_KEYS", "", "API keys as project=key,project=key; empty accepts any client")
+	envflag.String(fs, &o.keysFile, "bes-api-keys-file", "MILLRACE_BES_API_KEYS_FILE", "", "file of project=key lines (added to --bes-api-keys)")
+	envflag.Size(fs, &o.c.MaxEventBytes, "bes-max-event-bytes", "MILLRACE_BES_MAX_EVENT_BYTES", bes.DefaultMaxEventBytes, "largest build event accepted")
+	envflag.Int(fs, &o.c.MaxStreams, "bes-max-streams", "MILLRACE_BES_MAX_STREAMS", bes.DefaultMaxStreams, "most build event streams open at once")
+	envflag.Int(fs, &o.c.MaxStreamsPerProject, "bes-max-streams-per-project", "MILLRACE_BES_MAX_STREAMS_PER_PROJECT", 0, "most streams one project may hold open (0: half of --bes-max-streams)")
+	envflag.Int(fs, &o.c.MaxInFlight, "bes-max-in-flight", "MILLRACE_BES_MAX_IN_FLIGHT", bes.DefaultMaxInFlight, "events of one stream awaiting storage before the edge stops reading it")
+	o.redact.register(fs)
+	envflag.Bool(fs, &o.redact.on, "bes-redact", "MILLRACE_BES_REDACT", true, "redact secrets from build events before they are stored; false only to measure what redaction costs")
+	envflag.String(fs, &o.tlsCert, "bes-tls-cert", "MILLRACE_BES_TLS_CERT", "", "PEM server certificate (chain) for the BES edge, with --bes-tls-key: Bazel then connects with --bes_backend=grpcs://HOST:PORT; empty serves plaintext")
+	envflag.String(fs, &o.tlsKey, "bes-tls-key", "MILLRACE_BES_TLS_KEY", "", "PEM private key of --bes-tls-cert")
+	envflag.Bool(fs, &o.insecureOpen, "bes-insecure-open", "MILLRACE_BES_INSECURE_OPEN", false, "serve without API keys on an address other hosts can reach (refused otherwise): anyone who reaches the edge can publish as any project")
+	envflag.Int(fs, &o.c.MaxStreamsPerConn, "bes-max-streams-per-conn", "MILLRACE_BES_MAX_STREAMS_PER_CONN", bes.DefaultMaxStreamsPerConn, "streams one client connection may hold open at once (a Bazel client holds one or two)")
+	envflag.Int(fs, &o.connsPerAddr, "bes-max-conns-per-addr", "MILLRACE_BES_MAX_CONNS_PER_ADDR", 256, "connections one client IP may hold open (loopback clients, such as a local proxy, are exempt; 0: no cap)")
+	envflag.Int(fs, &o.c.MaxPendingPerAddr, "bes-max-pending-per-addr", "MILLRACE_BES_MAX_PENDING_PER_ADDR", bes.DefaultMaxPendingPerAddr, "streams one client IP may hold before their first request (streams with a valid key in their headers do not count)")
+	envflag.Duration(fs, &o.c.FirstMessageTimeout, "bes-first-message-timeout", "MILLRACE_BES_FIRST_MESSAGE_TIMEOUT", bes.DefaultFirstMessageTimeout, "how long a new stream may wait before its first event (which authenticates it)")
+	envflag.Duration(fs, &o.c.IdleTimeout, "bes-idle-timeout", "MILLRACE_BES_IDLE_TIMEOUT", bes.DefaultIdleTimeout, "a stream whose client sends nothing for this long is closed (Bazel resumes it)")
+}
+
+func (o *besOptions) config(ctx context.Context, t *telemetry, log *slog.Logger) (bes.Config, error) {
+	c := o.c
+	c.Keys = &bes.Keys{}
+	src := keyfile.Source{Inline: o.keys, File: o.keysFile, What: "BES API keys"}
+	if err := keyfile.Load(ctx, src, bes.ParseKeys, c.Keys, t.kf, log); err != nil {
+		return c, err
+	}
+	var err error
+	c.Redactor, err = o.redact.redactor()
+	c.NoRedaction = !o.redact.on
+	return c, err
+}
+
+// redactOptions configure the redaction of secrets in build events (the
+// BES edge) and in projected rows (builds scrub): the same rules for both.
+type redactOptions struct {
+	on                  bool
+	patterns            patternList
+	patternsFile, allow string
+}
+
+// patternList is a repeatable flag: each occurrence adds one regular
+// expression; its environment variable holds one per line (a regular
+// expression may hold commas and spaces).
+type patternList []string
+
+func (p *patternList) String() string     { return strings.Join(*p, "\n") }
+func (p *patternList) Set(v string) error { *p = append(*p, v); return nil }
+
+func (o *redactOptions) register(fs *flag.FlagSet) {
+	if v, ok := os.LookupEnv("MILLRACE_BES_REDACT_PATTERNS"); ok {
+		o.patterns = splitLines(v)
+	}
+	fs.Var(&o.patterns, "bes-redact-pattern", "an extra regular expression (RE2) whose matches in build events are redacted; repeat the flag for more [$MILLRACE_BES_REDACT_PATTERNS, one per line]")
+	envflag.String(fs, &o.patternsFile, "bes-redact-patterns-file", "MILLRACE_BES_REDACT_PATTERNS_FILE", "", "file of extra regular expressions to redact, one per line (# comments)")
+	envflag.String(fs, &o.allow, "bes-redact-allow", "MILLRACE_BES_REDACT_ALLOW", strings.Join(redact.DefaultAllow, ","),
+		"variable names (of --action_env, --client_env, ..., --build_metadata keys) whose values are kept, comma-separated; NAME* matches a prefix; empty keeps none")
+}
+
+func (o *redactOptions) redactor() (*redact.Redactor, error) {
+	patterns := append([]string(nil), o.patterns...)
+	if o.patternsFile != "" {
+		b, err := os.ReadFile(o.patternsFile)
+		if err != nil {
+			return nil, fmt.Errorf("redact patterns file: %w", err)
+		}
+		for _, l := range splitLines(string(b)) {
+			if !strings.HasPrefix(l, "#") {
+				patterns = append(patterns, l)
+			}
+		}
+	}
+	r, err := redact.New(redact.Config{Patterns: patterns, Allow: envflag.SplitList(o.allow)})
+	if err != nil {
+		return nil, usageError{err.Error()}
+	}
+	return r, nil
+}
+
+func splitLines(s string) []string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			out = append(out, l)
+		}
+	}
+	return out
+}
+
+// projectorOptions tune the builds projector's consumer.
+type projectorOptions struct {
+	rc           streams.RunnerConfig
+	abandonAfter time.Duration
+}
+
+func (o *projectorOptions) register(fs *flag.FlagSet) {
+	envflag.Int(fs, &o.rc.Batch, "builds-batch", "MILLRACE_BUILDS_BATCH", 1000, "most events applied in one transaction")
+	envflag.Duration(fs, &o.rc.MaxWait, "builds-max-wait", "MILLRACE_BUILDS_MAX_WAIT", 250*time.Millisecond, "how long a fetch waits to fill a batch")
+	envflag.Duration(fs, &o.rc.AckWait, "builds-ack-wait", "MILLRACE_BUILDS_ACK_WAIT", 60*time.Second, "JetStream's redelivery timeout for unacknowledged events")
+	envflag.Duration(fs, &o.abandonAfter, "builds-abandon-after", "MILLRACE_BUILDS_ABANDON_AFTER", 30*time.Minute, "a running build with no event for this long is marked abandoned")
+}
+
+func (o *projectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
+	c := o.rc
+	c.Stream, c.Filter, c.Logger = subjects.StreamBES, subjects.BESFilter, log.With("component", "projector")
+	return c
+}
+
+func (o *projectorOptions) projector() (*builds.Projector, error) {
+	p, err := builds.New(builds.Config{AbandonAfter: o.abandonAfter})
+	if err != nil {
+		return nil, usageError{err.Error()}
+	}
+	return p, nil
+}
+
+func serveBESCommand() command {
+	return command{
+		name:    "serve bes",
+		summary: "run the Build Event Service edge (Bazel --bes_backend)",
+		long: `Serves google.devtools.build.v1.PublishBuildEvent and publishes every event to
+JetStream (bes.<project>.<invocation>); an event is acknowledged to Bazel only
+once stored. Several instances may run behind a balancer.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				po procOptions
+				bo besOptions
+			)
+			po.register(fs, "127.0.0.1:8080", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for open streams")
+			bo.register(fs)
+			return po.run("serve bes", "millrace-bes", func(p *process) (_, edges []supervise.Component, _ error) {
+				return nil, []supervise.Component{p.bes(bo)}, nil
+			})
+		},
+	}
+}
+
+func projectBuildsCommand() command {
+	return command{
+		name:    "project builds",
+		summary: "run the builds projector (BES stream -> PostgreSQL)",
+		long: `Consumes the BES stream into PostgreSQL: invocations, targets, tests, metrics,
+build output and hourly rollups. Several instances may run: one applies, the
+others stand by (a PostgreSQL advisory lock decides).`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				po procOptions
+				do dbOptions
+				bo projectorOptions
+			)
+			po.register(fs, "127.0.0.1:8081", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for the batch in progress to commit or roll back")
+			do.register(fs)
+			bo.register(fs)
+			return po.run("project builds", "millrace-project-builds", func(p *process) (_, _ []supervise.Component, _ error) {
+				proj, err := bo.projector()
+				return []supervise.Component{p.database(do), p.projector(proj, bo.runnerConfig(p.log))}, nil, err
+			})
+		},
+	}
+}
+
+// bes serves the BES edge on the backbone.
+func (p *process) bes(o besOptions) supervise.Component {
+	return supervise.Serve("BES edge", func(ctx context.Context) (*supervise.GRPCServer, error) {
+		s, err := startBES(ctx, o, p.bb, p.t, p.log)
+		if err == nil {
+			p.log.Info("accepting build events", "after", time.Since(p.begin).Round(time.Millisecond))
+		}
+		return s, err
+	})
+}
+
+// startBES listens on o.listen for the BES edge on bb.
+func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *telemetry, log *slog.Logger) (*supervise.GRPCServer, error) {
+	cfg, err := o.config(ctx, t, log)
+	if err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(bb.Conn.MaxPayload()); err != nil {
+		return nil, err
+	}
+	stream, err := bb.JS.Stream(ctx, subjects.StreamBES)
+	if err != nil {
+		return nil, fmt.Errorf("BES stream: %w", err)
+	}
+	if err := bes.CheckExposure(o.listen, cfg.Keys.Len(), o.insecureOpen); err != nil {
+		return nil, err
+	}
+	if cfg.Keys.Len() == 0 && o.insecureOpen && !netlimit.IsLoopback(o.listen) {
+		log.Warn("BES edge open to every client: no API keys and --bes-insecure-open", "addr", o.listen)
+	}
+	tc, err := serverTLS(o.tlsCert, o.tlsKey, "--bes-tls-cert", "--bes-tls-key")
+	if err != nil {
+		return nil, err
+	}
+	m := bes.NewMetrics(t.reg)
+	srv, err := bes.New(cfg, bb.Publisher(), stream, m, log.With("service", "bes"))
+	if err != nil {
+		return nil, err
+	}
+	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.listen, TLS: tc, Options: srv.ServerOptions(),
+		Listener: func(l net.Listener) (net.Listener, error) {
+			return netlimit.Wrap(l, netlimit.Config{PerAddr: o.connsPerAddr, ExemptLoopback: true, OnRefuse: m.RefusedConnection})
+		}})
+	if err != nil {
+		return nil, fmt.Errorf("BES listen: %w", err)
+	}
+	srv.Register(g.Server)
+	log.Info("BES edge serving", "addr", g.Addr().String(), "api_keys", cfg.Keys.Len(), "tls", tc != nil, "redaction", !cfg.NoRedaction)
+	if cfg.NoRedaction {
+		log.Warn("BES redaction is off (MILLRACE_BES_REDACT=false): build events are stored with the secrets Bazel sent")
+	}
+	return g, nil
+}
+
+func replayBuildsCommand() command {
+	return command{
+		name:    "replay builds",
+		summary: "rebuild the builds projection from the BES stream",
+		long: `Empties the builds projection and applies the whole BES stream again; the result
+equals what the live projector would have built. Stop the builds projector first
+(replay refuses to run while it holds its lock); start it again afterwards.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo logOptions
+				no natsOptions
+				do dbOptions
+				po projectorOptions
+			)
+			lo.register(fs)
+			no.register(fs)
+			do.register(fs)
+			po.register(fs)
+			return once("replay builds", &lo, func(ctx context.Context, log *slog.Logger) error {
+				return replayBuilds(ctx, no, do, po, log)
+			})
+		},
+	}
+}
+
+// replayBuilds empties the builds projection and applies the BES stream.
+func replayBuilds(ctx context.Context, no natsOptions, do dbOptions, po projectorOptions, log *slog.Logger) error {
+	bb, _, err := no.open(ctx, "millrace-replay", nil)
+	if err != nil {
+		return err
+	}
+	defer bb.Close()
+	pool, err := database.Open(ctx, do.config(true, log))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	s, err := bb.JS.Stream(ctx, subjects.StreamBES)
+	if err != nil {
+		return err
+	}
+	total, start := s.CachedInfo().State.LastSeq, time.Now()
+	rc := po.runnerConfig(log)
+	rc.Progress = replayProgress("replay builds", "events", total)
+	proj, err := po.projector()
+	if err != nil {
+		return err
+	}
+	err = streams.NewRunner(bb.JS, pool, proj, rc, nil).Replay(ctx)
+	if errors.Is(err, streams.ErrLocked) {
+		return errors.New("the builds projector is running (it holds the lock): stop it, replay, then start it again")
+	}
+	if err == nil {
+		fmt.Fprintf(os.Stderr, "\nreplay builds: done, %d events in %s\n", total, time.Since(start).Round(time.Millisecond))
+	}
+	return err
+}
+
+// replayProgress prints a replay's position on stderr, at most once a
+// second and at the end, on one line rewritten in place.
+func replayProgress(label, unit string, total uint64) func(streams.Progress) {
+	start, last := time.Now(), time.Time{}
+	return func(p streams.Progress) {
+		if time.Since(last) < time.Second && p.Position < total {
+			return
+		}
+		last = time.Now()
+		rate := float64(p.Applied) / max(time.Since(start).Seconds(), 0.001)
+		fmt.Fprintf(os.Stderr, "\r%s: %d/%d %s (%.0f/s)   ", label, p.Position, total, unit, rate)
+	}
+}
+
+func buildsShowCommand() command {
+	return command{
+		name:    "builds show",
+		summary: "print the projection of one build",
+		usage:   "<invocation_id> [--project P]",
+		long: `Reads the database directly; no server needs to run.
+
+A build is a project and an invocation id: clients of two projects may choose
+the same id (Bazel's --invocation_id). With --project, prints that project's
+build. Without it, prints every build with that id (one after the other);
+with --json, it prints the build if exactly one project has the id, and
+otherwise fails naming the projects that have it, so that a tool never reads
+one tenant's build for another's.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo      logOptions
+				do      dbOptions
+				asJSON  bool
+				project string
+			)
+			lo.register(fs)
+			do.register(fs)
+			fs.BoolVar(&asJSON, "json", false, "print JSON (the stable format tools compare)")
+			envflag.String(fs, &project, "project", "MILLRACE_BUILDS_PROJECT", "", "the project of the build; empty: any project that has the invocation id")
+			return func(ctx context.Context, args []string) error {
+				if len(args) != 1 {
+					return usageError{"builds show takes one invocation id"}
+				}
+				return once("builds show", &lo, func(ctx context.Context, log *slog.Logger) error {
+					return showBuilds(ctx, do, project, args[0], asJSON, log)
+				})(ctx, nil)
+			}
+		},
+	}
+}
+
+// showBuilds prints the builds with an invocation id (builds.Find).
+func showBuilds(ctx context.Context, do dbOptions, project, id string, asJSON bool, log *slog.Logger) error {
+	pool, err := database.Open(ctx, do.config(false, log))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	bs, err := builds.Find(ctx, pool, project, id, asJSON)
+	switch {
+	case err != nil:
+		return err
+	case asJSON:
+		return printJSON(bs[0])
+	}
+	for i, b := range bs {
+		if i > 0 {
+			fmt.Println()
+		}
+		console.WriteBuild(os.Stdout, b)
+	}
+	return nil
+}
+
+// What was stored before the edge redacted events: `builds scrub` rewrites
+// the projected rows, `streams purge-bes` drops a project's raw events
+// (JetStream cannot rewrite a stored message). See the upgrade notes in
+// services/bes/README.md.
+
+func buildsScrubCommand() command {
+	return command{
+		name:    "builds scrub",
+		summary: "redact secrets from the projected rows of existing builds",
+		long: `Applies the BES edge's redaction rules (the same --bes-redact-* flags) to every
+projected column that holds text from Bazel's events: commands, patterns, users,
+hosts, workspaces, target kinds, failure reasons, tags and console output. For
+builds stored before the edge redacted events. Idempotent; safe while the
+projector runs. --dry-run counts what would change.`,
+		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo     logOptions
+				do     dbOptions
+				ro     redactOptions
+				so     builds.ScrubOptions
+				asJSON bool
+			)
+			lo.register(fs)
+			do.register(fs)
+			ro.register(fs)
+			fs.StringVar(&so.Project, "project", "", "scrub only this project's builds (default: every project)")
+			fs.BoolVar(&so.DryRun, "dry-run", false, "count what would change; change nothing")
+			fs.IntVar(&so.Batch, "batch", 500, "invocations per transaction")
+			fs.BoolVar(&asJSON, "json", false, "print the totals as JSON")
+			return once("builds scrub", &lo, func(ctx context.Context, log *slog.Logger) error {
+				return scrubBuilds(ctx, do, ro, so, asJSON, log)
+			})
+		},
+	}
+}
+
+// scrubBuilds redacts the projected rows, with progress on stderr and the
+// totals on stdout.
+func scrubBuilds(ctx context.Context, do dbOptions, ro redactOptions, so builds.ScrubOptions, asJSON bool, log *slog.Logger) error {
+	r, err := ro.redactor()
+	if err != nil {
+		return err
+	}
+	pool, err := database.Open(ctx, do.config(false, log))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	start, last, verb := time.Now(), time.Time{}, "changed"
+	if so.DryRun {
+		verb = "would change"
+	}
+	so.Progress = func(st builds.ScrubStats) {
+		if time.Since(last) >= time.Second {
+			last = time.Now()
+			fmt.Fprintf(os.Stderr, "\rbuilds scrub: %d invocations scanned, %s %d   ", st.Invocations, verb, st.InvocationsChanged)
+		}
+	}
+	st, err := builds.Scrub(ctx, pool, r, so)
+	fmt.Fprintln(os.Stderr)
+	switch {
+	case err != nil:
+		return err
+	case asJSON:
+		return json.NewEncoder(os.Stdout).Encode(struct {
+			builds.ScrubStats
+			DryRun bool `json:"dry_run"`
+		}{st, so.DryRun})
+	}
+	fmt.Printf("builds scrub: %d invocations scanned in %s; %s %d invocations, %d targets, %d console outputs\n",
+		st.Invocations, time.Since(start).Round(time.Millisecond), verb, st.InvocationsChanged, st.TargetsChanged, st.OutputsChanged)
+	return nil
+}
