@@ -62,6 +62,8 @@ type running struct {
 	cancel context.CancelFunc
 	done   chan struct{} // closed when Run returned (nil: no Run)
 	err    error         // Run's, once done is closed
+	// reported: wait logged the loop's end and made its error Run's.
+	reported bool
 }
 
 // Run starts components in order, waits until ctx ends or a loop ends by
@@ -127,6 +129,7 @@ func wait(ctx context.Context, log *slog.Logger, ended <-chan *running) error {
 	case <-ctx.Done():
 		return nil
 	case r := <-ended:
+		r.reported = true
 		if r.err != nil {
 			log.Error("stopped by itself", "component", r.c.Name, "err", r.err)
 		} else {
@@ -139,29 +142,31 @@ func wait(ctx context.Context, log *slog.Logger, ended <-chan *running) error {
 // stop stops r: its Stop, then the end of its loop's context, then the
 // wait for the loop, all before ctx's deadline.
 func stop(ctx context.Context, log *slog.Logger, r *running) {
+	ended := false // the loop ended before the stop
+	if r.done != nil {
+		select {
+		case <-r.done:
+			ended = true
+		default:
+		}
+	}
 	if r.c.Stop != nil {
 		if err := r.c.Stop(ctx); err != nil {
 			log.Warn("stop", "component", r.c.Name, "err", err)
 		}
 	}
-	if r.done == nil {
-		log.Debug("stopped", "component", r.c.Name)
+	if r.done != nil && !ended {
+		r.cancel()
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			log.Error("did not stop within the shutdown timeout; going on without it", "component", r.c.Name)
+			return
+		}
+	}
+	if r.done != nil && !r.reported && r.err != nil && !errors.Is(r.err, context.Canceled) {
+		log.Warn("stopped", "component", r.c.Name, "err", r.err)
 		return
 	}
-	select {
-	case <-r.done:
-		return // it ended by itself, and wait said so
-	default:
-	}
-	r.cancel()
-	select {
-	case <-r.done:
-		if r.err != nil && !errors.Is(r.err, context.Canceled) {
-			log.Warn("stopped", "component", r.c.Name, "err", r.err)
-		} else {
-			log.Debug("stopped", "component", r.c.Name)
-		}
-	case <-ctx.Done():
-		log.Error("did not stop within the shutdown timeout; going on without it", "component", r.c.Name)
-	}
+	log.Debug("stopped", "component", r.c.Name)
 }
