@@ -1,0 +1,57 @@
+package main
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// The command layer maps flags to configs, lists components and prints
+// what it did; a function that outgrows maxFuncLines, or a package that
+// outgrows maxLines, holds code that belongs in a package of its own.
+// maxLines is a ceiling for later commands to stay under: lower it when
+// code leaves, raise it only with a reason.
+const (
+	maxFuncLines = 60
+	maxLines     = 2600
+)
+
+func TestCommandsStayThin(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	total := 0
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		total += strings.Count(string(src), "\n")
+		f, err := parser.ParseFile(fset, name, src, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok {
+				continue
+			}
+			if n := fset.Position(fn.End()).Line - fset.Position(fn.Pos()).Line + 1; n > maxFuncLines {
+				t.Errorf("%s: %s is %d lines (at most %d): move what is not flags, components or output to its package", fset.Position(fn.Pos()), fn.Name.Name, n, maxFuncLines)
+			}
+		}
+	}
+	if total > maxLines {
+		t.Errorf("cmd/millrace holds %d lines outside its tests (at most %d)", total, maxLines)
+	}
+	t.Logf("cmd/millrace: %d lines outside its tests", total)
+}
