@@ -1,73 +1,43 @@
 package console
 
 import (
-	"crypto/sha256"
-	"crypto/subtle"
 	"errors"
-	"fmt"
 	"net/http"
 	"strings"
-	"sync/atomic"
 
+	"github.com/millrace/millrace/internal/apikey"
 	"github.com/millrace/millrace/internal/httpapi"
 	"github.com/millrace/millrace/internal/netlimit"
 )
 
-// Tokens is a set of secrets (console keys, metrics tokens), one a line,
-// kept as SHA-256 digests and compared in constant time. The zero value is
-// empty and ready; Replace swaps in a reloaded set at once.
-type Tokens struct {
-	set atomic.Pointer[[][32]byte]
-}
+// Tokens is a set of secrets (console keys, metrics tokens), one a line:
+// an apikey.Table of bare keys, kept as digests and compared in constant
+// time. The zero value is empty and ready; Replace swaps in a reloaded set
+// at once.
+type Tokens apikey.Table[struct{}]
 
-// ParseTokens parses a file of tokens, one a line (# comments); what names
-// a token in errors ("console key"). A token is at least 16 characters.
+// ParseTokens parses a file of tokens, one a line (# comments, each at
+// least apikey.MinKeyBytes long and given once); what names a token in
+// errors ("console key").
 func ParseTokens(what string) func(string) (*Tokens, error) {
 	return func(text string) (*Tokens, error) {
-		var ds [][32]byte
-		for _, line := range strings.Split(text, "\n") {
-			line = strings.TrimSpace(line)
-			if line == "" || strings.HasPrefix(line, "#") {
-				continue
-			}
-			if len(line) < 16 {
-				return nil, fmt.Errorf("a %s is shorter than 16 characters", what)
-			}
-			ds = append(ds, sha256.Sum256([]byte(line)))
-		}
-		t := &Tokens{}
-		t.set.Store(&ds)
-		return t, nil
+		t, err := apikey.Parse(text, apikey.Syntax[struct{}]{What: what})
+		return (*Tokens)(t), err
 	}
 }
 
-func (t *Tokens) list() [][32]byte {
-	if t == nil {
-		return nil
-	}
-	if p := t.set.Load(); p != nil {
-		return *p
-	}
-	return nil
-}
+func (t *Tokens) table() *apikey.Table[struct{}] { return (*apikey.Table[struct{}])(t) }
 
 // Len is the number of tokens.
-func (t *Tokens) Len() int { return len(t.list()) }
+func (t *Tokens) Len() int { return t.table().Len() }
 
 // Replace makes t hold the tokens of from.
-func (t *Tokens) Replace(from *Tokens) { l := from.list(); t.set.Store(&l) }
+func (t *Tokens) Replace(from *Tokens) { t.table().Replace(from.table()) }
 
-// Has reports whether s is one of the tokens; every one is compared.
+// Has reports whether s is one of the tokens.
 func (t *Tokens) Has(s string) bool {
-	if s == "" {
-		return false
-	}
-	d := sha256.Sum256([]byte(s))
-	found := 0
-	for _, e := range t.list() {
-		found |= subtle.ConstantTimeCompare(d[:], e[:])
-	}
-	return found == 1
+	_, ok := t.table().Lookup(s)
+	return ok
 }
 
 // Guard decides who may see what on a process's HTTP server:
