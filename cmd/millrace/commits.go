@@ -188,12 +188,7 @@ func (o *compactorOptions) holders(k kafkaOptions) ([]string, error) {
 	case holdNone:
 		return []string{}, nil
 	}
-	var names []string
-	for _, n := range strings.Split(o.hold, ",") {
-		if n = strings.TrimSpace(n); n != "" {
-			names = append(names, n)
-		}
-	}
+	names := envflag.SplitList(o.hold)
 	if len(names) == 0 {
 		return nil, usageError{fmt.Sprintf("--compactor-hold %q names no consumer (%q: nothing holds)", o.hold, holdNone)}
 	}
@@ -211,10 +206,8 @@ func kafkaHolders(k kafkaOptions) ([]string, error) {
 	if err != nil {
 		return nil, usageError{"--kafka-routes, which says whether the export holds the compactor back: " + err.Error()}
 	}
-	for _, r := range routes {
-		if stream, ok := streams.StreamOf(r.Filter); ok && stream == subjects.StreamCommits {
-			return []string{kafka.Durable(subjects.StreamCommits)}, nil
-		}
+	if kafka.Reads(routes, subjects.StreamCommits, streams.StreamOf) {
+		return []string{kafka.Durable(subjects.StreamCommits)}, nil
 	}
 	return nil, nil
 }

@@ -181,7 +181,7 @@ on --http-listen. See projectors/kafka/README.md.`,
 				ko kafkaOptions
 			)
 			po.register(fs, "127.0.0.1:8088", "HTTP address: /metrics, /healthz, /readyz",
-				"how long shutdown waits for what Kafka has not acknowledged yet (it is sent again at the next start)")
+				"how long the whole shutdown may take: the export stops at once, and what Kafka has not acknowledged yet is sent again at the next start")
 			ko.register(fs)
 			return po.run("export kafka", "millrace-export-kafka", func(p *process) ([]supervise.Component, []supervise.Component, error) {
 				k, err := p.kafka(ko)

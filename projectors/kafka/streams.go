@@ -62,3 +62,15 @@ func (e *Exporter) WaitTopics(ctx context.Context) error {
 		}
 	}
 }
+
+// Reads reports whether routes export anything of stream (streamOf as for
+// ByStream): then the export's consumer of it, Durable(stream), must hold
+// back whatever would delete from stream what it has not sent.
+func Reads(routes []Route, stream string, streamOf func(filter string) (string, bool)) bool {
+	for _, r := range routes {
+		if s, ok := streamOf(r.Filter); ok && s == stream {
+			return true
+		}
+	}
+	return false
+}

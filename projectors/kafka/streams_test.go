@@ -43,6 +43,9 @@ func TestByStream(t *testing.T) {
 	if _, err := ByStream(wide, streams.StreamOf, streams.Names()); err == nil || !strings.Contains(err.Error(), "no millrace stream holds") || !strings.Contains(err.Error(), subjects.StreamBES) {
 		t.Fatalf("a route spanning streams: %v", err)
 	}
+	if !Reads(routes, subjects.StreamCommits, streams.StreamOf) || Reads(two, subjects.StreamCommits, streams.StreamOf) {
+		t.Fatal("Reads: the default routes read COMMITS, two BES routes do not")
+	}
 	if Durable("FLEET_NODES") != "export-kafka-fleet_nodes" {
 		t.Fatalf("durable %q", Durable("FLEET_NODES"))
 	}
