@@ -26,11 +26,11 @@ var knownLogKeyExceptions = map[string]string{
 	"why":            "streams/consumer.go: reason",
 	"after_failures": "commitlog/runner.go: failures",
 	"covered":        "commitlog/runner.go: checkpoint",
-	"service":        "cmd/millrace: component (the edge's name), and the seed files of dev.go: file, one line each",
+	"service":        "cmd/millrace: component (the edge's name), and the seed files of process.go: file, one line each",
 	"projector":      "cmd/millrace: nothing (consumer, which the runner and the projectors add, names it)",
-	"after":          "cmd/millrace/dev.go: seconds",
-	"reader":         "cmd/millrace/dev.go: file",
-	"reloaded":       "cmd/millrace/keys.go: file",
+	"after":          "cmd/millrace/builds.go: seconds",
+	"reader":         "cmd/millrace/process.go: file",
+	"reloaded":       "internal/keyfile/load.go: file",
 }
 
 // logKeys reads the attribute names of CONTRIBUTING.md's table of log
