@@ -15,12 +15,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
 )
 
-// FoldRunnerConfig configures a FoldRunner. Zero fields take the defaults.
+// FoldRunnerConfig configures a FoldRunner. Zero fields take the
+// defaults; negative ones are refused (Validate).
 type FoldRunnerConfig struct {
 	// Durable names the discovery consumer on COMMITS, and the fold's
 	// lease (FoldLeaseKey): one process leads each durable name, others
@@ -80,50 +82,67 @@ type FoldRunnerConfig struct {
 	ConsumerMetrics *streams.Metrics
 }
 
+// FoldRunnerConfig's defaults.
+const (
+	DefaultMinVersions   = 10000
+	DefaultInterval      = 30 * time.Second
+	DefaultConcurrency   = 2
+	DefaultMaxAckPending = 200000
+	DefaultAckWait       = 5 * time.Minute
+	DefaultFetch         = 1000
+	DefaultFetchWait     = time.Second
+	DefaultRetryMin      = time.Second
+	DefaultRetryMax      = time.Minute
+	DefaultDrain         = 10 * time.Second
+)
+
 func (c FoldRunnerConfig) withDefaults() FoldRunnerConfig {
 	if c.Durable == "" {
 		c.Durable = "compactor"
 	}
-	if c.MinVersions <= 0 {
-		c.MinVersions = 10000
-	}
-	if c.Interval <= 0 {
-		c.Interval = 30 * time.Second
-	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = 2
-	}
-	if c.MaxAckPending <= 0 {
-		c.MaxAckPending = 200000
-	}
-	if c.AckWait <= 0 {
-		c.AckWait = 5 * time.Minute
-	}
-	if c.Fetch <= 0 {
-		c.Fetch = 1000
-	}
-	if c.FetchWait <= 0 {
-		c.FetchWait = time.Second
-	}
-	if c.RetryMin <= 0 {
-		c.RetryMin = time.Second
-	}
-	if c.RetryMax <= 0 {
-		c.RetryMax = time.Minute
-	}
-	if c.Drain <= 0 {
-		c.Drain = 10 * time.Second
-	}
+	c.MinVersions = orDefault(c.MinVersions, DefaultMinVersions)
+	c.Interval = orDefault(c.Interval, DefaultInterval)
+	c.Concurrency = orDefault(c.Concurrency, DefaultConcurrency)
+	c.MaxAckPending = orDefault(c.MaxAckPending, DefaultMaxAckPending)
+	c.AckWait = orDefault(c.AckWait, DefaultAckWait)
+	c.Fetch = orDefault(c.Fetch, DefaultFetch)
+	c.FetchWait = orDefault(c.FetchWait, DefaultFetchWait)
+	c.RetryMin = orDefault(c.RetryMin, DefaultRetryMin)
+	c.RetryMax = orDefault(c.RetryMax, DefaultRetryMax)
+	c.Drain = orDefault(c.Drain, DefaultDrain)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
 }
 
-// Validate reports a configuration the runner cannot work with.
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// Validate reports a configuration the runner cannot work with: a
+// negative field (a mistake, which taking the default would hide), a bad
+// durable or holder name, or bounds that contradict each other.
 func (c FoldRunnerConfig) Validate() error {
-	if c.StandbyEvery < 0 {
-		return fmt.Errorf("fold runner: standby period %s is negative", c.StandbyEvery)
+	const pkg = "fold runner"
+	if err := errors.Join(
+		knob.NotNegative(pkg, "MinVersions", c.MinVersions, DefaultMinVersions),
+		knob.NotNegative(pkg, "Interval", c.Interval, DefaultInterval),
+		knob.NotNegative(pkg, "Concurrency", c.Concurrency, DefaultConcurrency),
+		knob.NotNegative(pkg, "MaxAckPending", c.MaxAckPending, DefaultMaxAckPending),
+		knob.NotNegative(pkg, "AckWait", c.AckWait, DefaultAckWait),
+		knob.NotNegative(pkg, "Fetch", c.Fetch, DefaultFetch),
+		knob.NotNegative(pkg, "FetchWait", c.FetchWait, DefaultFetchWait),
+		knob.NotNegative(pkg, "RetryMin", c.RetryMin, DefaultRetryMin),
+		knob.NotNegative(pkg, "RetryMax", c.RetryMax, DefaultRetryMax),
+		knob.NotNegative(pkg, "StandbyEvery", c.StandbyEvery, streams.DefaultStandbyEvery),
+		knob.NotNegative(pkg, "Drain", c.Drain, DefaultDrain),
+	); err != nil {
+		return err
 	}
 	c = c.withDefaults()
 	if strings.ContainsAny(c.Durable, ".*> \t\r\n") {
@@ -242,8 +261,12 @@ var ackBody = []byte("+ACK")
 // streams.LeaseBucket.
 func FoldLeaseKey(durable string) string { return "fold." + durable }
 
-// NewFoldRunner makes a runner that folds the worlds of COMMITS with f.
-func NewFoldRunner(js jetstream.JetStream, f projection.Folder, cfg FoldRunnerConfig) *FoldRunner {
+// NewFoldRunner makes a runner that folds the worlds of COMMITS with f;
+// it refuses a cfg that does not Validate.
+func NewFoldRunner(js jetstream.JetStream, f projection.Folder, cfg FoldRunnerConfig) (*FoldRunner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
 	r := &FoldRunner{js: js, f: f, cfg: cfg, m: cfg.Metrics,
 		cm:      cfg.ConsumerMetrics.Consumer(cfg.Durable, streams.KindFold),
@@ -254,7 +277,7 @@ func NewFoldRunner(js jetstream.JetStream, f projection.Folder, cfg FoldRunnerCo
 		Retry:        backoff.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax},
 		StandbyEvery: cfg.StandbyEvery, Metrics: r.cm, Logger: r.log}
 	r.begin()
-	return r
+	return r, nil
 }
 
 // fetched is what one pull brought.
@@ -276,15 +299,13 @@ type passDone struct {
 // and folds worlds until ctx ends; then it lets passes in flight finish
 // for up to Drain (cancelling them after), acks what they folded, gives
 // the lease up, and returns: what is not folded stays unacknowledged for
-// the next leader. It returns an error only for a bad configuration.
+// the next leader. It returns nil: NewFoldRunner refused a bad
+// configuration.
 //
 // The lease outlives ctx until the passes have drained: they commit
 // their checkpoints under it (projection.Fence), and it is renewed
 // meanwhile. Losing it ends the lead at once, passes included.
 func (r *FoldRunner) Run(ctx context.Context) error {
-	if err := r.cfg.Validate(); err != nil {
-		return err
-	}
 	g := newLeadGate(ctx)
 	defer g.close()
 	r.loop.Run(g.ctx, streams.Session{

@@ -217,7 +217,10 @@ func (e *foldEnv) start(js jetstream.JetStream, f projection.Folder, cfg commitl
 	if cfg.Metrics == nil {
 		cfg.Metrics = commitlog.NewFoldMetrics(reg)
 	}
-	r := commitlog.NewFoldRunner(js, f, cfg)
+	r, err := commitlog.NewFoldRunner(js, f, cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"path/filepath"
 	"time"
+
+	"github.com/millrace/millrace/internal/knob"
 )
 
 // Config says where the backbone is and how its streams are kept.
-// The zero value runs an embedded server under ./var/nats on 127.0.0.1:4223.
+// The zero value runs an embedded server under ./var/nats on 127.0.0.1:4223;
+// a zero field takes its default, a negative one is refused (Validate).
 type Config struct {
 	// URL of an external NATS cluster. Empty: run an embedded server.
 	URL string
@@ -129,6 +132,9 @@ func (c Config) WithDefaults() Config {
 
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
+	if err := c.notNegative(); err != nil {
+		return err
+	}
 	c = c.WithDefaults()
 	var errs []error
 	if c.Replicas != 1 && c.Replicas != 3 && c.Replicas != 5 {
@@ -150,11 +156,27 @@ func (c Config) Validate() error {
 	} else if c.Auth != (ClientAuth{}) {
 		errs = append(errs, errors.New("nats credentials and TLS options are for an external cluster (--nats-url); the embedded server uses its own identities"))
 	}
-	if c.SyncInterval < 0 || c.BESMaxAge < 0 || c.DeadMaxAge < 0 ||
-		c.FleetNodesMaxAge < 0 || c.FleetResvMaxAge < 0 || c.FleetPlaceMaxAge < 0 || c.LeaseTTL < 0 {
-		errs = append(errs, errors.New("durations must not be negative"))
-	} else if c.LeaseTTL < MinLeaseTTL {
+	if c.LeaseTTL < MinLeaseTTL {
 		errs = append(errs, fmt.Errorf("lease TTL %s is below %s", c.LeaseTTL, MinLeaseTTL))
 	}
 	return errors.Join(errs...)
+}
+
+// notNegative refuses a negative field: a mistake, which taking the
+// default would hide.
+func (c Config) notNegative() error {
+	const kept = "kept until deleted"
+	return errors.Join(
+		knob.NotNegative("streams", "SyncInterval", c.SyncInterval, DefaultSyncInterval),
+		knob.NotNegative("streams", "MaxPayload", c.MaxPayload, DefaultMaxPayload),
+		knob.NotNegative("streams", "Replicas", c.Replicas, 1),
+		knob.NotNegative("streams", "BESMaxAge", c.BESMaxAge, DefaultBESMaxAge),
+		knob.NotNegative("streams", "BESMaxBytes", c.BESMaxBytes, "unlimited"),
+		knob.NotNegative("streams", "DuplicateWindow", c.DuplicateWindow, DefaultDuplicateWindow),
+		knob.NotNegative("streams", "DeadMaxAge", c.DeadMaxAge, DefaultDeadMaxAge),
+		knob.NotNegative("streams", "FleetNodesMaxAge", c.FleetNodesMaxAge, DefaultFleetNodesMaxAge),
+		knob.NotNegative("streams", "FleetResvMaxAge", c.FleetResvMaxAge, kept),
+		knob.NotNegative("streams", "FleetPlaceMaxAge", c.FleetPlaceMaxAge, kept),
+		knob.NotNegative("streams", "LeaseTTL", c.LeaseTTL, DefaultLeaseTTL),
+	)
 }

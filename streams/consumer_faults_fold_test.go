@@ -88,9 +88,19 @@ func (f *memFolder) Fold(ctx context.Context, _ string, versions []projection.Ve
 	return drop, nil
 }
 
+// newFoldRunner makes a fold runner of a config the test means to be valid.
+func newFoldRunner(t testing.TB, js jetstream.JetStream, f projection.Folder, cfg commitlog.FoldRunnerConfig) *commitlog.FoldRunner {
+	t.Helper()
+	r, err := commitlog.NewFoldRunner(js, f, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func (u *foldUser) start(t *testing.T, e *faultEnv) instance {
 	reg := prometheus.NewRegistry()
-	r := commitlog.NewFoldRunner(e.js, &u.f, commitlog.FoldRunnerConfig{
+	r := newFoldRunner(t, e.js, &u.f, commitlog.FoldRunnerConfig{
 		Durable: foldDurable, MinVersions: 10, Interval: 20 * time.Millisecond, Fetch: 16, MaxAckPending: 1000,
 		RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, StandbyEvery: 50 * time.Millisecond,
 		ConsumerMetrics: streams.NewMetrics(reg), Logger: quietLog()})

@@ -250,7 +250,7 @@ func (u *runnerUser) start(t *testing.T, e *faultEnv) instance {
 	reg := prometheus.NewRegistry()
 	cfg := runnerConfig()
 	cfg.StandbyEvery, cfg.Logger = 50*time.Millisecond, quietLog()
-	r := streams.NewRunner(e.js, e.pool, &gatedRows{rowsProjector{name: "rows"}, &u.g}, cfg, streams.NewMetrics(reg))
+	r := newRunner(t, e.js, e.pool, &gatedRows{rowsProjector{name: "rows"}, &u.g}, cfg, streams.NewMetrics(reg))
 	return run(t, reg, r.Run)
 }
 
@@ -338,7 +338,7 @@ func (u *outboxUser) start(t *testing.T, e *faultEnv) instance {
 	reg := prometheus.NewRegistry()
 	cfg := outboxConfig()
 	cfg.Batch, cfg.Metrics = 20, streams.NewMetrics(reg)
-	o := streams.NewOutbox(e.pool, &gatedPublisher{e.pub, &u.g}, cfg)
+	o := newOutbox(t, e.pool, &gatedPublisher{e.pub, &u.g}, cfg)
 	return run(t, reg, o.Run)
 }
 
@@ -485,7 +485,7 @@ func newExportUser() *exportUser {
 
 func (u *exportUser) start(t *testing.T, e *faultEnv) instance {
 	reg := prometheus.NewRegistry()
-	r := streams.NewExportRunner(e.js, &u.exp, streams.ExportConfig{Stream: subjects.StreamBES, MaxInFlight: 100,
+	r := newExportRunner(t, e.js, &u.exp, streams.ExportConfig{Stream: subjects.StreamBES, MaxInFlight: 100,
 		RetryMin: 10 * time.Millisecond, RetryMax: 100 * time.Millisecond, StandbyEvery: 50 * time.Millisecond,
 		Metrics: streams.NewMetrics(reg), Logger: quietLog()}, nil)
 	return run(t, reg, r.Run)

@@ -14,11 +14,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	retry "github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
 )
 
-// ExportConfig tunes an ExportRunner. Zero fields take the defaults.
+// ExportConfig tunes an ExportRunner. Zero fields take the defaults;
+// negative ones are refused (Validate).
 type ExportConfig struct {
 	// Stream is the stream exported; Filters the subjects of it that are
 	// (empty: all of them).
@@ -45,26 +47,46 @@ type ExportConfig struct {
 	Logger  *slog.Logger
 }
 
+// ExportConfig's defaults.
+const (
+	DefaultExportMaxInFlight = 20_000
+	DefaultExportAckEvery    = 20 * time.Millisecond
+	DefaultExportRetryMin    = time.Second
+	DefaultExportRetryMax    = 30 * time.Second
+)
+
 func (c ExportConfig) withDefaults() ExportConfig {
 	if c.Durable == "" {
 		c.Durable = "export-" + strings.ToLower(c.Stream)
 	}
-	if c.MaxInFlight <= 0 {
-		c.MaxInFlight = 20_000
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultExportMaxInFlight
 	}
-	if c.AckEvery <= 0 {
-		c.AckEvery = 20 * time.Millisecond
+	if c.AckEvery == 0 {
+		c.AckEvery = DefaultExportAckEvery
 	}
-	if c.RetryMin <= 0 {
-		c.RetryMin = time.Second
+	if c.RetryMin == 0 {
+		c.RetryMin = DefaultExportRetryMin
 	}
-	if c.RetryMax <= 0 {
-		c.RetryMax = 30 * time.Second
+	if c.RetryMax == 0 {
+		c.RetryMax = DefaultExportRetryMax
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
+}
+
+// Validate refuses a negative field: a mistake, which taking the default
+// would hide.
+func (c ExportConfig) Validate() error {
+	return errors.Join(
+		knob.NotNegative("export", "MaxInFlight", c.MaxInFlight, DefaultExportMaxInFlight),
+		knob.NotNegative("export", "AckEvery", c.AckEvery, DefaultExportAckEvery),
+		knob.NotNegative("export", "RetryMin", c.RetryMin, DefaultExportRetryMin),
+		knob.NotNegative("export", "RetryMax", c.RetryMax, DefaultExportRetryMax),
+		knob.NotNegative("export", "StandbyEvery", c.StandbyEvery, DefaultStandbyEvery),
+	)
 }
 
 // exportAckWait is how long JetStream waits for the ack of a delivered
@@ -98,8 +120,12 @@ type ExportRunner struct {
 	acked atomic.Uint64
 }
 
-// NewExportRunner makes a runner of exp over cfg.Stream.
-func NewExportRunner(js jetstream.JetStream, exp projection.Exporter, cfg ExportConfig, m *ExportMetrics) *ExportRunner {
+// NewExportRunner makes a runner of exp over cfg.Stream; it refuses a cfg
+// that does not Validate.
+func NewExportRunner(js jetstream.JetStream, exp projection.Exporter, cfg ExportConfig, m *ExportMetrics) (*ExportRunner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
 	if m == nil {
 		m = NewExportMetrics(nil)
@@ -109,7 +135,7 @@ func NewExportRunner(js jetstream.JetStream, exp projection.Exporter, cfg Export
 	r.loop = Loop{Name: cfg.Durable, Kind: KindExport, Lease: NewKVLease(js, ExportLeaseKey(cfg.Durable)),
 		StandbyEvery: cfg.StandbyEvery, Metrics: r.cm, Logger: r.log,
 		Retry: retry.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}}
-	return r
+	return r, nil
 }
 
 // ExportLeaseKey is the key of durable's lease in LeaseBucket.

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	retry "github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/schemas/envelope"
 )
 
@@ -29,7 +30,8 @@ import (
 // poll.
 const OutboxChannel = "millrace_outbox"
 
-// OutboxConfig tunes the outbox relay. Zero fields take the defaults.
+// OutboxConfig tunes the outbox relay. Zero fields take the defaults;
+// negative ones are refused (Validate).
 type OutboxConfig struct {
 	// Batch is the most rows read, published and deleted at a time.
 	// Default 500.
@@ -53,21 +55,29 @@ type OutboxConfig struct {
 	Logger  *slog.Logger
 }
 
+// OutboxConfig's defaults.
+const (
+	DefaultOutboxBatch     = 500
+	DefaultOutboxPollEvery = 50 * time.Millisecond
+	DefaultOutboxRetryMin  = 100 * time.Millisecond
+	DefaultOutboxRetryMax  = 5 * time.Second
+)
+
 func (c OutboxConfig) withDefaults() OutboxConfig {
-	if c.Batch <= 0 {
-		c.Batch = 500
+	if c.Batch == 0 {
+		c.Batch = DefaultOutboxBatch
 	}
-	if c.PollEvery <= 0 {
-		c.PollEvery = 50 * time.Millisecond
+	if c.PollEvery == 0 {
+		c.PollEvery = DefaultOutboxPollEvery
 	}
-	if c.RetryMin <= 0 {
-		c.RetryMin = 100 * time.Millisecond
+	if c.RetryMin == 0 {
+		c.RetryMin = DefaultOutboxRetryMin
 	}
-	if c.RetryMax <= 0 {
-		c.RetryMax = 5 * time.Second
+	if c.RetryMax == 0 {
+		c.RetryMax = DefaultOutboxRetryMax
 	}
-	if c.StandbyEvery <= 0 {
-		c.StandbyEvery = 2 * time.Second
+	if c.StandbyEvery == 0 {
+		c.StandbyEvery = DefaultStandbyEvery
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -75,10 +85,18 @@ func (c OutboxConfig) withDefaults() OutboxConfig {
 	return c
 }
 
-// Validate reports a configuration that cannot work.
+// Validate reports a configuration that cannot work: a negative field (a
+// mistake, which taking the default would hide), or RetryMax below
+// RetryMin.
 func (c OutboxConfig) Validate() error {
-	if c.Batch < 0 || c.PollEvery < 0 || c.RetryMin < 0 || c.RetryMax < 0 || c.StandbyEvery < 0 {
-		return errors.New("outbox: batch and durations must not be negative")
+	if err := errors.Join(
+		knob.NotNegative("outbox", "Batch", c.Batch, DefaultOutboxBatch),
+		knob.NotNegative("outbox", "PollEvery", c.PollEvery, DefaultOutboxPollEvery),
+		knob.NotNegative("outbox", "RetryMin", c.RetryMin, DefaultOutboxRetryMin),
+		knob.NotNegative("outbox", "RetryMax", c.RetryMax, DefaultOutboxRetryMax),
+		knob.NotNegative("outbox", "StandbyEvery", c.StandbyEvery, DefaultStandbyEvery),
+	); err != nil {
+		return err
 	}
 	if c.RetryMin > 0 && c.RetryMax > 0 && c.RetryMax < c.RetryMin {
 		return fmt.Errorf("outbox: RetryMax %v is below RetryMin %v", c.RetryMax, c.RetryMin)
@@ -183,15 +201,19 @@ func (c chain) reset() {
 	clear(c.through)
 }
 
-// NewOutbox makes a relay of the outbox table in pool's database.
-func NewOutbox(pool *pgxpool.Pool, pub OutboxPublisher, cfg OutboxConfig) *Outbox {
+// NewOutbox makes a relay of the outbox table in pool's database; it
+// refuses a cfg that does not Validate.
+func NewOutbox(pool *pgxpool.Pool, pub OutboxPublisher, cfg OutboxConfig) (*Outbox, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
 	o := &Outbox{pool: pool, pub: pub, cfg: cfg, om: newOutboxMetrics(cfg.Registerer), m: cfg.Metrics.Consumer(outboxName, KindOutbox),
 		log: cfg.Logger.With("component", "outbox"), wake: make(chan struct{}, 1), streams: map[string]string{},
 		lease: NewPGLease(pool, outboxLockKey), last: newChain()}
 	o.loop = Loop{Name: outboxName, Kind: KindOutbox, Lease: o.lease, StandbyEvery: cfg.StandbyEvery, Metrics: o.m, Logger: o.log,
 		Retry: retry.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}}
-	return o
+	return o, nil
 }
 
 // Notify wakes the relay to look at the table now. It never blocks.

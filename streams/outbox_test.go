@@ -133,7 +133,7 @@ func startOutbox(t *testing.T, o *streams.Outbox) (stop func()) {
 func TestOutboxPublishesInOrder(t *testing.T) {
 	e := setup(t)
 	want := addOutbox(t, e.pool, 0, 750, false)
-	o := streams.NewOutbox(e.pool, e.pub, outboxConfig())
+	o := newOutbox(t, e.pool, e.pub, outboxConfig())
 	startOutbox(t, o)
 	waitFor(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 })
 	// Rows written while it runs, woken by NOTIFY.
@@ -151,7 +151,7 @@ func TestOutboxWakes(t *testing.T) {
 	e := setup(t)
 	cfg := outboxConfig()
 	cfg.PollEvery = time.Hour // only a notification can wake it
-	o := streams.NewOutbox(e.pool, e.pub, cfg)
+	o := newOutbox(t, e.pool, e.pub, cfg)
 	startOutbox(t, o)
 	waitFor(t, "the relay to lead", func() bool { return advisoryLocks(t, e.pool) == 1 })
 	addOutbox(t, e.pool, 0, 5, true) // NOTIFY from the writer's transaction
@@ -190,7 +190,7 @@ func TestOutboxFailsMidwayThenRecovers(t *testing.T) {
 	ocfg := outboxConfig()
 	ocfg.Registerer = reg
 	ocfg.Metrics = streams.NewMetrics(reg)
-	o := streams.NewOutbox(e.pool, e.pub, ocfg)
+	o := newOutbox(t, e.pool, e.pub, ocfg)
 	startOutbox(t, o)
 	waitFor(t, "the stream to fill", func() bool { return streamCount(t, e.js) == 150 })
 	waitFor(t, "the rows after the failure kept", func() bool { return outboxLeft(t, e.pool) == 270 })
@@ -259,7 +259,7 @@ func TestOutboxBackboneRestarts(t *testing.T) {
 	want := addOutbox(t, pool, 0, 3000, true)
 	cfg := outboxConfig()
 	cfg.Batch = 200
-	o := streams.NewOutbox(pool, streams.NewPublisher(js, nil), cfg)
+	o := newOutbox(t, pool, streams.NewPublisher(js, nil), cfg)
 	startOutbox(t, o)
 	waitFor(t, "some published", func() bool { return outboxLeft(t, pool) < 2500 })
 	ns.Shutdown()
@@ -301,7 +301,7 @@ func TestOutboxCrashBetweenPublishAndDelete(t *testing.T) {
 	crash := &crashingPublisher{pub: e.pub, after: 180, cancel: cancel}
 	cfg := outboxConfig()
 	cfg.Batch = 250
-	first := streams.NewOutbox(e.pool, crash, cfg)
+	first := newOutbox(t, e.pool, crash, cfg)
 	if err := first.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +313,7 @@ func TestOutboxCrashBetweenPublishAndDelete(t *testing.T) {
 	// has (same Nats-Msg-Id).
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
-	startOutbox(t, streams.NewOutbox(e.pool, e.pub, cfg))
+	startOutbox(t, newOutbox(t, e.pool, e.pub, cfg))
 	waitFor(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 })
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d once each, in order", len(got), len(want))
@@ -349,7 +349,7 @@ func TestOutboxOneRelayAtATime(t *testing.T) {
 	var want []string
 	relays := 3
 	for i := 0; i < relays; i++ {
-		startOutbox(t, streams.NewOutbox(e.pool, e.pub, outboxConfig()))
+		startOutbox(t, newOutbox(t, e.pool, e.pub, outboxConfig()))
 	}
 	waitFor(t, "a relay to lead", func() bool { return advisoryLocks(t, e.pool) == 1 })
 	for i := 0; i < 40; i++ {
@@ -367,7 +367,7 @@ func TestOutboxOneRelayAtATime(t *testing.T) {
 func TestOutboxFlush(t *testing.T) {
 	e := setup(t)
 	want := addOutbox(t, e.pool, 0, 330, false)
-	o := streams.NewOutbox(e.pool, e.pub, outboxConfig())
+	o := newOutbox(t, e.pool, e.pub, outboxConfig())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := o.Flush(ctx); err != nil {
@@ -381,8 +381,8 @@ func TestOutboxFlush(t *testing.T) {
 	}
 	// With a relay running elsewhere, Flush waits for it.
 	want = append(want, addOutbox(t, e.pool, 330, 200, false)...)
-	startOutbox(t, streams.NewOutbox(e.pool, e.pub, outboxConfig()))
-	if err := streams.NewOutbox(e.pool, e.pub, outboxConfig()).Flush(ctx); err != nil {
+	startOutbox(t, newOutbox(t, e.pool, e.pub, outboxConfig()))
+	if err := newOutbox(t, e.pool, e.pub, outboxConfig()).Flush(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if n := outboxLeft(t, e.pool); n != 0 {
@@ -444,7 +444,7 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 		MaxWait: 20 * time.Millisecond, RetryMin: 10 * time.Millisecond, RetryMax: 50 * time.Millisecond,
 		SweepEvery: 100 * time.Millisecond, Logger: quietLog()}
 	stopRunner := start(t, e, p, cfg)
-	stopRelay := startOutbox(t, streams.NewOutbox(e.pool, e.pub, outboxConfig()))
+	stopRelay := startOutbox(t, newOutbox(t, e.pool, e.pub, outboxConfig()))
 
 	const n = 120
 	for i := 0; i < n; i++ {
@@ -469,7 +469,7 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 	// `millrace replay fleet` must before it resets the tables.
 	fctx, fcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer fcancel()
-	if err := streams.NewOutbox(e.pool, e.pub, outboxConfig()).Flush(fctx); err != nil {
+	if err := newOutbox(t, e.pool, e.pub, outboxConfig()).Flush(fctx); err != nil {
 		t.Fatal(err)
 	}
 	stopRelay()
@@ -487,12 +487,12 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 	}
 
 	rcfg := cfg
-	if err := streams.NewRunner(e.js, e.pool, placer.NewRequests(), rcfg, streams.NewMetrics(nil)).Replay(ctx); err != nil {
+	if err := newRunner(t, e.js, e.pool, placer.NewRequests(), rcfg, streams.NewMetrics(nil)).Replay(ctx); err != nil {
 		t.Fatal(err)
 	}
 	dcfg := cfg
 	dcfg.Stream, dcfg.Filter = subjects.StreamFleetPlace, subjects.FleetPlaceFilter
-	if err := streams.NewRunner(e.js, e.pool, placer.NewDecisions(), dcfg, streams.NewMetrics(nil)).Replay(ctx); err != nil {
+	if err := newRunner(t, e.js, e.pool, placer.NewDecisions(), dcfg, streams.NewMetrics(nil)).Replay(ctx); err != nil {
 		t.Fatal(err)
 	}
 	replayed, err := placer.Digest(ctx, e.pool)
@@ -523,7 +523,7 @@ func TestOutboxResumesAfterTheDuplicateWindow(t *testing.T) {
 	crash := &crashingPublisher{pub: e.pub, after: 180, cancel: cancel}
 	cfg := outboxConfig()
 	cfg.Batch = 250
-	if err := streams.NewOutbox(e.pool, crash, cfg).Run(crashCtx); err != nil {
+	if err := newOutbox(t, e.pool, crash, cfg).Run(crashCtx); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the crashed relay's messages stored", func() bool { return streamCount(t, e.js) >= 180 })
@@ -544,7 +544,7 @@ func TestOutboxResumesAfterTheDuplicateWindow(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
-	startOutbox(t, streams.NewOutbox(e.pool, e.pub, cfg))
+	startOutbox(t, newOutbox(t, e.pool, e.pub, cfg))
 	waitFor(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 })
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d once each, in order", len(got), len(want))

@@ -15,12 +15,14 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	retry "github.com/millrace/millrace/internal/backoff"
+	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
 )
 
-// RunnerConfig tunes one consumer loop. Zero fields take the defaults.
+// RunnerConfig tunes one consumer loop. Zero fields take the defaults;
+// negative ones are refused (Validate).
 type RunnerConfig struct {
 	// Stream and Filter name what the projector reads; Filter must equal
 	// the stream's subjects (docs/design.md, "Measured facts").
@@ -58,29 +60,53 @@ type Progress struct {
 	Pending  uint64 // messages in the stream after the position
 }
 
+// RunnerConfig's defaults.
+const (
+	DefaultRunnerBatch      = 1000
+	DefaultRunnerMaxWait    = 250 * time.Millisecond
+	DefaultRunnerAckWait    = 60 * time.Second
+	DefaultRunnerRetryMin   = 100 * time.Millisecond
+	DefaultRunnerRetryMax   = 5 * time.Second
+	DefaultRunnerSweepEvery = 30 * time.Second
+)
+
 func (c RunnerConfig) withDefaults() RunnerConfig {
-	if c.Batch <= 0 {
-		c.Batch = 1000
+	if c.Batch == 0 {
+		c.Batch = DefaultRunnerBatch
 	}
-	if c.MaxWait <= 0 {
-		c.MaxWait = 250 * time.Millisecond
+	if c.MaxWait == 0 {
+		c.MaxWait = DefaultRunnerMaxWait
 	}
-	if c.AckWait <= 0 {
-		c.AckWait = 60 * time.Second
+	if c.AckWait == 0 {
+		c.AckWait = DefaultRunnerAckWait
 	}
-	if c.RetryMin <= 0 {
-		c.RetryMin = 100 * time.Millisecond
+	if c.RetryMin == 0 {
+		c.RetryMin = DefaultRunnerRetryMin
 	}
-	if c.RetryMax <= 0 {
-		c.RetryMax = 5 * time.Second
+	if c.RetryMax == 0 {
+		c.RetryMax = DefaultRunnerRetryMax
 	}
-	if c.SweepEvery <= 0 {
-		c.SweepEvery = 30 * time.Second
+	if c.SweepEvery == 0 {
+		c.SweepEvery = DefaultRunnerSweepEvery
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
 	return c
+}
+
+// Validate refuses a negative field: a mistake, which taking the default
+// would hide.
+func (c RunnerConfig) Validate() error {
+	return errors.Join(
+		knob.NotNegative("runner", "Batch", c.Batch, DefaultRunnerBatch),
+		knob.NotNegative("runner", "MaxWait", c.MaxWait, DefaultRunnerMaxWait),
+		knob.NotNegative("runner", "AckWait", c.AckWait, DefaultRunnerAckWait),
+		knob.NotNegative("runner", "RetryMin", c.RetryMin, DefaultRunnerRetryMin),
+		knob.NotNegative("runner", "RetryMax", c.RetryMax, DefaultRunnerRetryMax),
+		knob.NotNegative("runner", "SweepEvery", c.SweepEvery, DefaultRunnerSweepEvery),
+		knob.NotNegative("runner", "StandbyEvery", c.StandbyEvery, DefaultStandbyEvery),
+	)
 }
 
 // Runner is the consumer core's user for projections: fetch a batch, apply
@@ -119,14 +145,18 @@ type Runner struct {
 	backlogged bool
 }
 
-// NewRunner makes a runner of projector p.
-func NewRunner(js jetstream.JetStream, pool *pgxpool.Pool, p projection.Projector, cfg RunnerConfig, m *Metrics) *Runner {
+// NewRunner makes a runner of projector p; it refuses a cfg that does not
+// Validate.
+func NewRunner(js jetstream.JetStream, pool *pgxpool.Pool, p projection.Projector, cfg RunnerConfig, m *Metrics) (*Runner, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
 	r := &Runner{js: js, pool: pool, p: p, cfg: cfg, mset: m, m: m.Consumer(p.Name(), KindProjection), name: p.Name(),
 		log: cfg.Logger.With("consumer", p.Name()), lease: ConsumerLease(pool, p.Name())}
 	r.loop = Loop{Name: r.name, Kind: KindProjection, Lease: r.lease, StandbyEvery: cfg.StandbyEvery, Metrics: r.m, Logger: r.log,
 		Retry: retry.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}}
-	return r
+	return r, nil
 }
 
 // Run applies batches until ctx ends. A runner that cannot take the lock

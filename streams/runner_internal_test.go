@@ -46,7 +46,10 @@ func TestRunnerGuards(t *testing.T) {
 		t.Fatal(err)
 	}
 	p := &seqRecorder{}
-	r := NewRunner(js, pool, p, RunnerConfig{Stream: subjects.StreamBES, Filter: subjects.BESFilter, AckWait: time.Minute}, nil)
+	r, err := NewRunner(js, pool, p, RunnerConfig{Stream: subjects.StreamBES, Filter: subjects.BESFilter, AckWait: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	h, err := r.lease.AcquirePG(ctx)
 	if err != nil {
 		t.Fatal(err)

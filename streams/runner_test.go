@@ -142,6 +142,35 @@ func (e *env) position(t *testing.T, consumer string) uint64 {
 	return uint64(pos)
 }
 
+// newRunner, newOutbox and newExportRunner make a consumer of a config
+// the test means to be valid.
+func newRunner(t testing.TB, js jetstream.JetStream, pool *pgxpool.Pool, p projection.Projector, cfg streams.RunnerConfig, m *streams.Metrics) *streams.Runner {
+	t.Helper()
+	r, err := streams.NewRunner(js, pool, p, cfg, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func newOutbox(t testing.TB, pool *pgxpool.Pool, pub streams.OutboxPublisher, cfg streams.OutboxConfig) *streams.Outbox {
+	t.Helper()
+	o, err := streams.NewOutbox(pool, pub, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func newExportRunner(t testing.TB, js jetstream.JetStream, exp projection.Exporter, cfg streams.ExportConfig, m *streams.ExportMetrics) *streams.ExportRunner {
+	t.Helper()
+	r, err := streams.NewExportRunner(js, exp, cfg, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 func runnerConfig() streams.RunnerConfig {
 	return streams.RunnerConfig{
 		Stream:     subjects.StreamBES,
@@ -159,7 +188,7 @@ func runnerConfig() streams.RunnerConfig {
 func start(t *testing.T, e *env, p projection.Projector, cfg streams.RunnerConfig) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	r := streams.NewRunner(e.js, e.pool, p, cfg, streams.NewMetrics(nil))
+	r := newRunner(t, e.js, e.pool, p, cfg, streams.NewMetrics(nil))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); r.Run(ctx) }()
@@ -342,14 +371,14 @@ func TestReplayRebuilds(t *testing.T) {
 	stop := start(t, e, &rowsProjector{name: "rows"}, runnerConfig())
 	waitFor(t, "120 rows", func() bool { return len(e.rows(t, "rows")) == 120 })
 	// Replay refuses while the projector runs.
-	r := streams.NewRunner(e.js, e.pool, &rowsProjector{name: "rows"}, runnerConfig(), nil)
+	r := newRunner(t, e.js, e.pool, &rowsProjector{name: "rows"}, runnerConfig(), nil)
 	if err := r.Replay(context.Background()); !errors.Is(err, streams.ErrLocked) {
 		t.Fatalf("replay beside a running projector: %v, want ErrLocked", err)
 	}
 	stop()
 	e.pool.Exec(context.Background(), "update runner_rows set body = 'tampered'")
 	p := &rowsProjector{name: "rows"}
-	if err := streams.NewRunner(e.js, e.pool, p, runnerConfig(), nil).Replay(context.Background()); err != nil {
+	if err := newRunner(t, e.js, e.pool, p, runnerConfig(), nil).Replay(context.Background()); err != nil {
 		t.Fatal(err)
 	}
 	if p.resets.Load() != 1 {

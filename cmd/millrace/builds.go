@@ -301,7 +301,10 @@ func replayBuilds(ctx context.Context, no natsOptions, do dbOptions, po projecto
 	if err != nil {
 		return err
 	}
-	err = streams.NewRunner(bb.JS, pool, proj, rc, nil).Replay(ctx)
+	r, err := streams.NewRunner(bb.JS, pool, proj, rc, nil)
+	if err == nil {
+		err = r.Replay(ctx)
+	}
 	if errors.Is(err, streams.ErrLocked) {
 		return errors.New("the builds projector is running (it holds the lock): stop it, replay, then start it again")
 	}

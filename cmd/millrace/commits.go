@@ -245,7 +245,7 @@ func (o *compactorOptions) config(drain time.Duration, k kafkaOptions, log *slog
 
 // newCompactor makes the fold runner of the compactor over bk, with its
 // metrics on t.
-func newCompactor(rc commitlog.FoldRunnerConfig, cc compactor.Config, js jetstream.JetStream, bk *bucket.Bucket, t *telemetry) *commitlog.FoldRunner {
+func newCompactor(rc commitlog.FoldRunnerConfig, cc compactor.Config, js jetstream.JetStream, bk *bucket.Bucket, t *telemetry) (*commitlog.FoldRunner, error) {
 	ops := bucket.NewOperations(t.reg, "millrace_compactor_bucket_operations_total",
 		"Bucket operations of the compactor, by operation (list, get, create, equal) and result (ok, exists, error).")
 	rc.Metrics, rc.ConsumerMetrics = commitlog.NewFoldMetrics(t.reg), t.sm
@@ -262,7 +262,7 @@ func (p *process) compactor(o compactorOptions, drain time.Duration, k kafkaOpti
 	var r *commitlog.FoldRunner
 	return supervise.Component{
 		Name:  "compactor",
-		Start: func(context.Context) error { r = newCompactor(rc, cc, p.bb.JS, p.bk, p.t); return nil },
+		Start: func(context.Context) (err error) { r, err = newCompactor(rc, cc, p.bb.JS, p.bk, p.t); return err },
 		// Run returns once its context ends and passes in flight have
 		// finished or been abandoned (within drain); what they did not
 		// fold is folded after the next start.

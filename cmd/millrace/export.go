@@ -131,8 +131,8 @@ func (p *process) kafka(o kafkaOptions) (supervise.Component, error) {
 			m := streams.NewExportMetrics(p.t.reg)
 			var wg sync.WaitGroup
 			for stream, fs := range filters {
-				r := streams.NewExportRunner(p.bb.JS, exp, streams.ExportConfig{Stream: stream, Filters: fs,
-					Durable: kafka.Durable(stream), MaxInFlight: o.maxInFlight, Metrics: p.t.sm, Logger: log}, m)
+				r, _ := streams.NewExportRunner(p.bb.JS, exp, streams.ExportConfig{Stream: stream, Filters: fs,
+					Durable: kafka.Durable(stream), MaxInFlight: o.maxInFlight, Metrics: p.t.sm, Logger: log}, m) // o.config refused a MaxInFlight below 1
 				wg.Add(1)
 				go func() {
 					defer wg.Done()

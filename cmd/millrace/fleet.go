@@ -302,14 +302,21 @@ func (o *placerOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 // its decisions.
 func (p *process) placer(cfg placer.Config, o placerOptions) supervise.Component {
 	return p.consumer(placer.ConsumerName, func(ctx context.Context, pool *pgxpool.Pool) error {
-		relay := streams.NewOutbox(pool, p.bb.Publisher(), streams.OutboxConfig{Registerer: p.t.reg, Metrics: p.t.sm, Logger: p.log})
-		done := make(chan error, 1)
-		go func() { done <- relay.Run(ctx) }()
 		pl, err := placer.New(cfg)
 		if err != nil {
 			return err
 		}
-		err = streams.NewRunner(p.bb.JS, pool, pl, o.runnerConfig(p.log), p.t.sm).Run(ctx)
+		relay, err := streams.NewOutbox(pool, p.bb.Publisher(), streams.OutboxConfig{Registerer: p.t.reg, Metrics: p.t.sm, Logger: p.log})
+		if err != nil {
+			return err
+		}
+		r, err := streams.NewRunner(p.bb.JS, pool, pl, o.runnerConfig(p.log), p.t.sm)
+		if err != nil {
+			return err
+		}
+		done := make(chan error, 1)
+		go func() { done <- relay.Run(ctx) }()
+		err = r.Run(ctx)
 		if rerr := <-done; err == nil && !errors.Is(rerr, context.Canceled) {
 			err = rerr
 		}

@@ -225,8 +225,11 @@ func replayFleet(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, 
 		held.Release(rctx)
 	}()
 
-	relay := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Logger: log})
-	if err := relay.Flush(ctx); err != nil {
+	relay, err := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Logger: log})
+	if err == nil {
+		err = relay.Flush(ctx)
+	}
+	if err != nil {
 		return fmt.Errorf("publish the placer's outbox: %w", err)
 	}
 	steps := []struct {
@@ -249,7 +252,10 @@ func replayFleet(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, 
 		c := rc
 		c.Stream, c.Filter = s.stream, s.filter
 		c.Progress = replayProgress("replay fleet "+s.what, "messages", total)
-		err = streams.NewRunner(bb.JS, pool, s.p, c, nil).Replay(ctx)
+		r, err := streams.NewRunner(bb.JS, pool, s.p, c, nil)
+		if err == nil {
+			err = r.Replay(ctx)
+		}
 		if errors.Is(err, streams.ErrLocked) {
 			return fmt.Errorf("the %s projector is running (it holds its lock): stop it, replay, then start it again", s.p.Name())
 		}

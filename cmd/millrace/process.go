@@ -172,7 +172,11 @@ func (p *process) consumer(name string, run func(ctx context.Context, pool *pgxp
 // projector runs a projector's consumer (streams.Runner) on rc.
 func (p *process) projector(proj projection.Projector, rc streams.RunnerConfig) supervise.Component {
 	return p.consumer(proj.Name(), func(ctx context.Context, pool *pgxpool.Pool) error {
-		return streams.NewRunner(p.bb.JS, pool, proj, rc, p.t.sm).Run(ctx)
+		r, err := streams.NewRunner(p.bb.JS, pool, proj, rc, p.t.sm)
+		if err != nil {
+			return err
+		}
+		return r.Run(ctx)
 	})
 }
 

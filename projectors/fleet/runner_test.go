@@ -97,7 +97,10 @@ func TestRunnerRedelivery(t *testing.T) {
 	}
 	run := func(p projection.Projector) (stop func()) {
 		runCtx, cancel := context.WithCancel(ctx)
-		r := streams.NewRunner(js, pool, p, cfg, streams.NewMetrics(nil))
+		r, err := streams.NewRunner(js, pool, p, cfg, streams.NewMetrics(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
 		var wg sync.WaitGroup
 		wg.Add(1)
 		go func() { defer wg.Done(); r.Run(runCtx) }()

@@ -111,8 +111,11 @@ func startExport(t *testing.T, b backbone, brokers []string) *exportProcess {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &exportProcess{exp: exp, cancel: cancel, done: make(chan struct{})}
-	r := streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: subjects.StreamBES, Filters: []string{"bes.>"},
+	r, err := streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: subjects.StreamBES, Filters: []string{"bes.>"},
 		MaxInFlight: 500, RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		defer close(p.done)
 		r.Run(ctx)
@@ -268,12 +271,16 @@ func TestExportAgainstRealBroker(t *testing.T) {
 	if err := exp.EnsureTopics(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	r, err := streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: subjects.StreamBES}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: subjects.StreamBES}, nil).Run(ctx)
+		r.Run(ctx)
 	}()
 	defer func() { cancel(); wg.Wait() }()
 	last := b.publish(t, 0, 2000, 20)
@@ -308,10 +315,14 @@ func TestCommitsExportWhileCompacting(t *testing.T) {
 		}
 		rctx, cancel := context.WithCancel(ctx)
 		p := &exportProcess{exp: exp, cancel: cancel, done: make(chan struct{})}
+		r, err := streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: subjects.StreamCommits, Filters: []string{"commits.>"},
+			Durable: "export-commits", RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
 		go func() {
 			defer close(p.done)
-			streams.NewExportRunner(b.js, exp, streams.ExportConfig{Stream: subjects.StreamCommits, Filters: []string{"commits.>"},
-				Durable: "export-commits", RetryMin: 50 * time.Millisecond, RetryMax: 500 * time.Millisecond}, nil).Run(rctx)
+			r.Run(rctx)
 		}()
 		return p
 	}

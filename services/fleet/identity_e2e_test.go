@@ -43,10 +43,13 @@ func TestNodeIdentityThroughProjection(t *testing.T) {
 		t.Fatal(err)
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	runner := streams.NewRunner(b.js, db, proj, streams.RunnerConfig{
+	runner, err := streams.NewRunner(b.js, db, proj, streams.RunnerConfig{
 		Stream: subjects.StreamFleetNodes, Filter: subjects.FleetNodeFilter, Batch: 100,
 		MaxWait: 20 * time.Millisecond, SweepEvery: time.Hour,
 	}, streams.NewMetrics(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { defer wg.Done(); runner.Run(runCtx) }()
