@@ -748,7 +748,7 @@ func (r *FoldRunner) fetchFailed(ctx context.Context, err error) {
 // a version delivered again while it waits keeps its place.
 func (r *FoldRunner) take(msgs []jetstream.Msg) {
 	if r.fetchErrs > 0 {
-		r.log.Info("pulling from the discovery consumer again", "after_failures", r.fetchErrs)
+		r.log.Info("pulling from the discovery consumer again", "failures", r.fetchErrs)
 		r.fetchErrs = 0
 		r.pullRetry.Reset()
 	}
@@ -914,7 +914,7 @@ func (r *FoldRunner) finish(d passDone, abandoned bool) {
 			"swept", d.st.Swept, "withheld", d.st.Withheld, "to", d.st.To, "seconds", roundSeconds(d.took))
 	default:
 		r.m.pass("idle", d.took, d.st)
-		r.log.Debug("nothing new to fold", "world", d.world, "covered", w.covered, "seconds", roundSeconds(d.took))
+		r.log.Debug("nothing new to fold", "world", d.world, "checkpoint", w.covered, "seconds", roundSeconds(d.took))
 	}
 }
 

@@ -119,7 +119,7 @@ func Attach(ctx context.Context, js jetstream.JetStream, stream string, kind Kin
 // recreates it when an immutable field forbids that or the reset to start.
 func reconfigure(ctx context.Context, s jetstream.Stream, have, want jetstream.ConsumerConfig, start uint64, log *slog.Logger) (jetstream.Consumer, error) {
 	if why := mustRecreate(have, want, start); why != "" {
-		log.Warn("recreating the durable consumer", "consumer", want.Durable, "stream", s.CachedInfo().Config.Name, "why", why, "from", start)
+		log.Warn("recreating the durable consumer", "consumer", want.Durable, "stream", s.CachedInfo().Config.Name, "reason", why, "from", start)
 		if err := s.DeleteConsumer(ctx, want.Durable); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
 			return nil, fmt.Errorf("delete consumer %s: %w", want.Durable, err)
 		}
@@ -220,7 +220,7 @@ func (l *Loop) Run(ctx context.Context, s Session) {
 			return
 		}
 		d := l.Retry.Next()
-		l.log().Warn("gave up the lead; leading again", "err", err, "backoff", d)
+		l.log().Warn("gave up the lead; leading again", "err", err, "retry_in", d)
 		if !retry.Sleep(ctx, d) {
 			return
 		}
@@ -256,7 +256,7 @@ func (l *Loop) Lead(ctx context.Context) Held {
 		case !errors.Is(err, ErrLocked):
 			l.log().Warn("cannot take the lead; retrying", "err", err, "retry_in", every)
 		case !standby:
-			l.log().Info("another process leads this consumer; standing by", "retry_every", every)
+			l.log().Info("another process leads this consumer; standing by", "retry_in", every)
 		}
 		standby = true
 		if !retry.Sleep(ctx, every) {
@@ -303,7 +303,7 @@ func (l *Loop) serve(h Held, s Session) error {
 			l.Retry.Reset() // it ran for a while: a new failure, not the same one again
 		}
 		d := l.Retry.Next()
-		l.log().Warn(retrying, "err", err, "backoff", d)
+		l.log().Warn(retrying, "err", err, "retry_in", d)
 		if !retry.Sleep(ctx, d) {
 			return context.Cause(ctx)
 		}

@@ -577,7 +577,7 @@ func (o *Outbox) flushHeld(ctx context.Context, h *PGHeld, upTo int64) error {
 			return nil
 		}
 		d := wait.Next()
-		o.log.Warn("outbox flush failed; retrying", "err", err, "backoff", d)
+		o.log.Warn("outbox flush failed; retrying", "err", err, "retry_in", d)
 		if !retry.Sleep(ctx, d) {
 			return ctx.Err()
 		}

@@ -579,7 +579,7 @@ func (r *Runner) deadLetter(ctx context.Context, m *message, reason error) error
 	m.TermWithReason(truncate(reason.Error(), 200))
 	r.m.Messages("dead", 1)
 	r.m.DeadLetter()
-	r.log.Error("message parked in the dead-letter stream", "seq", m.seq, "subject", m.Subject(), "reason", reason)
+	r.log.Error("message parked in the dead-letter stream", "seq", m.seq, "subject", m.Subject(), "err", reason)
 	return nil
 }
 
