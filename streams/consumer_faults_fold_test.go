@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/commitlog"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
@@ -117,11 +118,12 @@ func (u *foldUser) feed(t *testing.T, e *faultEnv, n int) {
 		msg.Header.Set("Nats-Msg-Id", t.Name()+"/"+body)
 		msg.Data = []byte(body)
 		var ack *jetstream.PubAck
-		waitFor(t, "a publish", func() bool {
+		poll.Until(t, "a publish", func() bool {
 			var err error
 			ack, err = e.js.PublishMsg(context.Background(), msg)
 			return err == nil
-		})
+		}, waitWithin)
+
 		u.fed = append(u.fed, body)
 		u.mu.Lock()
 		u.doc[doc] = ack.Sequence
@@ -159,7 +161,7 @@ func (u *foldUser) mayRepeat(string) bool { return false }
 // and no document lost its last version in the stream (compare-and-set
 // rests on it).
 func (u *foldUser) check(t *testing.T, e *faultEnv) {
-	waitFor(t, "every version acknowledged", func() bool { return u.acked(e) == nil })
+	poll.Until(t, "every version acknowledged", func() bool { return u.acked(e) == nil }, waitWithin)
 	ctx := context.Background()
 	s, err := e.js.Stream(ctx, subjects.StreamCommits)
 	if err != nil {

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/internal/devdb"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/streams"
@@ -206,11 +207,12 @@ func heldBackend(t *testing.T, e *faultEnv) (int, bool) {
 func pgKill(t *testing.T, e *faultEnv) int {
 	t.Helper()
 	var pid int
-	waitFor(t, "a holder of the lock", func() bool {
+	poll.Until(t, "a holder of the lock", func() bool {
 		var ok bool
 		pid, ok = heldBackend(t, e)
 		return ok
-	})
+	}, waitWithin)
+
 	if _, err := e.pool.Exec(context.Background(), "select pg_terminate_backend($1)", pid); err != nil {
 		t.Fatal(err)
 	}
@@ -222,11 +224,12 @@ func pgTake(t *testing.T, e *faultEnv, key string) func() {
 	t.Helper()
 	pgKill(t, e)
 	var h *streams.PGHeld
-	waitFor(t, "the lock taken by another holder", func() bool {
+	poll.Until(t, "the lock taken by another holder", func() bool {
 		var err error
 		h, err = streams.NewPGLease(e.pool, key).AcquirePG(context.Background())
 		return err == nil
-	})
+	}, waitWithin)
+
 	return func() { h.Release(context.Background()) }
 }
 
@@ -271,7 +274,7 @@ func (u *runnerUser) feed(t *testing.T, e *faultEnv, n int) {
 		msg := nats.NewMsg(subjects.BES("p", "inv"))
 		msg.Header.Set("Nats-Msg-Id", t.Name()+"/"+b)
 		msg.Data = []byte(b)
-		waitFor(t, "a publish", func() bool { return e.pub.Publish(context.Background(), msg) == nil })
+		poll.Until(t, "a publish", func() bool { return e.pub.Publish(context.Background(), msg) == nil }, waitWithin)
 		u.fed = append(u.fed, b)
 	}
 }
@@ -345,11 +348,12 @@ func (u *outboxUser) start(t *testing.T, e *faultEnv) instance {
 func (u *outboxUser) feed(t *testing.T, e *faultEnv, n int) {
 	t.Helper()
 	var ids []string
-	waitFor(t, "rows written", func() bool {
+	poll.Until(t, "rows written", func() bool {
 		defer func() { recover() }()
 		ids = addOutboxTx(e.pool, len(u.fed), n)
 		return ids != nil
-	})
+	}, waitWithin)
+
 	u.fed = append(u.fed, ids...)
 	var top int64
 	e.pool.QueryRow(context.Background(), "select coalesce(max(id), 0) from outbox").Scan(&top)
@@ -426,7 +430,7 @@ func (u *outboxUser) beforeFault(*faultEnv)                 {}
 func (u *outboxUser) mayRepeat(string) bool                 { return false }
 func (u *outboxUser) check(t *testing.T, e *faultEnv) {
 	// Stored, then deleted: the rows go a moment after the last is stored.
-	waitFor(t, "every row deleted", func() bool { return outboxLeft(t, e.pool) == 0 })
+	poll.Until(t, "every row deleted", func() bool { return outboxLeft(t, e.pool) == 0 }, waitWithin)
 }
 
 // exportUser: the export of BES to an exporter that records what it is
@@ -497,11 +501,12 @@ func (u *exportUser) feed(t *testing.T, e *faultEnv, n int) {
 		msg := nats.NewMsg(subjects.BES("p", "inv"))
 		msg.Header.Set("Nats-Msg-Id", t.Name()+"/"+strconv.Itoa(len(u.fed)))
 		var ack *jetstream.PubAck
-		waitFor(t, "a publish", func() bool {
+		poll.Until(t, "a publish", func() bool {
 			var err error
 			ack, err = e.js.PublishMsg(context.Background(), msg)
 			return err == nil
-		})
+		}, waitWithin)
+
 		u.fed = append(u.fed, strconv.FormatUint(ack.Sequence, 10))
 	}
 }
@@ -547,7 +552,7 @@ func (u *exportUser) check(*testing.T, *faultEnv) {}
 
 func kvKill(t *testing.T, e *faultEnv, key string) {
 	t.Helper()
-	waitFor(t, "a holder of the lease", func() bool { _, err := e.kv.Get(context.Background(), key); return err == nil })
+	poll.Until(t, "a holder of the lease", func() bool { _, err := e.kv.Get(context.Background(), key); return err == nil }, waitWithin)
 	if err := e.kv.Delete(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
@@ -614,7 +619,7 @@ func monitor(t *testing.T, e *faultEnv, u faultUser) (stop func()) {
 
 func waitAll(t *testing.T, e *faultEnv, u faultUser) {
 	t.Helper()
-	waitFor(t, "every item effected", func() bool {
+	poll.Until(t, "every item effected", func() bool {
 		have := map[string]bool{}
 		for _, x := range u.effects(t, e) {
 			have[x] = true
@@ -625,7 +630,8 @@ func waitAll(t *testing.T, e *faultEnv, u faultUser) {
 			}
 		}
 		return true
-	})
+	}, waitWithin)
+
 }
 
 // verify: nothing lost, nothing twice but what the user may resend, in
@@ -683,7 +689,7 @@ var faultCases = []faultCase{
 		stream, name := u.durable()
 		u.start(t, e)
 		u.feed(t, e, 150)
-		waitFor(t, "some effected", func() bool { return len(u.effects(t, e)) > 0 })
+		poll.Until(t, "some effected", func() bool { return len(u.effects(t, e)) > 0 }, waitWithin)
 		u.beforeFault(e)
 		if err := e.js.DeleteConsumer(context.Background(), stream, name); err != nil {
 			t.Fatal(err)
@@ -693,7 +699,7 @@ var faultCases = []faultCase{
 	{"lease lost", false, always, func(t *testing.T, e *faultEnv, u faultUser) {
 		u.start(t, e)
 		u.feed(t, e, 150)
-		waitFor(t, "some effected", func() bool { return len(u.effects(t, e)) > 0 })
+		poll.Until(t, "some effected", func() bool { return len(u.effects(t, e)) > 0 }, waitWithin)
 		u.beforeFault(e)
 		u.kill(t, e)
 		u.feed(t, e, 50)
@@ -709,7 +715,7 @@ var faultCases = []faultCase{
 		if _, ok := u.(*exportUser); ok {
 			// What came before the gated record is acknowledged already,
 			// and is acked on the stream within AckEvery.
-			waitFor(t, "the records before the gate acked", func() bool { p, _ := u.position(e); return p == 20 })
+			poll.Until(t, "the records before the gate acked", func() bool { p, _ := u.position(e); return p == 20 }, waitWithin)
 		}
 		before, _ := u.position(e)
 		u.beforeFault(e)
@@ -718,18 +724,18 @@ var faultCases = []faultCase{
 		if x, ok := any(u).(*exportUser); ok {
 			x.exp.release() // the other system acknowledges what it was sent
 		}
-		waitFor(t, "the holder to stand down", func() bool { return in.active(t) == 0 })
+		poll.Until(t, "the holder to stand down", func() bool { return in.active(t) == 0 }, waitWithin)
 		if p, _ := u.position(e); p != before {
 			t.Errorf("the position moved from %d to %d after another holder took the lease", before, p)
 		}
 		giveBack()
 		u.feed(t, e, 20)
-		waitFor(t, "the holder to lead again", func() bool { return in.active(t) == 1 })
+		poll.Until(t, "the holder to lead again", func() bool { return in.active(t) == 1 }, waitWithin)
 	}},
 	{"backbone restarted", false, always, func(t *testing.T, e *faultEnv, u faultUser) {
 		u.start(t, e)
 		u.feed(t, e, 150)
-		waitFor(t, "some effected", func() bool { return len(u.effects(t, e)) > 0 })
+		poll.Until(t, "some effected", func() bool { return len(u.effects(t, e)) > 0 }, waitWithin)
 		u.beforeFault(e)
 		e.restartNATS()
 		u.feed(t, e, 50)
@@ -737,7 +743,7 @@ var faultCases = []faultCase{
 	{"database restarted", true, inPostgres, func(t *testing.T, e *faultEnv, u faultUser) {
 		u.start(t, e)
 		u.feed(t, e, 150)
-		waitFor(t, "some effected", func() bool { return len(u.effects(t, e)) > 0 })
+		poll.Until(t, "some effected", func() bool { return len(u.effects(t, e)) > 0 }, waitWithin)
 		u.beforeFault(e)
 		e.restartPG()
 		u.feed(t, e, 50)
@@ -775,7 +781,7 @@ var faultCases = []faultCase{
 		u.feed(t, e, 100)
 		u.beforeFault(e)
 		leader.stop()
-		waitFor(t, "the standby to lead", func() bool { return standby.active(t) == 1 })
+		poll.Until(t, "the standby to lead", func() bool { return standby.active(t) == 1 }, waitWithin)
 		u.feed(t, e, 20)
 	}},
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
 )
@@ -60,13 +61,14 @@ func TestPGLease(t *testing.T) {
 	if _, err := pool.Exec(ctx, "select pg_terminate_backend($1)", pid); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the terminated backend's lock taken by another", func() bool {
+	poll.Until(t, "the terminated backend's lock taken by another", func() bool {
 		h, err := a.Acquire(ctx)
 		if err == nil {
 			defer h.Release(ctx)
 		}
 		return err == nil
-	})
+	}, waitWithin)
+
 	if err := hb.Fence(ctx); !errors.Is(err, streams.ErrLeaseLost) || !ended(hb.Context()) {
 		t.Fatalf("Fence after the backend was terminated: %v (context ended %v), want ErrLeaseLost", err, ended(hb.Context()))
 	}
@@ -125,7 +127,7 @@ func TestKVLease(t *testing.T) {
 	if _, err := kv.Put(ctx, "test.kv", []byte("someone else")); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the holder to see its lease taken", func() bool { return ended(hc.Context()) })
+	poll.Until(t, "the holder to see its lease taken", func() bool { return ended(hc.Context()) }, waitWithin)
 	if !errors.Is(context.Cause(hc.Context()), streams.ErrLeaseLost) {
 		t.Fatalf("cause %v, want ErrLeaseLost", context.Cause(hc.Context()))
 	}
@@ -165,10 +167,11 @@ func TestKVLeaseLapses(t *testing.T) {
 		t.Fatalf("standby right after the crash: %v, want ErrLocked", err)
 	}
 	var hb streams.Held
-	waitFor(t, "the standby to take the lapsed lease", func() bool {
+	poll.Until(t, "the standby to take the lapsed lease", func() bool {
 		hb, err = b.Acquire(ctx)
 		return err == nil
-	})
+	}, waitWithin)
+
 	if took := time.Since(crashed); took < leaseTTL/2 {
 		t.Fatalf("taken %s after the crash, before the TTL %s could lapse", took, leaseTTL)
 	}
@@ -197,7 +200,7 @@ func TestKVLeaseCutOff(t *testing.T) {
 	ns.Shutdown()
 	ns.WaitForShutdown()
 	cut := time.Now()
-	waitFor(t, "the cut-off holder to stop leading", func() bool { return ended(h.Context()) })
+	poll.Until(t, "the cut-off holder to stop leading", func() bool { return ended(h.Context()) }, waitWithin)
 	if took := time.Since(cut); took > leaseTTL {
 		t.Fatalf("the holder led %s after it was cut off, past the TTL %s", took, leaseTTL)
 	}
@@ -205,11 +208,12 @@ func TestKVLeaseCutOff(t *testing.T) {
 		t.Fatalf("Fence after the lapse: %v, want ErrLeaseLost", err)
 	}
 	testenv.NATSAt(t, dir, port)
-	waitFor(t, "another holder to lead once the server is back", func() bool {
+	poll.Until(t, "another holder to lead once the server is back", func() bool {
 		h, err := streams.NewKVLease(js, "test.cut").Acquire(ctx)
 		if err == nil {
 			h.Release(ctx)
 		}
 		return err == nil
-	})
+	}, waitWithin)
+
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/projectors/placer"
 	"github.com/millrace/millrace/schemas/envelope"
@@ -135,13 +136,13 @@ func TestOutboxPublishesInOrder(t *testing.T) {
 	want := addOutbox(t, e.pool, 0, 750, false)
 	o := newOutbox(t, e.pool, e.pub, outboxConfig())
 	startOutbox(t, o)
-	waitFor(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 })
+	poll.Until(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 }, waitWithin)
 	// Rows written while it runs, woken by NOTIFY.
 	want = append(want, addOutbox(t, e.pool, 750, 120, true)...)
 	for i := 870; i < 900; i += 10 {
 		want = append(want, addOutbox(t, e.pool, i, 10, true)...)
 	}
-	waitFor(t, "the outbox drained again", func() bool { return outboxLeft(t, e.pool) == 0 })
+	poll.Until(t, "the outbox drained again", func() bool { return outboxLeft(t, e.pool) == 0 }, waitWithin)
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d in outbox order", len(got), len(want))
 	}
@@ -153,12 +154,12 @@ func TestOutboxWakes(t *testing.T) {
 	cfg.PollEvery = time.Hour // only a notification can wake it
 	o := newOutbox(t, e.pool, e.pub, cfg)
 	startOutbox(t, o)
-	waitFor(t, "the relay to lead", func() bool { return advisoryLocks(t, e.pool) == 1 })
+	poll.Until(t, "the relay to lead", func() bool { return advisoryLocks(t, e.pool) == 1 }, waitWithin)
 	addOutbox(t, e.pool, 0, 5, true) // NOTIFY from the writer's transaction
-	waitFor(t, "NOTIFY to wake the relay", func() bool { return streamCount(t, e.js) == 5 })
+	poll.Until(t, "NOTIFY to wake the relay", func() bool { return streamCount(t, e.js) == 5 }, waitWithin)
 	addOutbox(t, e.pool, 5, 5, false)
 	o.Notify() // in-process
-	waitFor(t, "Notify to wake the relay", func() bool { return streamCount(t, e.js) == 10 })
+	poll.Until(t, "Notify to wake the relay", func() bool { return streamCount(t, e.js) == 10 }, waitWithin)
 	// A transaction that rolls back notifies nobody and leaves nothing.
 	ctx := context.Background()
 	tx, _ := e.pool.Begin(ctx)
@@ -192,12 +193,12 @@ func TestOutboxFailsMidwayThenRecovers(t *testing.T) {
 	ocfg.Metrics = streams.NewMetrics(reg)
 	o := newOutbox(t, e.pool, e.pub, ocfg)
 	startOutbox(t, o)
-	waitFor(t, "the stream to fill", func() bool { return streamCount(t, e.js) == 150 })
-	waitFor(t, "the rows after the failure kept", func() bool { return outboxLeft(t, e.pool) == 270 })
+	poll.Until(t, "the stream to fill", func() bool { return streamCount(t, e.js) == 150 }, waitWithin)
+	poll.Until(t, "the rows after the failure kept", func() bool { return outboxLeft(t, e.pool) == 270 }, waitWithin)
 	if _, err := e.js.UpdateStream(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 })
+	poll.Until(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 }, waitWithin)
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d in outbox order", len(got), len(want))
 	}
@@ -261,12 +262,12 @@ func TestOutboxBackboneRestarts(t *testing.T) {
 	cfg.Batch = 200
 	o := newOutbox(t, pool, streams.NewPublisher(js, nil), cfg)
 	startOutbox(t, o)
-	waitFor(t, "some published", func() bool { return outboxLeft(t, pool) < 2500 })
+	poll.Until(t, "some published", func() bool { return outboxLeft(t, pool) < 2500 }, waitWithin)
 	ns.Shutdown()
 	ns.WaitForShutdown()
 	left := outboxLeft(t, pool)
 	testenv.NATSAt(t, dir, port)
-	waitFor(t, "the outbox drained after the restart", func() bool { return outboxLeft(t, pool) == 0 })
+	poll.Until(t, "the outbox drained after the restart", func() bool { return outboxLeft(t, pool) == 0 }, waitWithin)
 	t.Logf("%d rows left when the server went away", left)
 	if got := placeMessages(t, js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d in outbox order", len(got), len(want))
@@ -305,7 +306,7 @@ func TestOutboxCrashBetweenPublishAndDelete(t *testing.T) {
 	if err := first.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the crashed relay's messages stored", func() bool { return streamCount(t, e.js) >= 180 })
+	poll.Until(t, "the crashed relay's messages stored", func() bool { return streamCount(t, e.js) >= 180 }, waitWithin)
 	if n := outboxLeft(t, e.pool); n != 250 {
 		t.Fatalf("%d rows left after the crash, want all 250 (nothing deleted)", n)
 	}
@@ -314,7 +315,7 @@ func TestOutboxCrashBetweenPublishAndDelete(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	startOutbox(t, newOutbox(t, e.pool, e.pub, cfg))
-	waitFor(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 })
+	poll.Until(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 }, waitWithin)
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d once each, in order", len(got), len(want))
 	}
@@ -351,11 +352,11 @@ func TestOutboxOneRelayAtATime(t *testing.T) {
 	for i := 0; i < relays; i++ {
 		startOutbox(t, newOutbox(t, e.pool, e.pub, outboxConfig()))
 	}
-	waitFor(t, "a relay to lead", func() bool { return advisoryLocks(t, e.pool) == 1 })
+	poll.Until(t, "a relay to lead", func() bool { return advisoryLocks(t, e.pool) == 1 }, waitWithin)
 	for i := 0; i < 40; i++ {
 		want = append(want, addOutbox(t, e.pool, i*25, 25, i%2 == 0)...)
 	}
-	waitFor(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 })
+	poll.Until(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 }, waitWithin)
 	if n := advisoryLocks(t, e.pool); n != 1 {
 		t.Errorf("%d relays hold the lock", n)
 	}
@@ -459,11 +460,12 @@ func TestPlacerThroughTheBackbone(t *testing.T) {
 		t.Fatal(err)
 	}
 	end := rs.CachedInfo().State.LastSeq
-	waitFor(t, "every reservation event applied and the outbox drained", func() bool {
+	poll.Until(t, "every reservation event applied and the outbox drained", func() bool {
 		var left int
 		e.pool.QueryRow(ctx, "select count(*) from outbox").Scan(&left)
 		return e.position(t, placer.ConsumerName) == end && left == 0
-	})
+	}, waitWithin)
+
 	stopRunner()
 	// A sweep may have decided more since: publish everything first, as
 	// `millrace replay fleet` must before it resets the tables.
@@ -526,26 +528,27 @@ func TestOutboxResumesAfterTheDuplicateWindow(t *testing.T) {
 	if err := newOutbox(t, e.pool, crash, cfg).Run(crashCtx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the crashed relay's messages stored", func() bool { return streamCount(t, e.js) >= 180 })
+	poll.Until(t, "the crashed relay's messages stored", func() bool { return streamCount(t, e.js) >= 180 }, waitWithin)
 	stored := streamCount(t, e.js)
 	// Wait until JetStream has forgotten the first row's msg id: a probe
 	// with that id and an expected last msg id that cannot match is a
 	// duplicate (nothing stored) while the id is remembered, and refused
 	// (nothing stored either) once it is not.
-	waitFor(t, "the duplicate window to pass", func() bool {
+	poll.Until(t, "the duplicate window to pass", func() bool {
 		probe := nats.NewMsg(subjects.FleetPlace("pool-0"))
 		probe.Header.Set(envelope.MsgID, want[0])
 		probe.Header.Set(jetstream.ExpectedLastMsgIDHeader, "no-such-message")
 		_, err := e.js.PublishMsg(ctx, probe)
 		return err != nil
-	})
+	}, waitWithin)
+
 	if n := streamCount(t, e.js); n != stored {
 		t.Fatalf("the probe stored a message: %d, want %d", n, stored)
 	}
 	reg := prometheus.NewRegistry()
 	cfg.Registerer = reg
 	startOutbox(t, newOutbox(t, e.pool, e.pub, cfg))
-	waitFor(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 })
+	poll.Until(t, "the outbox drained", func() bool { return outboxLeft(t, e.pool) == 0 }, waitWithin)
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d once each, in order", len(got), len(want))
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/millrace/millrace/internal/devdb"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/streams"
@@ -87,13 +88,13 @@ func TestRunnerNeverMovesPastAFailedDeadLetter(t *testing.T) {
 			p := &rowsProjector{name: "rows"}
 			e.publish(t, "ok1", "poison", "ok2")
 			start(t, e, p, runnerConfig())
-			waitFor(t, "a failed attempt", func() bool { return p.applies.Load() >= 1 })
+			poll.Until(t, "a failed attempt", func() bool { return p.applies.Load() >= 1 }, waitWithin)
 			// Later messages arrive while the poison message cannot be
 			// parked; the runner must keep failing at the poison message
 			// rather than apply them.
 			e.publish(t, "ok3", "ok4")
 			n := p.applies.Load()
-			waitFor(t, "two more failed attempts", func() bool { return p.applies.Load() >= n+2 })
+			poll.Until(t, "two more failed attempts", func() bool { return p.applies.Load() >= n+2 }, waitWithin)
 			if pos := e.position(t, "rows"); pos != 0 {
 				t.Fatalf("position %d while the poison message at 2 is not parked, want 0", pos)
 			}
@@ -104,8 +105,8 @@ func TestRunnerNeverMovesPastAFailedDeadLetter(t *testing.T) {
 			if err := streams.Apply(ctx, e.js, streams.StreamSpecs(streams.Config{})); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, "every message applied", func() bool { return len(e.rows(t, "rows")) == 4 })
-			waitFor(t, "position 5", func() bool { return e.position(t, "rows") == 5 })
+			poll.Until(t, "every message applied", func() bool { return len(e.rows(t, "rows")) == 4 }, waitWithin)
+			poll.Until(t, "position 5", func() bool { return e.position(t, "rows") == 5 }, waitWithin)
 			if got := fmt.Sprint(e.rows(t, "rows")); got != "[ok1 ok2 ok3 ok4]" {
 				t.Fatalf("rows %s", got)
 			}
@@ -152,11 +153,11 @@ func TestRunnerForeignPoisonLosesNothing(t *testing.T) {
 	p.left.Store(3)
 	e.publish(t, "a1", "a2", "a3")
 	start(t, e, p, runnerConfig())
-	waitFor(t, "a failed attempt", func() bool { return p.applies.Load() >= 1 })
+	poll.Until(t, "a failed attempt", func() bool { return p.applies.Load() >= 1 }, waitWithin)
 	// These come in a batch of their own unless the runner re-points its
 	// consumer at the failed batch.
 	e.publish(t, "b1", "b2")
-	waitFor(t, "every message applied", func() bool { return e.position(t, "rows") == 5 })
+	poll.Until(t, "every message applied", func() bool { return e.position(t, "rows") == 5 }, waitWithin)
 	if got := fmt.Sprint(e.rows(t, "rows")); got != "[a1 a2 a3 b1 b2]" {
 		t.Fatalf("rows %s, want [a1 a2 a3 b1 b2]", got)
 	}
@@ -237,16 +238,18 @@ func TestRunnerIsolationSurvivesPostgresRestart(t *testing.T) {
 	if err := pg.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "every good message applied after the restart", func() bool {
+	poll.Until(t, "every good message applied after the restart", func() bool {
 		var n int
 		err := pool.QueryRow(ctx, "select count(*) from runner_rows").Scan(&n)
 		return err == nil && n == 3
-	})
-	waitFor(t, "position 4", func() bool {
+	}, waitWithin)
+
+	poll.Until(t, "position 4", func() bool {
 		var pos int64
 		err := pool.QueryRow(ctx, "select stream_seq from consumer_positions where consumer = 'rows'").Scan(&pos)
 		return err == nil && pos == 4
-	})
+	}, waitWithin)
+
 	if got := fmt.Sprint(deadLetters(t, js, "rows")); got != "[bad]" {
 		t.Fatalf("dead letters %s, want [bad]", got)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
@@ -198,16 +199,8 @@ func start(t *testing.T, e *env, p projection.Projector, cfg streams.RunnerConfi
 	return stop
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// waitWithin is the deadline of this package's polls.
+var waitWithin = poll.Within(20 * time.Second)
 
 func bodies(n int, prefix string) []string {
 	out := make([]string, n)
@@ -224,7 +217,7 @@ func TestRunnerAppliesInOrderOnce(t *testing.T) {
 	e.publish(t, want[:100]...)
 	stop := start(t, e, p, runnerConfig())
 	e.publish(t, want[100:]...)
-	waitFor(t, "230 rows", func() bool { return len(e.rows(t, "rows")) == 230 })
+	poll.Until(t, "230 rows", func() bool { return len(e.rows(t, "rows")) == 230 }, waitWithin)
 	stop()
 	got := e.rows(t, "rows")
 	for i := range want {
@@ -278,16 +271,16 @@ func TestRunnerCommittedButUnackedIsNotAppliedTwice(t *testing.T) {
 	e.publish(t, bodies(10, "b")...)
 	p := &rowsProjector{name: "rows"}
 	start(t, e, p, runnerConfig())
-	waitFor(t, "50 rows", func() bool { return len(e.rows(t, "rows")) == 50 })
-	waitFor(t, "position 50", func() bool { return e.position(t, "rows") == 50 })
+	poll.Until(t, "50 rows", func() bool { return len(e.rows(t, "rows")) == 50 }, waitWithin)
+	poll.Until(t, "position 50", func() bool { return e.position(t, "rows") == 50 }, waitWithin)
 }
 
 func TestRunnerPoisonGoesToDeadLetters(t *testing.T) {
 	e := setup(t)
 	e.publish(t, "ok1", "poison", "ok2", "bad", "ok3")
 	start(t, e, &rowsProjector{name: "rows"}, runnerConfig())
-	waitFor(t, "3 rows", func() bool { return len(e.rows(t, "rows")) == 3 })
-	waitFor(t, "position 5", func() bool { return e.position(t, "rows") == 5 })
+	poll.Until(t, "3 rows", func() bool { return len(e.rows(t, "rows")) == 3 }, waitWithin)
+	poll.Until(t, "position 5", func() bool { return e.position(t, "rows") == 5 }, waitWithin)
 	if got := e.rows(t, "rows"); fmt.Sprint(got) != "[ok1 ok2 ok3]" {
 		t.Fatalf("rows %v", got)
 	}
@@ -296,10 +289,11 @@ func TestRunnerPoisonGoesToDeadLetters(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "2 dead letters", func() bool {
+	poll.Until(t, "2 dead letters", func() bool {
 		info, _ := dead.Info(ctx)
 		return info != nil && info.State.Msgs == 2
-	})
+	}, waitWithin)
+
 	for seq, want := range map[uint64]string{1: "poison", 2: "bad"} {
 		m, err := dead.GetMsg(ctx, seq)
 		if err != nil {
@@ -320,7 +314,7 @@ func TestRunnerRetriesTransientErrorsInOrder(t *testing.T) {
 	p.flaky.Store(3)
 	e.publish(t, "x1", "flaky", "x2")
 	start(t, e, p, runnerConfig())
-	waitFor(t, "3 rows", func() bool { return len(e.rows(t, "rows")) == 3 })
+	poll.Until(t, "3 rows", func() bool { return len(e.rows(t, "rows")) == 3 }, waitWithin)
 	if got := e.rows(t, "rows"); fmt.Sprint(got) != "[x1 flaky x2]" {
 		t.Fatalf("rows %v", got)
 	}
@@ -337,16 +331,16 @@ func TestRunnerStandbyTakesOver(t *testing.T) {
 	p2 := &rowsProjector{name: "rows"}
 	stop1 := start(t, e, p1, runnerConfig())
 	e.publish(t, bodies(100, "a")...)
-	waitFor(t, "100 rows", func() bool { return len(e.rows(t, "rows")) == 100 })
+	poll.Until(t, "100 rows", func() bool { return len(e.rows(t, "rows")) == 100 }, waitWithin)
 	start(t, e, p2, runnerConfig())
 	e.publish(t, bodies(50, "b")...)
-	waitFor(t, "150 rows", func() bool { return len(e.rows(t, "rows")) == 150 })
+	poll.Until(t, "150 rows", func() bool { return len(e.rows(t, "rows")) == 150 }, waitWithin)
 	if p2.applies.Load() != 0 {
 		t.Fatal("the standby applied while the leader ran")
 	}
 	stop1()
 	e.publish(t, bodies(50, "c")...)
-	waitFor(t, "200 rows", func() bool { return len(e.rows(t, "rows")) == 200 })
+	poll.Until(t, "200 rows", func() bool { return len(e.rows(t, "rows")) == 200 }, waitWithin)
 	if p2.applies.Load() == 0 {
 		t.Fatal("the standby never took over")
 	}
@@ -358,18 +352,18 @@ func TestRunnerStoppedMidBatch(t *testing.T) {
 	e.publish(t, bodies(300, "m")...)
 	p := &rowsProjector{name: "rows", slowdown: 30 * time.Millisecond}
 	stop := start(t, e, p, runnerConfig())
-	waitFor(t, "some rows", func() bool { return len(e.rows(t, "rows")) > 0 })
+	poll.Until(t, "some rows", func() bool { return len(e.rows(t, "rows")) > 0 }, waitWithin)
 	stop()
 	p2 := &rowsProjector{name: "rows"}
 	start(t, e, p2, runnerConfig())
-	waitFor(t, "300 rows", func() bool { return len(e.rows(t, "rows")) == 300 })
+	poll.Until(t, "300 rows", func() bool { return len(e.rows(t, "rows")) == 300 }, waitWithin)
 }
 
 func TestReplayRebuilds(t *testing.T) {
 	e := setup(t)
 	e.publish(t, bodies(120, "r")...)
 	stop := start(t, e, &rowsProjector{name: "rows"}, runnerConfig())
-	waitFor(t, "120 rows", func() bool { return len(e.rows(t, "rows")) == 120 })
+	poll.Until(t, "120 rows", func() bool { return len(e.rows(t, "rows")) == 120 }, waitWithin)
 	// Replay refuses while the projector runs.
 	r := newRunner(t, e.js, e.pool, &rowsProjector{name: "rows"}, runnerConfig(), nil)
 	if err := r.Replay(context.Background()); !errors.Is(err, streams.ErrLocked) {
@@ -391,7 +385,7 @@ func TestReplayRebuilds(t *testing.T) {
 	// The live projector carries on from the replay's position.
 	start(t, e, &rowsProjector{name: "rows"}, runnerConfig())
 	e.publish(t, "after")
-	waitFor(t, "121 rows", func() bool { return len(e.rows(t, "rows")) == 121 })
+	poll.Until(t, "121 rows", func() bool { return len(e.rows(t, "rows")) == 121 }, waitWithin)
 }
 
 type panicky struct{ rowsProjector }
@@ -410,13 +404,14 @@ func TestRunnerSurvivesProjectorPanic(t *testing.T) {
 	e := setup(t)
 	e.publish(t, "a", "panic", "b")
 	start(t, e, &panicky{rowsProjector{name: "rows"}}, runnerConfig())
-	waitFor(t, "2 rows", func() bool { return len(e.rows(t, "rows")) == 2 })
-	waitFor(t, "position 3", func() bool { return e.position(t, "rows") == 3 })
+	poll.Until(t, "2 rows", func() bool { return len(e.rows(t, "rows")) == 2 }, waitWithin)
+	poll.Until(t, "position 3", func() bool { return e.position(t, "rows") == 3 }, waitWithin)
 	dead, _ := e.js.Stream(context.Background(), subjects.StreamDead)
-	waitFor(t, "1 dead letter", func() bool {
+	poll.Until(t, "1 dead letter", func() bool {
 		info, _ := dead.Info(context.Background())
 		return info != nil && info.State.Msgs == 1
-	})
+	}, waitWithin)
+
 }
 
 // cachingProjector counts the runner's Committed and Aborted calls.
@@ -436,10 +431,10 @@ func TestRunnerTellsCommitterTheOutcome(t *testing.T) {
 	p := &cachingProjector{rowsProjector: rowsProjector{name: "cache"}}
 	p.flaky.Store(2)
 	start(t, e, p, runnerConfig())
-	waitFor(t, "the lead", func() bool { return p.aborted.Load() >= 1 })
+	poll.Until(t, "the lead", func() bool { return p.aborted.Load() >= 1 }, waitWithin)
 	e.publish(t, "a", "flaky", "b")
-	waitFor(t, "3 rows", func() bool { return len(e.rows(t, "cache")) == 3 })
-	waitFor(t, "a commit", func() bool { return p.committed.Load() >= 1 })
+	poll.Until(t, "3 rows", func() bool { return len(e.rows(t, "cache")) == 3 }, waitWithin)
+	poll.Until(t, "a commit", func() bool { return p.committed.Load() >= 1 }, waitWithin)
 	// One Aborted for taking the lead, one per failed attempt.
 	if got := p.aborted.Load(); got < 3 {
 		t.Fatalf("Aborted called %d times, want at least 3 (lead + 2 failed attempts)", got)
@@ -481,5 +476,5 @@ func TestRunnerSweepsABusyStream(t *testing.T) {
 		}
 	}()
 	defer func() { close(stop); <-done }()
-	waitFor(t, "3 sweeps while messages keep coming", func() bool { return p.sweeps.Load() >= 3 })
+	poll.Until(t, "3 sweeps while messages keep coming", func() bool { return p.sweeps.Load() >= 3 }, waitWithin)
 }
