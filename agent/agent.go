@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 
+	retry "github.com/millrace/millrace/internal/backoff"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
 
@@ -314,7 +315,9 @@ func (a *Agent) run() {
 	brokeAt := a.startAt
 	a.mu.Unlock()
 	first := true
-	attempts, failures := 0, 0
+	attempts := 0
+	// The k-th consecutive failure waits lo·2^k up to hi, jittered.
+	redial := retry.Backoff{Min: min(2*lo, hi), Max: hi, Jitter: true}
 	var wait time.Duration
 	for {
 		if wait > 0 && !a.sleep(wait) {
@@ -337,11 +340,13 @@ func (a *Agent) run() {
 		}
 		switch {
 		case r.cause == CauseDropped, r.welcomed && r.lived >= hi:
-			failures = 0
+			// A session that lived: redial soon, at random below lo, and
+			// double again from there.
+			redial.Reset()
+			wait = rand.N(lo)
 		default:
-			failures++
+			wait = redial.Next()
 		}
-		wait = backoffWait(failures, lo, hi)
 		if ra := r.retryAfter; ra > 0 {
 			// At least retry_after, jittered upwards so that nodes refused
 			// together do not all come back in the same instant.
@@ -350,22 +355,6 @@ func (a *Agent) run() {
 		a.log.Debug("fleet session ended", "node", a.cfg.NodeID, "addr", r.addr, "reason", r.cause, "err", r.err, "retry_in", wait)
 		a.obs.Disconnected(DisconnectedEvent{Gateway: r.addr, At: r.endedAt, Cause: r.cause, Welcomed: r.welcomed, Err: r.err, Wait: wait})
 	}
-}
-
-// backoffWait is the redial delay after failures consecutive failures:
-// below lo for the first, then between half and all of lo·2^failures,
-// capped at hi.
-func backoffWait(failures int, lo, hi time.Duration) time.Duration {
-	if failures <= 0 {
-		return rand.N(lo)
-	}
-	d := hi
-	if failures < 30 {
-		if x := lo << failures; x > 0 && x < hi {
-			d = x
-		}
-	}
-	return d/2 + rand.N(d/2+1)
 }
 
 func (a *Agent) dialOptions() []grpc.DialOption {

@@ -204,6 +204,35 @@ func TestObeysRetryAfter(t *testing.T) {
 	}
 }
 
+// TestRedialDoubles: each consecutive failure waits twice as long as the
+// one before, from twice BackoffMin up to BackoffMax, jittered to between
+// half of that and all of it.
+func TestRedialDoubles(t *testing.T) {
+	ca := newTestCA(t)
+	g := startGateway(t, ca, "gw-1", time.Hour)
+	const refusals = 5
+	g.refuse = func(n int, _ *fleetpb.Hello) *fleetpb.Refusal {
+		if n < refusals {
+			return &fleetpb.Refusal{Code: "sessions_full", Reason: "full"}
+		}
+		return nil
+	}
+	h := newHarness(t, g)
+	h.start("node-1", nil)
+	poll.Until(t, "a welcomed session", func() bool { return len(h.rec.get(&h.rec.connected)) == 1 }, poll.Within(10*time.Second))
+	dis := h.rec.get(&h.rec.disconnected)
+	if len(dis) != refusals {
+		t.Fatalf("%d Disconnected events, want %d", len(dis), refusals)
+	}
+	lo, hi := h.set.BackoffMin, h.set.BackoffMax
+	for i, e := range dis {
+		whole := min(lo<<(i+1), hi)
+		if w := e.ev.(agent.DisconnectedEvent).Wait; w < whole/2 || w > whole {
+			t.Errorf("failure %d waited %s, want between %s and %s", i+1, w, whole/2, whole)
+		}
+	}
+}
+
 func TestRehomesWhenTheGatewayGoes(t *testing.T) {
 	ca := newTestCA(t)
 	g1 := startGateway(t, ca, "gw-1", 50*time.Millisecond)

@@ -1,10 +1,14 @@
 // Package backoff is the one retry pause of millrace's loops: a wait that
 // doubles from Min to Max after each failure and starts again at Min after
-// a success.
+// a success, jittered if asked.
+//
+// It imports nothing but the standard library: the agent, which runs on
+// GPU nodes, uses it too.
 package backoff
 
 import (
 	"context"
+	"math/rand/v2"
 	"time"
 )
 
@@ -18,7 +22,11 @@ const (
 // (DefaultMin doubling to DefaultMax); it is not safe for concurrent use.
 type Backoff struct {
 	Min, Max time.Duration
-	next     time.Duration
+	// Jitter takes each pause at random between half of it and all of it,
+	// so that clients that failed together do not all try again at once.
+	// The doubling goes on from the whole pause.
+	Jitter bool
+	next   time.Duration
 }
 
 func (b *Backoff) bounds() (lo, hi time.Duration) {
@@ -38,6 +46,9 @@ func (b *Backoff) Next() time.Duration {
 	lo, hi := b.bounds()
 	d := min(max(b.next, lo), hi)
 	b.next = min(2*d, hi)
+	if b.Jitter {
+		return d/2 + rand.N(d/2+1)
+	}
 	return d
 }
 

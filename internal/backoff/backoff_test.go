@@ -54,3 +54,31 @@ func TestWaitEndsWithTheContext(t *testing.T) {
 		t.Fatal("Wait did not report its full pause")
 	}
 }
+
+// TestJitter: a jittered pause lies between half of the unjittered one and
+// all of it, the doubling goes on from the whole pause, and the pauses of
+// clients that failed together differ.
+func TestJitter(t *testing.T) {
+	whole := []time.Duration{8, 16, 32, 64, 64}
+	seen := map[time.Duration]bool{}
+	for range 50 {
+		b := Backoff{Min: 8 * time.Millisecond, Max: 64 * time.Millisecond, Jitter: true}
+		for i, w := range whole {
+			w *= time.Millisecond
+			d := b.Next()
+			if d < w/2 || d > w {
+				t.Fatalf("pause %d: %v, want between %v and %v", i, d, w/2, w)
+			}
+			if i == 0 {
+				seen[d] = true
+			}
+		}
+		b.Reset()
+		if d := b.Next(); d > 8*time.Millisecond {
+			t.Fatalf("after Reset: %v, want at most Min", d)
+		}
+	}
+	if len(seen) < 2 {
+		t.Fatalf("50 first pauses all %v: not jittered", seen)
+	}
+}

@@ -55,11 +55,12 @@ func TestSubjectsStandardOnly(t *testing.T) {
 	standardOnly(t, "github.com/millrace/millrace/subjects")
 }
 
-// TestSharedHelpersStandardOnly: the key table, the configuration rule and
-// the test poll are used by every edge and every test package, the agent's
-// included; they must not bring anything along.
+// TestSharedHelpersStandardOnly: the key table, the configuration rule,
+// the retry pause and the test poll are used by every edge and every test
+// package, the agent's included; they must not bring anything along.
 func TestSharedHelpersStandardOnly(t *testing.T) {
 	standardOnly(t, "github.com/millrace/millrace/internal/apikey")
+	standardOnly(t, "github.com/millrace/millrace/internal/backoff")
 	standardOnly(t, "github.com/millrace/millrace/internal/knob")
 	standardOnly(t, "github.com/millrace/millrace/internal/poll")
 }

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/millrace/millrace/internal/backoff"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 )
 
@@ -212,12 +213,14 @@ func transient(err error) bool {
 	return false
 }
 
-// call runs f up to three times while it fails transiently.
+// call runs f up to three times while it fails transiently, 200 ms and
+// then 400 ms apart.
 func (v *verifier) call(f func(ctx context.Context) error) error {
 	var err error
+	pause := backoff.Backoff{Min: 200 * time.Millisecond, Max: 400 * time.Millisecond}
 	for attempt := range 3 {
-		if attempt > 0 {
-			time.Sleep(time.Duration(attempt) * 200 * time.Millisecond)
+		if attempt > 0 && !pause.Wait(v.ctx) {
+			return err
 		}
 		ctx, cancel := context.WithTimeout(v.ctx, v.cfg.RPCTimeout)
 		err = f(ctx)

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
@@ -22,6 +21,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/millrace/millrace/commitlog/layout"
+	"github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/httpapi"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 	"github.com/millrace/millrace/schemas/envelope"
@@ -230,6 +230,9 @@ func (s *Server) write(ctx context.Context, w write) (*commitspb.PutResponse, er
 	// write, stored by an earlier send of it: then the answer is that
 	// version, as a duplicate, whatever compare-and-set would now say.
 	mine := func(c last) bool { return msgID != "" && c.msgID == msgID }
+	// The pause before a retry of a false conflict: 1, 2, 4... ms up to
+	// 50 ms, jittered.
+	pause := backoff.Backoff{Min: time.Millisecond, Max: 50 * time.Millisecond, Jitter: true}
 	for attempt := 0; ; attempt++ {
 		var want uint64
 		if w.expected != nil {
@@ -275,30 +278,12 @@ func (s *Server) write(ctx context.Context, w write) (*commitspb.PutResponse, er
 			// the current one: another write to the subject was in flight
 			// (a replicated stream). Try again shortly.
 			s.m.falseConflicts.Inc()
-			if err := sleep(ctx, backoff(attempt)); err != nil {
-				return nil, status.FromContextError(err).Err()
+			if !pause.Wait(ctx) {
+				return nil, status.FromContextError(ctx.Err()).Err()
 			}
 			continue
 		}
 		return nil, s.conflict(w, c.version, c.deleted)
-	}
-}
-
-// backoff is the pause before the attempt-th retry of a false conflict:
-// 1, 2, 4... ms up to 50 ms, jittered.
-func backoff(attempt int) time.Duration {
-	d := min(time.Millisecond<<attempt, 50*time.Millisecond)
-	return d/2 + rand.N(d/2+1)
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
 	}
 }
 

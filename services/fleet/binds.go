@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/millrace/millrace/internal/backoff"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 	"github.com/millrace/millrace/subjects"
 )
@@ -196,14 +197,17 @@ func (s *Server) consumeDecisions(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.log.Warn("cannot read placement decisions; retrying", "stream", subjects.StreamFleetPlace, "err", err)
-		select {
-		case <-ctx.Done():
+		s.log.Warn("cannot read placement decisions; retrying", "stream", subjects.StreamFleetPlace, "err", err, "retry_in", decisionsRetry)
+		if !backoff.Sleep(ctx, decisionsRetry) {
 			return
-		case <-time.After(time.Second):
 		}
 	}
 }
+
+// decisionsRetry is the pause before the decision reader tries again: a
+// fixed second rather than a doubling pause, because binds wait for this
+// reader and it must be back within a second of the stream.
+const decisionsRetry = time.Second
 
 // readHead notes the last sequence of FLEET_PLACE, the head the reader
 // must reach before binds are sent; with nothing stored since start (the
