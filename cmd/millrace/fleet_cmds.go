@@ -225,11 +225,8 @@ func replayFleet(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, 
 		held.Release(rctx)
 	}()
 
-	relay, err := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Logger: log})
-	if err == nil {
-		err = relay.Flush(ctx)
-	}
-	if err != nil {
+	relay, _ := streams.NewOutbox(pool, bb.Publisher(), streams.OutboxConfig{Logger: log}) // no field to refuse
+	if err := relay.Flush(ctx); err != nil {
 		return fmt.Errorf("publish the placer's outbox: %w", err)
 	}
 	steps := []struct {
