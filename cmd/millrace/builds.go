@@ -204,7 +204,7 @@ func (p *process) bes(o besOptions) supervise.Component {
 	return supervise.Serve("BES edge", func(ctx context.Context) (*supervise.GRPCServer, error) {
 		s, err := startBES(ctx, o, p.bb, p.t, p.log)
 		if err == nil {
-			p.log.Info("accepting build events", "after", time.Since(p.begin).Round(time.Millisecond))
+			p.log.Info("accepting build events", "seconds", time.Since(p.begin).Seconds())
 		}
 		return s, err
 	})
@@ -234,7 +234,7 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 		return nil, err
 	}
 	m := bes.NewMetrics(t.reg)
-	srv, err := bes.New(cfg, bb.Publisher(), stream, m, log.With("service", "bes"))
+	srv, err := bes.New(cfg, bb.Publisher(), stream, m, log.With("component", "bes"))
 	if err != nil {
 		return nil, err
 	}

@@ -63,7 +63,7 @@ type commitsEdge struct {
 // startCommits starts the edge on bb; bk is the bucket the compactor folds
 // the log into (nil: versions folded out of the stream cannot be read).
 func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *streams.Backbone, bk *bucket.Bucket, t *telemetry, log *slog.Logger) (*commitsEdge, error) {
-	log = log.With("service", "commits")
+	log = log.With("component", "commits")
 	cfg, err := o.config(ctx, t, devSecrets, log)
 	if err != nil {
 		return nil, err

@@ -164,7 +164,7 @@ func (p *process) reservations(o reservationsOptions, devSecrets string) (api, g
 	late.Register(nil, p.mux)
 	var cfg reservations.Config
 	api = p.consumer("reservations API", func(ctx context.Context, pool *pgxpool.Pool) error {
-		s, err := reservations.New(cfg, pool, p.bb.JS, p.bb.Conn, reservations.NewMetrics(p.t.reg), p.log.With("service", "reservations"))
+		s, err := reservations.New(cfg, pool, p.bb.JS, p.bb.Conn, reservations.NewMetrics(p.t.reg), p.log.With("component", "reservations"))
 		if err != nil {
 			return err
 		}
@@ -193,7 +193,7 @@ type fleetGateway struct {
 
 // startFleet listens on o.listen and serves the gateway on bb.
 func startFleet(ctx context.Context, o fleetOptions, devSecrets string, bb *streams.Backbone, t *telemetry, log *slog.Logger) (*fleetGateway, error) {
-	log = log.With("service", "fleet")
+	log = log.With("component", "fleet")
 	cfg, err := o.config(ctx, t, devSecrets, log)
 	if err != nil {
 		return nil, err
@@ -263,7 +263,7 @@ func (o *fleetProjectorOptions) runnerConfig(log *slog.Logger) streams.RunnerCon
 	// The projector ages nodes on the stream's clock as batches arrive;
 	// the idle sweep covers a quiet stream.
 	c.SweepEvery = 5 * time.Second
-	c.Logger = log.With("component", "projector", "projector", fleetproj.ConsumerName)
+	c.Logger = log.With("component", "projector")
 	return c
 }
 
@@ -284,7 +284,7 @@ func (o *placerOptions) register(fs *flag.FlagSet) {
 
 func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {
 	cfg := o.c
-	cfg.Subject, cfg.Logger = subjects.FleetPlace, log.With("projector", placer.ConsumerName)
+	cfg.Subject, cfg.Logger = subjects.FleetPlace, log.With("component", "placer")
 	if err := cfg.Validate(); err != nil {
 		return cfg, usageError{err.Error()}
 	}
@@ -294,7 +294,7 @@ func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {
 func (o *placerOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 	c := o.rc
 	c.Stream, c.Filter = subjects.StreamFleetResv, subjects.FleetResvFilter
-	c.Logger = log.With("component", "projector", "projector", placer.ConsumerName)
+	c.Logger = log.With("component", "projector")
 	return c
 }
 

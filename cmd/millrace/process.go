@@ -107,8 +107,8 @@ func (p *process) backbone(o natsOptions, client string) supervise.Component {
 				return err
 			}
 			if p.bb.ReaderSeedFile != "" {
-				p.log.Info("embedded NATS admits only its identities: read with nats --server "+p.bb.URL+" --nkey "+p.bb.ReaderSeedFile,
-					"reader", p.bb.ReaderSeedFile, "service", p.bb.ServiceSeedFile)
+				p.log.Info("embedded NATS admits only its identities: read with nats --server "+p.bb.URL+" --nkey "+p.bb.ReaderSeedFile+" (millrace's own processes: --nkey "+p.bb.ServiceSeedFile+")",
+					"file", p.bb.ReaderSeedFile)
 			}
 			return nil
 		},

@@ -46,7 +46,7 @@ func Load[K Keys[K]](ctx context.Context, src Source, parse func(string) (K, err
 			return err
 		}
 		file = filepath.Join(src.DevDir, src.DevFile)
-		log.Info("development "+src.What+" in "+file, "reloaded", "on change")
+		log.Info("development "+src.What+" (reloaded when it changes)", "file", file)
 	}
 	apply := func(text string) error {
 		k, err := parse(text)
