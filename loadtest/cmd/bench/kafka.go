@@ -119,9 +119,13 @@ func (b *bench) kafkaScenario(ctx context.Context, rep *scenarioReport) error {
 		return err
 	}
 	// The export's position: the ack floor of its consumer, on the process
-	// that leads it (the only one here).
+	// that leads it (the only one here). Binaries from before the consumer
+	// core name it millrace_export_position{stream}: read either, so that
+	// the A/B mode compares across the rename.
 	position := func() uint64 {
-		return uint64(scrape(metrics).sum("millrace_consumer_position", `kind="export"`, `consumer="export-kafka-bes"`))
+		s := scrape(metrics)
+		return uint64(max(s.sum("millrace_consumer_position", `kind="export"`, `consumer="export-kafka-bes"`),
+			s.sum("millrace_export_position", `stream="BES"`)))
 	}
 	wait := func(seq uint64) error {
 		deadline := time.Now().Add(kc.timeout)
@@ -182,7 +186,8 @@ func (b *bench) kafkaScenario(ctx context.Context, rep *scenarioReport) error {
 	r.DelayP99MS = d.quantileMS("millrace_export_delay_seconds", 0.99, besLabel)
 	r.DelayP999MS = d.quantileMS("millrace_export_delay_seconds", 0.999, besLabel)
 	r.ProduceP99MS = d.quantileMS("millrace_kafka_produce_seconds", 0.99, `topic="millrace.bes"`)
-	r.ExportErrors = scrape(metrics).sum("millrace_consumer_batches_total", `kind="export"`, `result="error"`)
+	s := scrape(metrics)
+	r.ExportErrors = s.sum("millrace_consumer_batches_total", `kind="export"`, `result="error"`) + s.sum("millrace_export_errors_total")
 	r.StreamMessages = last
 
 	// Every message is in Kafka: the topic's end offsets add up to at
