@@ -255,6 +255,13 @@ type KVHeld struct {
 	cancel context.CancelCauseFunc
 	done   chan struct{}
 
+	// turn is held by a renewal from its request to its recording and by
+	// a fence from reading the held revision to reading the entry's: a
+	// fence that read the entry between a renewal's store and its
+	// recording would see the holder's own new revision and call the
+	// lease taken.
+	turn sync.Mutex
+
 	mu      sync.Mutex
 	rev     uint64
 	renewed time.Time // when the last renewal that succeeded was sent
@@ -291,6 +298,8 @@ func (h *KVHeld) Fence(ctx context.Context) error {
 	if err := lostCause(h.ctx); err != nil {
 		return fmt.Errorf("%w: %w", ErrLeaseLost, err)
 	}
+	h.turn.Lock()
+	defer h.turn.Unlock()
 	rev, renewed := h.state()
 	if time.Since(renewed) >= h.valid() {
 		return h.lose(errors.New("not renewed within the TTL"))
@@ -369,13 +378,17 @@ func (h *KVHeld) renew() {
 			deadline = lapse
 		}
 		rctx, cancel := context.WithDeadline(h.ctx, deadline)
+		h.turn.Lock()
 		next, err := h.kv.Update(rctx, h.key, []byte(h.owner), rev)
-		cancel()
-		switch {
-		case err == nil:
+		if err == nil {
 			h.mu.Lock()
 			h.rev, h.renewed = next, sent
 			h.mu.Unlock()
+		}
+		h.turn.Unlock()
+		cancel()
+		switch {
+		case err == nil:
 			t.Reset(h.ttl / 3)
 		case errors.Is(err, jetstream.ErrKeyRevisionMismatch):
 			h.lose(errors.New("renewal refused: the entry was deleted or taken"))

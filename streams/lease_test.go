@@ -217,3 +217,32 @@ func TestKVLeaseCutOff(t *testing.T) {
 	}, waitWithin)
 
 }
+
+// TestKVLeaseFencesWhileRenewing: a holder fencing as often as the export
+// does (before every ack) keeps its lease across its own renewals. A fence
+// that read the held revision before a renewal and the entry after it
+// would see the holder's own new revision and give the lease up.
+func TestKVLeaseFencesWhileRenewing(t *testing.T) {
+	e := setup(t)
+	leaseBucket(t, e.js)
+	ctx := context.Background()
+	h, err := streams.NewKVLease(e.js, "test.fence").Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Release(ctx)
+	kh := h.(*streams.KVHeld)
+	first := kh.Revision()
+	fences := 0
+	// Until three renewals have gone by (one every TTL/3).
+	for kh.Revision() < first+3 {
+		if err := h.Fence(ctx); err != nil {
+			t.Fatalf("fence %d, at revision %d: %v", fences, kh.Revision(), err)
+		}
+		fences++
+		if fences > 1_000_000 {
+			t.Fatal("no renewal seen")
+		}
+	}
+	t.Logf("%d fences over three renewals", fences)
+}
