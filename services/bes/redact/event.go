@@ -53,27 +53,43 @@ type lenField struct {
 // eachLen calls fn for each length-delimited field of b, in order, and
 // reports whether b parsed as a message.
 func eachLen(b []byte, fn func(f lenField)) bool {
-	for i := 0; i < len(b); {
+	for i := 0; ; {
+		f, found, ok := nextLen(b, i)
+		if !found {
+			return ok
+		}
+		fn(f)
+		i = f.end
+	}
+}
+
+// nextLen returns the first length-delimited field of b at or after
+// offset i, skipping fields of other types. found is false at the end of
+// b, and ok false (with found false) when b does not parse from i. It is
+// the one scan of a message's fields: the walks on the per-event path
+// loop over it themselves, since a closure (eachLen) would cost them an
+// allocation per message.
+func nextLen(b []byte, i int) (f lenField, found, ok bool) {
+	for i < len(b) {
 		num, typ, n := protowire.ConsumeTag(b[i:])
 		if n < 0 {
-			return false
+			return f, false, false
 		}
 		if typ != protowire.BytesType {
 			m := protowire.ConsumeFieldValue(num, typ, b[i+n:])
 			if m < 0 {
-				return false
+				return f, false, false
 			}
 			i += n + m
 			continue
 		}
 		v, m := protowire.ConsumeBytes(b[i+n:])
 		if m < 0 {
-			return false
+			return f, false, false
 		}
-		fn(lenField{num: num, start: i, end: i + n + m, v: v})
-		i += n + m
+		return lenField{num: num, start: i, end: i + n + m, v: v}, true, true
 	}
-	return true
+	return f, false, true
 }
 
 // parses reports whether b is a well-formed message, so that a rewrite is
@@ -81,38 +97,27 @@ func eachLen(b []byte, fn func(f lenField)) bool {
 func parses(b []byte) bool { return eachLen(b, func(lenField) {}) }
 
 func (r *Redactor) walk(b []byte, d *desc) ([]byte, bool) {
-	// An explicit loop rather than eachLen: this is the path every event
-	// takes, and a closure would cost an allocation per message.
+	// A loop over nextLen rather than eachLen: this is the path every
+	// event takes, and a closure would cost an allocation per message.
 	w := rewriter{src: b}
 	var st argState
-	for i := 0; i < len(b); {
-		num, typ, n := protowire.ConsumeTag(b[i:])
-		if n < 0 {
+	for i := 0; ; {
+		f, found, ok := nextLen(b, i)
+		if !ok {
 			return b, false
 		}
-		if typ != protowire.BytesType {
-			m := protowire.ConsumeFieldValue(num, typ, b[i+n:])
-			if m < 0 {
-				return b, false
-			}
-			i += n + m
-			continue
+		if !found {
+			return w.finish()
 		}
-		v, m := protowire.ConsumeBytes(b[i+n:])
-		if m < 0 {
-			return b, false
-		}
-		start, end := i, i+n+m
-		i = end
-		fd := d.field(int(num))
+		i = f.end
+		fd := d.field(int(f.num))
 		if fd.kind == kSkip {
 			continue
 		}
-		if nv, ok := r.fieldValue(v, fd, &st); ok {
-			w.replace(start, end, num, nv)
+		if nv, ok := r.fieldValue(f.v, fd, &st); ok {
+			w.replace(f.start, f.end, f.num, nv)
 		}
 	}
-	return w.finish()
 }
 
 // fieldValue redacts one field's value; st is the argument state of the
@@ -173,32 +178,23 @@ func stringField(b []byte, num protowire.Number) string {
 func (r *Redactor) option(b []byte) ([]byte, bool) {
 	var name, combined, value []byte
 	var cStart, cEnd, vStart, vEnd int
-	for i := 0; i < len(b); {
-		num, typ, n := protowire.ConsumeTag(b[i:])
-		if n < 0 {
+	for i := 0; ; {
+		f, found, ok := nextLen(b, i)
+		if !ok {
 			return b, false
 		}
-		if typ != protowire.BytesType {
-			m := protowire.ConsumeFieldValue(num, typ, b[i+n:])
-			if m < 0 {
-				return b, false
-			}
-			i += n + m
-			continue
+		if !found {
+			break
 		}
-		v, m := protowire.ConsumeBytes(b[i+n:])
-		if m < 0 {
-			return b, false
-		}
-		switch num {
+		switch f.num {
 		case 1:
-			combined, cStart, cEnd = v, i, i+n+m
+			combined, cStart, cEnd = f.v, f.start, f.end
 		case 2:
-			name = v
+			name = f.v
 		case 3:
-			value, vStart, vEnd = v, i, i+n+m
+			value, vStart, vEnd = f.v, f.start, f.end
 		}
-		i += n + m
+		i = f.end
 	}
 	class := classify(name)
 	if class == flagPlain && r.scan(combined) == 0 && r.scan(value) == 0 {
