@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/netlimit"
 	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/bes/redact"
@@ -112,7 +113,7 @@ func (o *redactOptions) redactor() (*redact.Redactor, error) {
 	}
 	r, err := redact.New(redact.Config{Patterns: patterns, Allow: envflag.SplitList(o.allow)})
 	if err != nil {
-		return nil, usageError{err.Error()}
+		return nil, envflag.Usage(err.Error())
 	}
 	return r, nil
 }
@@ -149,7 +150,7 @@ func (o *projectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 func (o *projectorOptions) projector() (*builds.Projector, error) {
 	p, err := builds.New(builds.Config{AbandonAfter: o.abandonAfter})
 	if err != nil {
-		return nil, usageError{err.Error()}
+		return nil, envflag.Usage(err.Error())
 	}
 	return p, nil
 }
@@ -229,7 +230,7 @@ func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *teleme
 	if cfg.Keys.Len() == 0 && o.insecureOpen && !netlimit.IsLoopback(o.listen) {
 		log.Warn("BES edge open to every client: no API keys and --bes-insecure-open", "addr", o.listen)
 	}
-	tc, err := serverTLS(o.tlsCert, o.tlsKey, "--bes-tls-cert", "--bes-tls-key")
+	tc, err := tlsfiles.ServerFlags(o.tlsCert, o.tlsKey, "--bes-tls-cert", "--bes-tls-key")
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +355,7 @@ one tenant's build for another's.`,
 			envflag.String(fs, &project, "project", "MILLRACE_BUILDS_PROJECT", "", "the project of the build; empty: any project that has the invocation id")
 			return func(ctx context.Context, args []string) error {
 				if len(args) != 1 {
-					return usageError{"builds show takes one invocation id"}
+					return envflag.Usage("builds show takes one invocation id")
 				}
 				return once("builds show", &lo, func(ctx context.Context, log *slog.Logger) error {
 					return showBuilds(ctx, do, project, args[0], asJSON, log)

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/services/commits"
@@ -71,7 +72,7 @@ func startCommits(ctx context.Context, o commitsOptions, devSecrets string, bb *
 	if bk != nil {
 		cfg.Store = bk
 	}
-	tc, err := serverTLS(o.tlsCert, o.tlsKey, "--commits-tls-cert", "--commits-tls-key")
+	tc, err := tlsfiles.ServerFlags(o.tlsCert, o.tlsKey, "--commits-tls-cert", "--commits-tls-key")
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +191,7 @@ func (o *compactorOptions) holders(k kafkaOptions) ([]string, error) {
 	}
 	names := envflag.SplitList(o.hold)
 	if len(names) == 0 {
-		return nil, usageError{fmt.Sprintf("--compactor-hold %q names no consumer (%q: nothing holds)", o.hold, holdNone)}
+		return nil, envflag.Usagef("--compactor-hold %q names no consumer (%q: nothing holds)", o.hold, holdNone)
 	}
 	return names, nil
 }
@@ -204,7 +205,7 @@ func kafkaHolders(k kafkaOptions) ([]string, error) {
 	}
 	routes, err := kafka.ParseRoutes(k.routes)
 	if err != nil {
-		return nil, usageError{"--kafka-routes, which says whether the export holds the compactor back: " + err.Error()}
+		return nil, envflag.Usage("--kafka-routes, which says whether the export holds the compactor back: " + err.Error())
 	}
 	if kafka.Reads(routes, subjects.StreamCommits, streams.StreamOf) {
 		return []string{kafka.Durable(subjects.StreamCommits)}, nil
@@ -226,7 +227,7 @@ func (o *compactorOptions) config(drain time.Duration, k kafkaOptions, log *slog
 		{rc.AckWait <= 0, "--compactor-ack-wait must be positive"}, {o.cc.ShardDocs < 1, "--compactor-shard-docs must be at least 1"},
 	} {
 		if c.bad {
-			return rc, o.cc, usageError{c.flag}
+			return rc, o.cc, envflag.Usage(c.flag)
 		}
 	}
 	hold, err := o.holders(k)
@@ -235,10 +236,10 @@ func (o *compactorOptions) config(drain time.Duration, k kafkaOptions, log *slog
 	}
 	rc.Drain, rc.HoldFor, rc.Logger = drain, hold, log
 	if err := rc.Validate(); err != nil {
-		return rc, o.cc, usageError{err.Error()}
+		return rc, o.cc, envflag.Usage(err.Error())
 	}
 	if err := o.cc.Validate(); err != nil {
-		return rc, o.cc, usageError{err.Error()}
+		return rc, o.cc, envflag.Usage(err.Error())
 	}
 	return rc, o.cc, nil
 }

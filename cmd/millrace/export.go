@@ -65,18 +65,18 @@ func (o *kafkaOptions) registerRoutes(fs *flag.FlagSet) {
 func (o *kafkaOptions) config(log *slog.Logger) (kafka.Config, map[string][]string, error) {
 	cfg := o.c
 	if cfg.Brokers = envflag.SplitList(o.brokers); len(cfg.Brokers) == 0 {
-		return cfg, nil, usageError{"--kafka-brokers (MILLRACE_KAFKA_BROKERS) names no broker"}
+		return cfg, nil, envflag.Usage("--kafka-brokers (MILLRACE_KAFKA_BROKERS) names no broker")
 	}
 	routes, err := kafka.ParseRoutes(o.routes)
 	if err != nil {
-		return cfg, nil, usageError{err.Error()}
+		return cfg, nil, envflag.Usage(err.Error())
 	}
 	filters, err := kafka.ByStream(routes, streams.StreamOf, streams.Names())
 	if err != nil {
-		return cfg, nil, usageError{err.Error()}
+		return cfg, nil, envflag.Usage(err.Error())
 	}
 	if o.partitions == 0 || o.replicationFactor == 0 || o.maxInFlight < 1 || cfg.MaxBufferedRecords < 1 || o.batchMaxBytes < 1 {
-		return cfg, nil, usageError{"--kafka-partitions and --kafka-replication-factor are -1 or positive; max in flight, max buffered records and batch max bytes are positive"}
+		return cfg, nil, envflag.Usage("--kafka-partitions and --kafka-replication-factor are -1 or positive; max in flight, max buffered records and batch max bytes are positive")
 	}
 	cfg.Routes, cfg.Logger = routes, log
 	cfg.Partitions, cfg.ReplicationFactor, cfg.BatchMaxBytes = int32(o.partitions), int16(o.replicationFactor), int32(o.batchMaxBytes)

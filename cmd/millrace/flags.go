@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"flag"
-	"fmt"
 	"log/slog"
 	"os"
 	"time"
@@ -31,7 +30,7 @@ func (o *logOptions) register(fs *flag.FlagSet) {
 func (o *logOptions) logger() (*slog.Logger, error) {
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(o.level)); err != nil {
-		return nil, usageError{fmt.Sprintf("log level %q: want debug, info, warn or error", o.level)}
+		return nil, envflag.Usagef("log level %q: want debug, info, warn or error", o.level)
 	}
 	opts := &slog.HandlerOptions{Level: level}
 	var h slog.Handler
@@ -41,7 +40,7 @@ func (o *logOptions) logger() (*slog.Logger, error) {
 	case "json":
 		h = slog.NewJSONHandler(os.Stderr, opts)
 	default:
-		return nil, usageError{fmt.Sprintf("log format %q: want text or json", o.format)}
+		return nil, envflag.Usagef("log format %q: want text or json", o.format)
 	}
 	l := slog.New(h)
 	slog.SetDefault(l)
@@ -116,12 +115,12 @@ func (o *natsOptions) config() (streams.Config, error) {
 	} else {
 		d, err := time.ParseDuration(o.sync)
 		if err != nil || d <= 0 {
-			return c, usageError{fmt.Sprintf("--nats-sync ($MILLRACE_NATS_SYNC) %q: want a duration like 1s or \"always\"", o.sync)}
+			return c, envflag.Usagef("--nats-sync ($MILLRACE_NATS_SYNC) %q: want a duration like 1s or \"always\"", o.sync)
 		}
 		c.SyncInterval = d
 	}
 	if o.retentionDays <= 0 {
-		return c, usageError{"retention-raw-days must be at least 1"}
+		return c, envflag.Usage("retention-raw-days must be at least 1")
 	}
 	return c, c.Validate()
 }
@@ -155,7 +154,7 @@ func (o *bucketOptions) register(fs *flag.FlagSet) {
 func (o *bucketOptions) open(ctx context.Context) (*bucket.Bucket, error) {
 	u, err := bucket.URLFor(o.url)
 	if err != nil {
-		return nil, usageError{"--bucket-url: " + err.Error()}
+		return nil, envflag.Usage("--bucket-url: " + err.Error())
 	}
 	return bucket.Open(ctx, u)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/millrace/millrace/internal/grpclimit"
 	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/internal/tlsfiles"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
 	"github.com/millrace/millrace/services/fleet"
@@ -71,7 +72,7 @@ func (o *fleetOptions) register(fs *flag.FlagSet) {
 // directory where a development join token is kept if none is configured.
 func (o *fleetOptions) config(ctx context.Context, t *telemetry, devSecrets string, log *slog.Logger) (fleet.Config, error) {
 	if (o.caCert == "") != (o.caKey == "") {
-		return fleet.Config{}, usageError{"--fleet-ca-cert and --fleet-ca-key go together"}
+		return fleet.Config{}, envflag.Usage("--fleet-ca-cert and --fleet-ca-key go together")
 	}
 	hosts := envflag.SplitList(o.tlsHosts)
 	if h, _, err := net.SplitHostPort(o.listen); err == nil && h != "" {
@@ -132,7 +133,7 @@ type reservationsGRPC struct {
 }
 
 func startReservationsGRPC(o reservationsOptions, api *reservations.Late, log *slog.Logger) (*reservationsGRPC, error) {
-	tc, err := serverTLS(o.tlsCert, o.tlsKey, "--reservations-tls-cert", "--reservations-tls-key")
+	tc, err := tlsfiles.ServerFlags(o.tlsCert, o.tlsKey, "--reservations-tls-cert", "--reservations-tls-key")
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +253,7 @@ func (o *fleetProjectorOptions) projector(log *slog.Logger, reg prometheus.Regis
 	cfg := o.c
 	cfg.Logger, cfg.ForeignReports = log, fleetproj.NewForeignReportsCounter(reg)
 	if err := cfg.Validate(); err != nil {
-		return nil, usageError{err.Error()}
+		return nil, envflag.Usage(err.Error())
 	}
 	return fleetproj.New(cfg)
 }
@@ -286,7 +287,7 @@ func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {
 	cfg := o.c
 	cfg.Subject, cfg.Logger = subjects.FleetPlace, log.With("component", "placer")
 	if err := cfg.Validate(); err != nil {
-		return cfg, usageError{err.Error()}
+		return cfg, envflag.Usage(err.Error())
 	}
 	return cfg, nil
 }

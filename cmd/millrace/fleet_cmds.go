@@ -67,7 +67,7 @@ func gatewayMemory(limit string) error {
 	if os.Getenv("GOMEMLIMIT") == "" {
 		n, err := envflag.ParseMemoryLimit(limit)
 		if err != nil {
-			return usageError{"--memory-limit ($MILLRACE_FLEET_MEMORY_LIMIT): " + err.Error()}
+			return envflag.Usage("--memory-limit ($MILLRACE_FLEET_MEMORY_LIMIT): " + err.Error())
 		}
 		if n > 0 {
 			debug.SetMemoryLimit(n)
@@ -181,7 +181,7 @@ left in its outbox before it starts.`,
 			fo.register(fs)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
-					return usageError{"replay fleet takes no arguments"}
+					return envflag.Usage("replay fleet takes no arguments")
 				}
 				log, err := lo.logger()
 				if err != nil {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/loadtest/commitsload"
 	"github.com/millrace/millrace/loadtest/fleetsim"
 )
@@ -64,10 +65,10 @@ func loadtestCommitsCommand() command {
 func loadtest(cmd string, validate func() error, run func(context.Context) error) func(context.Context, []string) error {
 	return func(ctx context.Context, args []string) error {
 		if len(args) > 0 {
-			return usageError{cmd + " takes no arguments"}
+			return envflag.Usage(cmd + " takes no arguments")
 		}
 		if err := validate(); err != nil {
-			return usageError{err.Error()}
+			return envflag.Usage(err.Error())
 		}
 		return run(ctx)
 	}

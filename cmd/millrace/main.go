@@ -121,7 +121,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	if err := runFn(ctx, positional); err != nil {
 		fmt.Fprintf(stderr, "millrace %s: %v\n", cmd.name, err)
-		if errors.As(err, new(usageError)) {
+		if errors.As(err, new(envflag.UsageError)) {
 			fs.Usage()
 			return 2
 		}
@@ -150,7 +150,7 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 func once(cmd string, lo *logOptions, body func(ctx context.Context, log *slog.Logger) error) func(context.Context, []string) error {
 	return func(ctx context.Context, args []string) error {
 		if len(args) > 0 {
-			return usageError{cmd + " takes no arguments"}
+			return envflag.Usage(cmd + " takes no arguments")
 		}
 		log, err := lo.logger()
 		if err != nil {
@@ -159,11 +159,6 @@ func once(cmd string, lo *logOptions, body func(ctx context.Context, log *slog.L
 		return body(ctx, log)
 	}
 }
-
-// usageError is a mistake in the command line rather than a failure.
-type usageError struct{ msg string }
-
-func (e usageError) Error() string { return e.msg }
 
 // find matches the longest command name ("streams apply") at the start of args.
 func find(args []string) (command, []string, bool) {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -24,7 +23,6 @@ import (
 	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/netlimit"
 	"github.com/millrace/millrace/internal/supervise"
-	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 )
@@ -80,7 +78,7 @@ type process struct {
 func (o *procOptions) run(cmd, client string, components func(p *process) (before, after []supervise.Component, err error)) func(context.Context, []string) error {
 	return func(ctx context.Context, args []string) error {
 		if len(args) > 0 {
-			return usageError{cmd + " takes no arguments"}
+			return envflag.Usage(cmd + " takes no arguments")
 		}
 		log, err := o.log.logger()
 		if err != nil {
@@ -219,19 +217,6 @@ func newTelemetry() *telemetry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return &telemetry{reg: reg, sm: streams.NewMetrics(reg), kf: keyfile.NewMetrics(reg)}
-}
-
-// serverTLS loads a PEM certificate and key for a gRPC server; both empty
-// is plaintext (nil). certFlag and keyFlag name the flags in errors.
-func serverTLS(cert, key, certFlag, keyFlag string) (*tls.Config, error) {
-	tc, err := tlsfiles.Server(cert, key)
-	switch {
-	case errors.Is(err, tlsfiles.ErrHalfPair):
-		return nil, usageError{certFlag + " and " + keyFlag + " go together"}
-	case err != nil:
-		return nil, fmt.Errorf("%s: %w", certFlag, err)
-	}
-	return tc, nil
 }
 
 // httpOptions configure a command's HTTP server (console, APIs over HTTP,

@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 
 	"github.com/millrace/millrace/internal/database"
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
@@ -120,7 +121,7 @@ progress on standard error. Without --yes it only counts the messages.`,
 			fs.BoolVar(&yes, "yes", false, "really delete them (without it: count only)")
 			return once("streams purge-bes", &lo, func(ctx context.Context, _ *slog.Logger) error {
 				if project == "" {
-					return usageError{"streams purge-bes needs --project"}
+					return envflag.Usage("streams purge-bes needs --project")
 				}
 				return no.with(ctx, func(bb *streams.Backbone, _ streams.Config) error { return purgeBES(ctx, bb, project, yes) })
 			})

@@ -259,3 +259,17 @@ func ParseMemoryLimit(s string) (int64, error) {
 	}
 	return n * mult, nil
 }
+
+// UsageError is a mistake in the command line (a flag's value, a missing
+// or extra argument) rather than a failure of the work: the command prints
+// its usage and exits with 2. Packages that read their own flags return it
+// for a value they refuse.
+type UsageError struct{ Msg string }
+
+func (e UsageError) Error() string { return e.Msg }
+
+// Usage is a UsageError saying msg.
+func Usage(msg string) error { return UsageError{Msg: msg} }
+
+// Usagef is a UsageError saying what format and a make.
+func Usagef(format string, a ...any) error { return UsageError{Msg: fmt.Sprintf(format, a...)} }

@@ -16,6 +16,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+
+	"github.com/millrace/millrace/internal/envflag"
 )
 
 // ErrHalfPair is returned when a certificate is named without its key, or
@@ -53,6 +55,20 @@ func Server(certFile, keyFile string) (*tls.Config, error) {
 		return nil, err
 	}
 	return &tls.Config{Certificates: []tls.Certificate{c}, MinVersion: MinVersion}, nil
+}
+
+// ServerFlags is Server for the files a pair of flags names, certFlag and
+// keyFlag, which errors name: one without the other is a usage error
+// (envflag.UsageError).
+func ServerFlags(certFile, keyFile, certFlag, keyFlag string) (*tls.Config, error) {
+	tc, err := Server(certFile, keyFile)
+	switch {
+	case errors.Is(err, ErrHalfPair):
+		return nil, envflag.Usage(certFlag + " and " + keyFlag + " go together")
+	case err != nil:
+		return nil, fmt.Errorf("%s: %w", certFlag, err)
+	}
+	return tc, nil
 }
 
 // Client names a client's TLS material.
