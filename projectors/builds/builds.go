@@ -3,11 +3,13 @@ package builds
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
@@ -25,6 +27,13 @@ type Config struct {
 	// AbandonAfter is how long a running invocation may go without any
 	// event before Sweep marks it abandoned. Zero means DefaultAbandonAfter.
 	AbandonAfter time.Duration
+}
+
+// RegisterFlags registers the flag that sets c, with its variable. The
+// consumer's knobs (--builds-batch, ...) belong to the runner that feeds the
+// projector, not to c.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	envflag.Duration(fs, &c.AbandonAfter, "builds-abandon-after", "MILLRACE_BUILDS_ABANDON_AFTER", DefaultAbandonAfter, "a running build with no event for this long is marked abandoned")
 }
 
 // Validate reports a configuration that cannot work.
