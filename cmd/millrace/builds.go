@@ -7,18 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
-	"github.com/millrace/millrace/internal/keyfile"
-	"github.com/millrace/millrace/internal/netlimit"
 	"github.com/millrace/millrace/internal/supervise"
-	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/bes/redact"
@@ -29,116 +24,17 @@ import (
 // The BES edge and the builds projection: serve bes, project builds,
 // replay builds, builds show, builds scrub.
 
-// besOptions configure the BES edge.
-type besOptions struct {
-	c                      bes.Config
-	listen, keys, keysFile string
-	tlsCert, tlsKey        string
-	insecureOpen           bool
-	redact                 redactOptions
-	connsPerAddr           int
-}
-
-func (o *besOptions) register(fs *flag.FlagSet) {
-	envflag.String(fs, &o.listen, "bes-listen", "MILLRACE_BES_LISTEN", "127.0.0.1:1985", "BES gRPC address (bazel --bes_backend=grpc://ADDR)")
-	envflag.String(fs, &o.keys, "bes-api-keys", "MILLRACE_BES_API_KEYS", "", "API keys as project=key,project=key; empty accepts any client")
-	envflag.String(fs, &o.keysFile, "bes-api-keys-file", "MILLRACE_BES_API_KEYS_FILE", "", "file of project=key lines (added to --bes-api-keys)")
-	envflag.Size(fs, &o.c.MaxEventBytes, "bes-max-event-bytes", "MILLRACE_BES_MAX_EVENT_BYTES", bes.DefaultMaxEventBytes, "largest build event accepted")
-	envflag.Int(fs, &o.c.MaxStreams, "bes-max-streams", "MILLRACE_BES_MAX_STREAMS", bes.DefaultMaxStreams, "most build event streams open at once")
-	envflag.Int(fs, &o.c.MaxStreamsPerProject, "bes-max-streams-per-project", "MILLRACE_BES_MAX_STREAMS_PER_PROJECT", 0, "most streams one project may hold open (0: half of --bes-max-streams)")
-	envflag.Int(fs, &o.c.MaxInFlight, "bes-max-in-flight", "MILLRACE_BES_MAX_IN_FLIGHT", bes.DefaultMaxInFlight, "events of one stream awaiting storage before the edge stops reading it")
-	o.redact.register(fs)
-	envflag.Bool(fs, &o.redact.on, "bes-redact", "MILLRACE_BES_REDACT", true, "redact secrets from build events before they are stored; false only to measure what redaction costs")
-	envflag.String(fs, &o.tlsCert, "bes-tls-cert", "MILLRACE_BES_TLS_CERT", "", "PEM server certificate (chain) for the BES edge, with --bes-tls-key: Bazel then connects with --bes_backend=grpcs://HOST:PORT; empty serves plaintext")
-	envflag.String(fs, &o.tlsKey, "bes-tls-key", "MILLRACE_BES_TLS_KEY", "", "PEM private key of --bes-tls-cert")
-	envflag.Bool(fs, &o.insecureOpen, "bes-insecure-open", "MILLRACE_BES_INSECURE_OPEN", false, "serve without API keys on an address other hosts can reach (refused otherwise): anyone who reaches the edge can publish as any project")
-	envflag.Int(fs, &o.c.MaxStreamsPerConn, "bes-max-streams-per-conn", "MILLRACE_BES_MAX_STREAMS_PER_CONN", bes.DefaultMaxStreamsPerConn, "streams one client connection may hold open at once (a Bazel client holds one or two)")
-	envflag.Int(fs, &o.connsPerAddr, "bes-max-conns-per-addr", "MILLRACE_BES_MAX_CONNS_PER_ADDR", 256, "connections one client IP may hold open (loopback clients, such as a local proxy, are exempt; 0: no cap)")
-	envflag.Int(fs, &o.c.MaxPendingPerAddr, "bes-max-pending-per-addr", "MILLRACE_BES_MAX_PENDING_PER_ADDR", bes.DefaultMaxPendingPerAddr, "streams one client IP may hold before their first request (streams with a valid key in their headers do not count)")
-	envflag.Duration(fs, &o.c.FirstMessageTimeout, "bes-first-message-timeout", "MILLRACE_BES_FIRST_MESSAGE_TIMEOUT", bes.DefaultFirstMessageTimeout, "how long a new stream may wait before its first event (which authenticates it)")
-	envflag.Duration(fs, &o.c.IdleTimeout, "bes-idle-timeout", "MILLRACE_BES_IDLE_TIMEOUT", bes.DefaultIdleTimeout, "a stream whose client sends nothing for this long is closed (Bazel resumes it)")
-}
-
-func (o *besOptions) config(ctx context.Context, t *telemetry, log *slog.Logger) (bes.Config, error) {
-	c := o.c
-	c.Keys = &bes.Keys{}
-	src := keyfile.Source{Inline: o.keys, File: o.keysFile, What: "BES API keys"}
-	if err := keyfile.Load(ctx, src, bes.ParseKeys, c.Keys, t.kf, log); err != nil {
-		return c, err
-	}
-	var err error
-	c.Redactor, err = o.redact.redactor()
-	c.NoRedaction = !o.redact.on
-	return c, err
-}
-
-// redactOptions configure the redaction of secrets in build events (the
-// BES edge) and in projected rows (builds scrub): the same rules for both.
-type redactOptions struct {
-	on                  bool
-	patterns            patternList
-	patternsFile, allow string
-}
-
-// patternList is a repeatable flag: each occurrence adds one regular
-// expression; its environment variable holds one per line (a regular
-// expression may hold commas and spaces).
-type patternList []string
-
-func (p *patternList) String() string     { return strings.Join(*p, "\n") }
-func (p *patternList) Set(v string) error { *p = append(*p, v); return nil }
-
-func (o *redactOptions) register(fs *flag.FlagSet) {
-	if v, ok := os.LookupEnv("MILLRACE_BES_REDACT_PATTERNS"); ok {
-		o.patterns = splitLines(v)
-	}
-	fs.Var(&o.patterns, "bes-redact-pattern", "an extra regular expression (RE2) whose matches in build events are redacted; repeat the flag for more [$MILLRACE_BES_REDACT_PATTERNS, one per line]")
-	envflag.String(fs, &o.patternsFile, "bes-redact-patterns-file", "MILLRACE_BES_REDACT_PATTERNS_FILE", "", "file of extra regular expressions to redact, one per line (# comments)")
-	envflag.String(fs, &o.allow, "bes-redact-allow", "MILLRACE_BES_REDACT_ALLOW", strings.Join(redact.DefaultAllow, ","),
-		"variable names (of --action_env, --client_env, ..., --build_metadata keys) whose values are kept, comma-separated; NAME* matches a prefix; empty keeps none")
-}
-
-func (o *redactOptions) redactor() (*redact.Redactor, error) {
-	patterns := append([]string(nil), o.patterns...)
-	if o.patternsFile != "" {
-		b, err := os.ReadFile(o.patternsFile)
-		if err != nil {
-			return nil, fmt.Errorf("redact patterns file: %w", err)
-		}
-		for _, l := range splitLines(string(b)) {
-			if !strings.HasPrefix(l, "#") {
-				patterns = append(patterns, l)
-			}
-		}
-	}
-	r, err := redact.New(redact.Config{Patterns: patterns, Allow: envflag.SplitList(o.allow)})
-	if err != nil {
-		return nil, envflag.Usage(err.Error())
-	}
-	return r, nil
-}
-
-func splitLines(s string) []string {
-	var out []string
-	for _, l := range strings.Split(s, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-// projectorOptions tune the builds projector's consumer.
+// projectorOptions tune the builds projector and its consumer.
 type projectorOptions struct {
-	rc           streams.RunnerConfig
-	abandonAfter time.Duration
+	rc streams.RunnerConfig
+	c  builds.Config
 }
 
 func (o *projectorOptions) register(fs *flag.FlagSet) {
 	envflag.Int(fs, &o.rc.Batch, "builds-batch", "MILLRACE_BUILDS_BATCH", 1000, "most events applied in one transaction")
 	envflag.Duration(fs, &o.rc.MaxWait, "builds-max-wait", "MILLRACE_BUILDS_MAX_WAIT", 250*time.Millisecond, "how long a fetch waits to fill a batch")
 	envflag.Duration(fs, &o.rc.AckWait, "builds-ack-wait", "MILLRACE_BUILDS_ACK_WAIT", 60*time.Second, "JetStream's redelivery timeout for unacknowledged events")
-	envflag.Duration(fs, &o.abandonAfter, "builds-abandon-after", "MILLRACE_BUILDS_ABANDON_AFTER", 30*time.Minute, "a running build with no event for this long is marked abandoned")
+	o.c.RegisterFlags(fs)
 }
 
 func (o *projectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
@@ -148,7 +44,7 @@ func (o *projectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 }
 
 func (o *projectorOptions) projector() (*builds.Projector, error) {
-	p, err := builds.New(builds.Config{AbandonAfter: o.abandonAfter})
+	p, err := builds.New(o.c)
 	if err != nil {
 		return nil, envflag.Usage(err.Error())
 	}
@@ -165,10 +61,10 @@ once stored. Several instances may run behind a balancer.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
-				bo besOptions
+				bo bes.Options
 			)
 			po.register(fs, "127.0.0.1:8080", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for open streams")
-			bo.register(fs)
+			bo.RegisterFlags(fs)
 			return po.run("serve bes", "millrace-bes", func(p *process) (_, edges []supervise.Component, _ error) {
 				return nil, []supervise.Component{p.bes(bo)}, nil
 			})
@@ -201,57 +97,14 @@ others stand by (a PostgreSQL advisory lock decides).`,
 }
 
 // bes serves the BES edge on the backbone.
-func (p *process) bes(o besOptions) supervise.Component {
+func (p *process) bes(o bes.Options) supervise.Component {
 	return supervise.Serve("BES edge", func(ctx context.Context) (*supervise.GRPCServer, error) {
-		s, err := startBES(ctx, o, p.bb, p.t, p.log)
+		s, err := bes.Start(ctx, o, p.bb, p.t.reg, p.t.kf, p.log)
 		if err == nil {
 			p.log.Info("accepting build events", "seconds", time.Since(p.begin).Seconds())
 		}
 		return s, err
 	})
-}
-
-// startBES listens on o.listen for the BES edge on bb.
-func startBES(ctx context.Context, o besOptions, bb *streams.Backbone, t *telemetry, log *slog.Logger) (*supervise.GRPCServer, error) {
-	cfg, err := o.config(ctx, t, log)
-	if err != nil {
-		return nil, err
-	}
-	if err := cfg.Validate(bb.Conn.MaxPayload()); err != nil {
-		return nil, err
-	}
-	stream, err := bb.JS.Stream(ctx, subjects.StreamBES)
-	if err != nil {
-		return nil, fmt.Errorf("BES stream: %w", err)
-	}
-	if err := bes.CheckExposure(o.listen, cfg.Keys.Len(), o.insecureOpen); err != nil {
-		return nil, err
-	}
-	if cfg.Keys.Len() == 0 && o.insecureOpen && !netlimit.IsLoopback(o.listen) {
-		log.Warn("BES edge open to every client: no API keys and --bes-insecure-open", "addr", o.listen)
-	}
-	tc, err := tlsfiles.ServerFlags(o.tlsCert, o.tlsKey, "--bes-tls-cert", "--bes-tls-key")
-	if err != nil {
-		return nil, err
-	}
-	m := bes.NewMetrics(t.reg)
-	srv, err := bes.New(cfg, bb.Publisher(), stream, m, log.With("component", "bes"))
-	if err != nil {
-		return nil, err
-	}
-	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.listen, TLS: tc, Options: srv.ServerOptions(),
-		Listener: func(l net.Listener) (net.Listener, error) {
-			return netlimit.Wrap(l, netlimit.Config{PerAddr: o.connsPerAddr, ExemptLoopback: true, OnRefuse: m.RefusedConnection})
-		}})
-	if err != nil {
-		return nil, fmt.Errorf("BES listen: %w", err)
-	}
-	srv.Register(g.Server)
-	log.Info("BES edge serving", "addr", g.Addr().String(), "api_keys", cfg.Keys.Len(), "tls", tc != nil, "redaction", !cfg.NoRedaction)
-	if cfg.NoRedaction {
-		log.Warn("BES redaction is off (MILLRACE_BES_REDACT=false): build events are stored with the secrets Bazel sent")
-	}
-	return g, nil
 }
 
 func replayBuildsCommand() command {
@@ -406,13 +259,13 @@ projector runs. --dry-run counts what would change.`,
 			var (
 				lo     logOptions
 				do     dbOptions
-				ro     redactOptions
+				ro     redact.Options
 				so     builds.ScrubOptions
 				asJSON bool
 			)
 			lo.register(fs)
 			do.register(fs)
-			ro.register(fs)
+			ro.RegisterFlags(fs)
 			fs.StringVar(&so.Project, "project", "", "scrub only this project's builds (default: every project)")
 			fs.BoolVar(&so.DryRun, "dry-run", false, "count what would change; change nothing")
 			fs.IntVar(&so.Batch, "batch", 500, "invocations per transaction")
@@ -426,8 +279,8 @@ projector runs. --dry-run counts what would change.`,
 
 // scrubBuilds redacts the projected rows, with progress on stderr and the
 // totals on stdout.
-func scrubBuilds(ctx context.Context, do dbOptions, ro redactOptions, so builds.ScrubOptions, asJSON bool, log *slog.Logger) error {
-	r, err := ro.redactor()
+func scrubBuilds(ctx context.Context, do dbOptions, ro redact.Options, so builds.ScrubOptions, asJSON bool, log *slog.Logger) error {
+	r, err := ro.Redactor()
 	if err != nil {
 		return err
 	}

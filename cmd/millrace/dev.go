@@ -7,6 +7,7 @@ import (
 
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/services/bes"
 )
 
 func devCommand() command {
@@ -39,7 +40,7 @@ reader.nk (read-only: nats --nkey var/nats/auth/reader.nk stream ls).`,
 type devOptions struct {
 	proc      procOptions
 	db        dbOptions
-	bes       besOptions
+	bes       bes.Options
 	projector projectorOptions
 	fleet     fleetOptions
 	resv      reservationsOptions
@@ -55,7 +56,7 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.proc.register(fs, "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz",
 		"how long shutdown waits for streams to finish and batches to commit")
 	o.db.register(fs)
-	o.bes.register(fs)
+	o.bes.RegisterFlags(fs)
 	o.projector.register(fs)
 	o.fleet.register(fs)
 	o.resv.register(fs)

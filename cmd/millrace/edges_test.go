@@ -98,9 +98,9 @@ func TestBESKeysReloadWithoutRestart(t *testing.T) {
 	keys := filepath.Join(t.TempDir(), "bes-keys")
 	const keyA, keyB = "alpha-key-0123456789", "bravo-key-0123456789"
 	replaceFile(t, keys, "alpha="+keyA+"\n")
-	var bo besOptions
-	parseFlags(t, bo.register, "-bes-listen", "127.0.0.1:0", "-bes-api-keys-file", keys)
-	edge, err := startBES(ctx, bo, bb, tel, slog.Default())
+	var bo bes.Options
+	parseFlags(t, bo.RegisterFlags, "-bes-listen", "127.0.0.1:0", "-bes-api-keys-file", keys)
+	edge, err := bes.Start(ctx, bo, bb, tel.reg, tel.kf, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,22 +195,24 @@ func TestBESRefusesOpenListenerWithoutKeys(t *testing.T) {
 	bb := testBackbone(t, tel)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var bo besOptions
-	parseFlags(t, bo.register, "-bes-listen", "0.0.0.0:0")
-	_, err := startBES(ctx, bo, bb, tel, slog.Default())
+	var bo bes.Options
+	parseFlags(t, bo.RegisterFlags, "-bes-listen", "0.0.0.0:0")
+	_, err := bes.Start(ctx, bo, bb, tel.reg, tel.kf, slog.Default())
 	if err == nil || !strings.Contains(err.Error(), "--bes-insecure-open") || !strings.Contains(err.Error(), "--bes-api-keys-file") {
 		t.Fatalf("keyless edge on 0.0.0.0: %v; want a refusal naming --bes-api-keys-file and --bes-insecure-open", err)
 	}
-	var open besOptions
-	parseFlags(t, open.register, "-bes-listen", "0.0.0.0:0", "-bes-insecure-open")
-	e, err := startBES(ctx, open, bb, newTelemetry(), slog.Default())
+	var open bes.Options
+	parseFlags(t, open.RegisterFlags, "-bes-listen", "0.0.0.0:0", "-bes-insecure-open")
+	fresh := newTelemetry() // each edge registers its metrics: a registry of its own
+	e, err := bes.Start(ctx, open, bb, fresh.reg, fresh.kf, slog.Default())
 	if err != nil {
 		t.Fatalf("with --bes-insecure-open: %v", err)
 	}
 	e.Stop(context.Background())
-	var keyed besOptions
-	parseFlags(t, keyed.register, "-bes-listen", "0.0.0.0:0", "-bes-api-keys", "p=0123456789abcdef")
-	e, err = startBES(ctx, keyed, bb, newTelemetry(), slog.Default())
+	var keyed bes.Options
+	parseFlags(t, keyed.RegisterFlags, "-bes-listen", "0.0.0.0:0", "-bes-api-keys", "p=0123456789abcdef")
+	fresh = newTelemetry()
+	e, err = bes.Start(ctx, keyed, bb, fresh.reg, fresh.kf, slog.Default())
 	if err != nil {
 		t.Fatalf("with keys: %v", err)
 	}

@@ -9,17 +9,18 @@ import (
 	"testing"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/services/bes"
 )
 
 func TestRedactOptions(t *testing.T) {
 	t.Setenv("MILLRACE_BES_REDACT_PATTERNS", "corp-[0-9]{4}\n\nid=[a-z]{3},[a-z]{3}")
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	var o besOptions
-	o.register(fs)
+	var o bes.Options
+	o.RegisterFlags(fs)
 	if err := fs.Parse([]string{"--bes-redact-pattern", "x{2} y", "--bes-redact-allow", "PATH,ROLE"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := o.config(context.Background(), newTelemetry(), slog.Default())
+	cfg, err := o.LoadConfig(context.Background(), newTelemetry().kf, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -39,10 +40,10 @@ func TestRedactOptions(t *testing.T) {
 		}
 	}
 	fs = flag.NewFlagSet("t", flag.ContinueOnError)
-	var bad besOptions
-	bad.register(fs)
+	var bad bes.Options
+	bad.RegisterFlags(fs)
 	fs.Parse([]string{"--bes-redact-pattern", "a*"})
-	if _, err := bad.config(context.Background(), newTelemetry(), slog.Default()); err == nil || !strings.Contains(err.Error(), `"a*"`) {
+	if _, err := bad.LoadConfig(context.Background(), newTelemetry().kf, slog.Default()); err == nil || !strings.Contains(err.Error(), `"a*"`) {
 		t.Fatalf("a pattern matching the empty string: %v", err)
 	}
 }
@@ -82,16 +83,16 @@ func TestBadEnvironmentFailsAtStart(t *testing.T) {
 func TestEnvironmentSizes(t *testing.T) {
 	t.Setenv("MILLRACE_BES_MAX_EVENT_BYTES", "2MiB")
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	var o besOptions
-	o.register(fs)
+	var o bes.Options
+	o.RegisterFlags(fs)
 	if err := envflag.Errors(fs); err != nil {
 		t.Fatal(err)
 	}
-	if o.c.MaxEventBytes != 2<<20 {
-		t.Fatalf("MILLRACE_BES_MAX_EVENT_BYTES=2MiB gave %d", o.c.MaxEventBytes)
+	if o.Config.MaxEventBytes != 2<<20 {
+		t.Fatalf("MILLRACE_BES_MAX_EVENT_BYTES=2MiB gave %d", o.Config.MaxEventBytes)
 	}
-	if err := fs.Parse([]string{"-bes-max-event-bytes=512KiB"}); err != nil || o.c.MaxEventBytes != 512<<10 {
-		t.Fatalf("-bes-max-event-bytes=512KiB gave %d, %v", o.c.MaxEventBytes, err)
+	if err := fs.Parse([]string{"-bes-max-event-bytes=512KiB"}); err != nil || o.Config.MaxEventBytes != 512<<10 {
+		t.Fatalf("-bes-max-event-bytes=512KiB gave %d, %v", o.Config.MaxEventBytes, err)
 	}
 	if err := fs.Parse([]string{"-bes-max-event-bytes=1k"}); err == nil {
 		t.Fatal("-bes-max-event-bytes=1k was accepted")
