@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/schemas/bep"
 	"github.com/millrace/millrace/services/bes/redact"
 	"github.com/millrace/millrace/subjects"
@@ -194,7 +195,12 @@ func TestEdgeRefusesEventThatGrowsPastLimit(t *testing.T) {
 	reqs := []*buildpb.PublishBuildToolEventStreamRequest{toolReq(id, 1), toolReqWith(id, 2, grows), finishReq(id, 3)}
 	r := publish(testCtx(t), t, e.client, reqs)
 	wantCode(t, r.err, codes.InvalidArgument, "once its secrets are redacted", "4096")
-	if n := b.count(t, subjects.BES(testProject, id.invocation)); n != 1 {
+	// The first event's publish may still be in flight when the stream
+	// ends with the refusal: wait for it, then check that nothing else was
+	// stored.
+	subject := subjects.BES(testProject, id.invocation)
+	poll.Until(t, "the event before the refused one to be stored", func() bool { return b.count(t, subject) >= 1 })
+	if n := b.count(t, subject); n != 1 {
 		t.Fatalf("stored %d events, want the 1 before the refused one", n)
 	}
 }
