@@ -6,6 +6,8 @@ import (
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/millrace/millrace/projectors/kafka"
 )
 
 // --compactor-hold names the consumers that hold the compactor's deletions
@@ -32,9 +34,9 @@ func TestCompactorHold(t *testing.T) {
 	} {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		var co compactorOptions
-		var ko kafkaOptions
+		var ko kafka.Options
 		co.register(fs)
-		ko.registerRoutes(fs)
+		ko.RegisterRouteFlags(fs)
 		if err := fs.Parse(c.args); err != nil {
 			t.Fatal(err)
 		}
@@ -53,9 +55,9 @@ func TestCompactorHold(t *testing.T) {
 	} {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		var co compactorOptions
-		var ko kafkaOptions
+		var ko kafka.Options
 		co.register(fs)
-		ko.registerRoutes(fs)
+		ko.RegisterRouteFlags(fs)
 		if err := fs.Parse(bad); err != nil {
 			t.Fatal(err)
 		}

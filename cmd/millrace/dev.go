@@ -7,7 +7,9 @@ import (
 
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/services/bes"
+	"github.com/millrace/millrace/services/commits"
 )
 
 func devCommand() command {
@@ -46,10 +48,10 @@ type devOptions struct {
 	resv      reservationsOptions
 	fleetProj fleetProjectorOptions
 	placer    placerOptions
-	commits   commitsOptions
+	commits   commits.Options
 	bucket    bucketOptions
 	compactor compactorOptions
-	kafka     kafkaOptions
+	kafka     kafka.Options
 }
 
 func (o *devOptions) register(fs *flag.FlagSet) {
@@ -62,10 +64,10 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.resv.register(fs)
 	o.fleetProj.register(fs)
 	o.placer.register(fs)
-	o.commits.register(fs)
+	o.commits.RegisterFlags(fs)
 	o.bucket.register(fs)
 	o.compactor.register(fs)
-	o.kafka.register(fs)
+	o.kafka.RegisterFlags(fs)
 }
 
 // components is the whole system in one process. What needs only the
@@ -101,7 +103,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
 		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor}
 	// The Kafka export, when brokers are named: it needs the backbone only.
-	if o.kafka.brokers != "" {
+	if o.kafka.Brokers != "" {
 		k, err := p.kafka(o.kafka)
 		if err != nil {
 			return nil, nil, err

@@ -23,6 +23,7 @@ import (
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/services/bes"
+	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/streams"
 )
 
@@ -266,16 +267,16 @@ func TestCommitsKeysReloadWithoutRestart(t *testing.T) {
 	keys := filepath.Join(t.TempDir(), "commits-keys")
 	const keyA, keyB = "alpha-key-0123456789", "bravo-key-0123456789"
 	replaceFile(t, keys, "*="+keyA+"\n")
-	var co commitsOptions
-	parseFlags(t, co.register, "-commits-listen", "127.0.0.1:0", "-commits-api-keys-file", keys)
-	ce, err := startCommits(ctx, co, "", bb, nil, tel, slog.Default())
+	var co commits.Options
+	parseFlags(t, co.RegisterFlags, "-commits-listen", "127.0.0.1:0", "-commits-api-keys-file", keys)
+	ce, err := commits.Start(ctx, co, bb, nil, tel.reg, tel.kf, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
 	go ce.Serve(ctx)
 	defer ce.Stop(context.Background())
 	mux := http.NewServeMux()
-	ce.mount(mux)
+	ce.Mount(mux)
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	n := 0

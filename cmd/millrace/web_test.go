@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/millrace/millrace/internal/grpclimit"
+	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/services/reservations"
 )
 
@@ -143,9 +144,9 @@ func TestAPIServersCapStreamsPerConn(t *testing.T) {
 	defer cancel()
 	tel := newTelemetry()
 	bb := testBackbone(t, tel)
-	var co commitsOptions
-	parseFlags(t, co.register, "-commits-listen", "127.0.0.1:0", "-commits-api-keys", "*=0123456789abcdef0123")
-	ce, err := startCommits(ctx, co, "", bb, nil, tel, slog.Default())
+	var co commits.Options
+	parseFlags(t, co.RegisterFlags, "-commits-listen", "127.0.0.1:0", "-commits-api-keys", "*=0123456789abcdef0123")
+	ce, err := commits.Start(ctx, co, bb, nil, tel.reg, tel.kf, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,6 +41,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"slices"
 	"strings"
@@ -49,6 +50,7 @@ import (
 
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog/layout"
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/streams/projection"
 )
@@ -86,6 +88,27 @@ func (c Config) Validate() error {
 		knob.NotNegative("compactor", "ShardDocs", c.ShardDocs, DefaultShardDocs),
 		knob.NotNegative("compactor", "HistoryVersions", c.HistoryVersions, DefaultHistoryVersions),
 	)
+}
+
+// RegisterFlags registers the flag of the one knob a process sets,
+// ShardDocs, with its variable, so that every command that compacts takes
+// the same one.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	envflag.Int(fs, &c.ShardDocs, "compactor-shard-docs", "MILLRACE_COMPACTOR_SHARD_DOCS", DefaultShardDocs,
+		"documents per shard object of a checkpoint; a shard past twice this is split")
+}
+
+// CheckFlags is Validate for a Config RegisterFlags filled, as an
+// envflag.UsageError: the flag shows its default, so a zero was asked for
+// and is refused rather than silently replaced.
+func (c Config) CheckFlags() error {
+	if c.ShardDocs < 1 {
+		return envflag.Usage("--compactor-shard-docs must be at least 1")
+	}
+	if err := c.Validate(); err != nil {
+		return envflag.Usage(err.Error())
+	}
+	return nil
 }
 
 func (c Config) withDefaults() Config {

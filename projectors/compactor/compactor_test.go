@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog"
 	"github.com/millrace/millrace/commitlog/layout"
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
@@ -641,5 +643,30 @@ func TestNewConfig(t *testing.T) {
 		if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "compactor: "+field+" -1 is negative; set 0 for the default") {
 			t.Errorf("%s negative: New returned %v", field, err)
 		}
+	}
+}
+
+// CheckFlags refuses a zero --compactor-shard-docs, which the flag's
+// default would otherwise hide, and what Validate refuses, as usage
+// errors.
+func TestCheckFlags(t *testing.T) {
+	var c Config
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	c.RegisterFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckFlags(); err != nil || c.ShardDocs != DefaultShardDocs {
+		t.Fatalf("the default: %d, %v", c.ShardDocs, err)
+	}
+	if err := fs.Parse([]string{"--compactor-shard-docs", "0"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckFlags(); !errors.As(err, new(envflag.UsageError)) || err.Error() != "--compactor-shard-docs must be at least 1" {
+		t.Fatalf("zero shard docs: %v", err)
+	}
+	c = Config{ShardDocs: 1, HistoryVersions: -1}
+	if err := c.CheckFlags(); !errors.As(err, new(envflag.UsageError)) || !strings.Contains(err.Error(), "HistoryVersions") {
+		t.Fatalf("negative history versions: %v", err)
 	}
 }
