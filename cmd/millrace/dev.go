@@ -10,6 +10,8 @@ import (
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/commits"
+	"github.com/millrace/millrace/services/fleet"
+	"github.com/millrace/millrace/services/reservations"
 )
 
 func devCommand() command {
@@ -44,8 +46,8 @@ type devOptions struct {
 	db        dbOptions
 	bes       bes.Options
 	projector projectorOptions
-	fleet     fleetOptions
-	resv      reservationsOptions
+	fleet     fleet.Options
+	resv      reservations.Options
 	fleetProj fleetProjectorOptions
 	placer    placerOptions
 	commits   commits.Options
@@ -60,8 +62,8 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.db.register(fs)
 	o.bes.RegisterFlags(fs)
 	o.projector.register(fs)
-	o.fleet.register(fs)
-	o.resv.register(fs)
+	o.fleet.RegisterFlags(fs)
+	o.resv.RegisterFlags(fs)
 	o.fleetProj.register(fs)
 	o.placer.register(fs)
 	o.commits.RegisterFlags(fs)
@@ -97,7 +99,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	}
 	// The development join token and API keys that dev makes on first
 	// start when none is configured live beside the CA (var/fleet).
-	devSecrets := filepath.Dir(filepath.Clean(o.fleet.caDir))
+	devSecrets := filepath.Dir(filepath.Clean(o.fleet.CADir))
 	resvAPI, resvGRPC := p.reservations(o.resv, devSecrets)
 	console.Register(p.mux, p.pool.Load)
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,

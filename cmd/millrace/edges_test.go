@@ -24,6 +24,8 @@ import (
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/commits"
+	"github.com/millrace/millrace/services/fleet"
+	"github.com/millrace/millrace/services/reservations"
 	"github.com/millrace/millrace/streams"
 )
 
@@ -316,9 +318,9 @@ func TestJoinTokensAndReservationKeysReload(t *testing.T) {
 	replaceFile(t, tokens, tokA+"\n")
 	replaceFile(t, keys, "ci=resv-key-a-0123456789\n")
 
-	var fo fleetOptions
-	parseFlags(t, fo.register, "-fleet-ca-dir", filepath.Join(dir, "ca"), "-fleet-join-tokens-file", tokens)
-	fc, err := fo.config(ctx, tel, "", slog.Default())
+	var fo fleet.Options
+	parseFlags(t, fo.RegisterFlags, "-fleet-ca-dir", filepath.Join(dir, "ca"), "-fleet-join-tokens-file", tokens)
+	fc, err := fo.Load(ctx, tel.kf, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,9 +338,9 @@ func TestJoinTokensAndReservationKeysReload(t *testing.T) {
 		t.Fatal("token B not admitted after it was added")
 	}
 
-	var ro reservationsOptions
-	parseFlags(t, ro.register, "-fleet-api-keys-file", keys)
-	rc, err := ro.config(ctx, tel, "", slog.Default())
+	var ro reservations.Options
+	parseFlags(t, ro.RegisterFlags, "-fleet-api-keys-file", keys)
+	rc, err := ro.Load(ctx, tel.kf, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/millrace/millrace/internal/supervise"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
+	"github.com/millrace/millrace/services/fleet"
+	"github.com/millrace/millrace/services/reservations"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
@@ -35,11 +37,11 @@ a node whose gateway goes away re-homes through any other.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po       procOptions
-				fo       fleetOptions
+				fo       fleet.Options
 				memLimit string
 			)
 			po.register(fs, "127.0.0.1:8082", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for sessions to move away")
-			fo.register(fs)
+			fo.RegisterFlags(fs)
 			envflag.String(fs, &memLimit, "memory-limit", "MILLRACE_FLEET_MEMORY_LIMIT", "960MiB", "soft limit of the gateway's memory (Go's GOMEMLIMIT, which wins when set): about 50 KiB per session plus 30 MiB; off: none")
 			return po.run("serve fleet", "millrace-fleet", func(p *process) ([]supervise.Component, []supervise.Component, error) {
 				if err := gatewayMemory(memLimit); err != nil {
@@ -88,11 +90,11 @@ Every call needs an API key (authorization: Bearer KEY).`,
 			var (
 				po procOptions
 				do dbOptions
-				ro reservationsOptions
+				ro reservations.Options
 			)
 			po.register(fs, "127.0.0.1:8083", "HTTP address: /v1/reservations, /metrics, /healthz, /readyz", "how long shutdown waits for calls to finish")
 			do.register(fs)
-			ro.register(fs)
+			ro.RegisterFlags(fs)
 			return po.run("serve reservations", "millrace-reservations", func(p *process) ([]supervise.Component, []supervise.Component, error) {
 				api, grpc := p.reservations(ro, "")
 				return []supervise.Component{p.database(do), api}, []supervise.Component{grpc}, nil

@@ -155,9 +155,9 @@ func TestAPIServersCapStreamsPerConn(t *testing.T) {
 	if n, err := grpclimit.ReadMaxStreams(ce.Addr().String()); err != nil || n != grpclimit.DefaultMaxStreamsPerConn {
 		t.Fatalf("commits: SETTINGS_MAX_CONCURRENT_STREAMS %d, %v; want %d", n, err, grpclimit.DefaultMaxStreamsPerConn)
 	}
-	var ro reservationsOptions
-	parseFlags(t, ro.register, "-reservations-listen", "127.0.0.1:0")
-	rg, err := startReservationsGRPC(ro, &reservations.Late{}, slog.Default())
+	var ro reservations.Options
+	parseFlags(t, ro.RegisterFlags, "-reservations-listen", "127.0.0.1:0")
+	rg, err := reservations.StartGRPC(ro, &reservations.Late{}, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/streams/projection"
 )
@@ -107,6 +109,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fleet: UnreachableAfter %v must exceed SuspectAfter %v", d.UnreachableAfter, d.SuspectAfter)
 	}
 	return nil
+}
+
+// RegisterFlags registers the flags of the liveness thresholds on fs, each
+// with its MILLRACE_FLEET_* variable, so that every process that runs the
+// projector (or replays it) offers the same knobs. The other fields are
+// set in code.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	envflag.Duration(fs, &c.SuspectAfter, "fleet-suspect-after", "MILLRACE_FLEET_SUSPECT_AFTER", DefaultSuspectAfter, "a node unheard for this long is suspect: nothing new is placed on it, what it holds stays")
+	envflag.Duration(fs, &c.UnreachableAfter, "fleet-unreachable-after", "MILLRACE_FLEET_UNREACHABLE_AFTER", DefaultUnreachableAfter, "a node unheard for this long is unreachable: nothing is placed on it and its reservations are placed elsewhere")
+	envflag.Duration(fs, &c.ClockSlack, "fleet-clock-slack", "MILLRACE_FLEET_CLOCK_SLACK", DefaultClockSlack, "how far past the newest liveness batch nodes may age (a silent control plane marks nothing)")
 }
 
 func (c Config) withDefaults() Config {

@@ -2,10 +2,12 @@ package placer
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/subjects"
 )
@@ -100,6 +102,15 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("placer: PendingTimeout %v is shorter than BindTimeout %v", d.PendingTimeout, d.BindTimeout))
 	}
 	return errors.Join(errs...)
+}
+
+// RegisterFlags registers the flags of the placer's release policies on
+// fs, each with its MILLRACE_PLACER_* variable. The other fields are set
+// in code.
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	envflag.Duration(fs, &c.BindTimeout, "placer-bind-timeout", "MILLRACE_PLACER_BIND_TIMEOUT", DefaultBindTimeout, "an allocation its node has not confirmed within this is released and placed again")
+	envflag.Duration(fs, &c.PendingTimeout, "placer-pending-timeout", "MILLRACE_PLACER_PENDING_TIMEOUT", DefaultPendingTimeout, "a reservation that found no capacity within this fails")
+	envflag.Duration(fs, &c.UnbindRetry, "placer-unbind-retry", "MILLRACE_PLACER_UNBIND_RETRY", DefaultUnbindRetry, "how often the nodes are asked again to unbind a released allocation they have not confirmed (its GPUs are not bookable until they do)")
 }
 
 func (c Config) withDefaults() Config {
