@@ -13,6 +13,7 @@ import (
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/logs"
 	"github.com/millrace/millrace/internal/supervise"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/services/bes"
@@ -82,11 +83,11 @@ others stand by (a PostgreSQL advisory lock decides).`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
-				do dbOptions
+				do database.Options
 				bo projectorOptions
 			)
 			po.register(fs, "127.0.0.1:8081", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for the batch in progress to commit or roll back")
-			do.register(fs)
+			do.RegisterFlags(fs)
 			bo.register(fs)
 			return po.run("project builds", "millrace-project-builds", func(p *process) (_, _ []supervise.Component, _ error) {
 				proj, err := bo.projector()
@@ -116,14 +117,14 @@ equals what the live projector would have built. Stop the builds projector first
 (replay refuses to run while it holds its lock); start it again afterwards.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo logOptions
-				no natsOptions
-				do dbOptions
+				lo logs.Options
+				no streams.Options
+				do database.Options
 				po projectorOptions
 			)
-			lo.register(fs)
-			no.register(fs)
-			do.register(fs)
+			lo.RegisterFlags(fs)
+			no.RegisterFlags(fs)
+			do.RegisterFlags(fs)
 			po.register(fs)
 			return once("replay builds", &lo, func(ctx context.Context, log *slog.Logger) error {
 				return replayBuilds(ctx, no, do, po, log)
@@ -133,13 +134,13 @@ equals what the live projector would have built. Stop the builds projector first
 }
 
 // replayBuilds empties the builds projection and applies the BES stream.
-func replayBuilds(ctx context.Context, no natsOptions, do dbOptions, po projectorOptions, log *slog.Logger) error {
-	bb, _, err := no.open(ctx, "millrace-replay", nil)
+func replayBuilds(ctx context.Context, no streams.Options, do database.Options, po projectorOptions, log *slog.Logger) error {
+	bb, _, err := openBackbone(ctx, no, "millrace-replay", nil)
 	if err != nil {
 		return err
 	}
 	defer bb.Close()
-	pool, err := database.Open(ctx, do.config(true, log))
+	pool, err := database.Open(ctx, do.Config(true, log))
 	if err != nil {
 		return err
 	}
@@ -197,13 +198,13 @@ otherwise fails naming the projects that have it, so that a tool never reads
 one tenant's build for another's.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo      logOptions
-				do      dbOptions
+				lo      logs.Options
+				do      database.Options
 				asJSON  bool
 				project string
 			)
-			lo.register(fs)
-			do.register(fs)
+			lo.RegisterFlags(fs)
+			do.RegisterFlags(fs)
 			fs.BoolVar(&asJSON, "json", false, "print JSON (the stable format tools compare)")
 			envflag.String(fs, &project, "project", "MILLRACE_BUILDS_PROJECT", "", "the project of the build; empty: any project that has the invocation id")
 			return func(ctx context.Context, args []string) error {
@@ -219,8 +220,8 @@ one tenant's build for another's.`,
 }
 
 // showBuilds prints the builds with an invocation id (builds.Find).
-func showBuilds(ctx context.Context, do dbOptions, project, id string, asJSON bool, log *slog.Logger) error {
-	pool, err := database.Open(ctx, do.config(false, log))
+func showBuilds(ctx context.Context, do database.Options, project, id string, asJSON bool, log *slog.Logger) error {
+	pool, err := database.Open(ctx, do.Config(false, log))
 	if err != nil {
 		return err
 	}
@@ -257,14 +258,14 @@ builds stored before the edge redacted events. Idempotent; safe while the
 projector runs. --dry-run counts what would change.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo     logOptions
-				do     dbOptions
+				lo     logs.Options
+				do     database.Options
 				ro     redact.Options
 				so     builds.ScrubOptions
 				asJSON bool
 			)
-			lo.register(fs)
-			do.register(fs)
+			lo.RegisterFlags(fs)
+			do.RegisterFlags(fs)
 			ro.RegisterFlags(fs)
 			fs.StringVar(&so.Project, "project", "", "scrub only this project's builds (default: every project)")
 			fs.BoolVar(&so.DryRun, "dry-run", false, "count what would change; change nothing")
@@ -279,12 +280,12 @@ projector runs. --dry-run counts what would change.`,
 
 // scrubBuilds redacts the projected rows, with progress on stderr and the
 // totals on stdout.
-func scrubBuilds(ctx context.Context, do dbOptions, ro redact.Options, so builds.ScrubOptions, asJSON bool, log *slog.Logger) error {
+func scrubBuilds(ctx context.Context, do database.Options, ro redact.Options, so builds.ScrubOptions, asJSON bool, log *slog.Logger) error {
 	r, err := ro.Redactor()
 	if err != nil {
 		return err
 	}
-	pool, err := database.Open(ctx, do.config(false, log))
+	pool, err := database.Open(ctx, do.Config(false, log))
 	if err != nil {
 		return err
 	}

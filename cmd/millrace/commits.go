@@ -51,11 +51,11 @@ before the call.`,
 			var (
 				po procOptions
 				co commits.Options
-				bo bucketOptions
+				bo bucket.Options
 			)
 			po.register(fs, "127.0.0.1:8086", "HTTP address: /v1/worlds/, /metrics, /healthz, /readyz", "how long shutdown waits for calls in progress")
 			co.RegisterFlags(fs)
-			bo.register(fs)
+			bo.RegisterFlags(fs)
 			return po.run("serve commits", "millrace-commits", func(p *process) ([]supervise.Component, []supervise.Component, error) {
 				return []supervise.Component{p.openBucket(bo)}, []supervise.Component{p.commits(co, "")}, nil
 			})
@@ -149,13 +149,13 @@ and millrace_consumer_*{kind="fold"}) on --http-listen.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
-				bo bucketOptions
+				bo bucket.Options
 				co compactorOptions
 				ko kafka.Options
 			)
 			po.register(fs, "127.0.0.1:8087", "HTTP address: /metrics, /healthz, /readyz",
 				"how long the whole shutdown may take; passes in flight get three quarters of it, and a pass cut short is redone after the next start")
-			bo.register(fs)
+			bo.RegisterFlags(fs)
 			co.register(fs)
 			ko.RegisterRouteFlags(fs)
 			return po.run("project compactor", "millrace-compactor", func(p *process) ([]supervise.Component, []supervise.Component, error) {

@@ -5,7 +5,9 @@ import (
 	"flag"
 	"path/filepath"
 
+	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/supervise"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/services/bes"
@@ -43,7 +45,7 @@ reader.nk (read-only: nats --nkey var/nats/auth/reader.nk stream ls).`,
 
 type devOptions struct {
 	proc      procOptions
-	db        dbOptions
+	db        database.Options
 	bes       bes.Options
 	projector projectorOptions
 	fleet     fleet.Options
@@ -51,7 +53,7 @@ type devOptions struct {
 	fleetProj fleetProjectorOptions
 	placer    placerOptions
 	commits   commits.Options
-	bucket    bucketOptions
+	bucket    bucket.Options
 	compactor compactorOptions
 	kafka     kafka.Options
 }
@@ -59,7 +61,7 @@ type devOptions struct {
 func (o *devOptions) register(fs *flag.FlagSet) {
 	o.proc.register(fs, "127.0.0.1:8080", "HTTP address: console, /metrics, /healthz, /readyz",
 		"how long shutdown waits for streams to finish and batches to commit")
-	o.db.register(fs)
+	o.db.RegisterFlags(fs)
 	o.bes.RegisterFlags(fs)
 	o.projector.register(fs)
 	o.fleet.RegisterFlags(fs)
@@ -67,7 +69,7 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.fleetProj.register(fs)
 	o.placer.register(fs)
 	o.commits.RegisterFlags(fs)
-	o.bucket.register(fs)
+	o.bucket.RegisterFlags(fs)
 	o.compactor.register(fs)
 	o.kafka.RegisterFlags(fs)
 }

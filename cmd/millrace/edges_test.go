@@ -33,13 +33,13 @@ import (
 func testBackbone(t *testing.T, tel *telemetry) *streams.Backbone {
 	t.Helper()
 	ns := testenv.NATS(t)
-	var no natsOptions
+	var no streams.Options
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	no.register(fs)
+	no.RegisterFlags(fs)
 	if err := fs.Parse([]string{"-nats-url", ns.ClientURL()}); err != nil {
 		t.Fatal(err)
 	}
-	bb, _, err := no.open(context.Background(), "test", tel.sm)
+	bb, _, err := openBackbone(context.Background(), no, "test", tel.sm)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/logs"
 	"github.com/millrace/millrace/internal/supervise"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
@@ -89,11 +90,11 @@ Every call needs an API key (authorization: Bearer KEY).`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
-				do dbOptions
+				do database.Options
 				ro reservations.Options
 			)
 			po.register(fs, "127.0.0.1:8083", "HTTP address: /v1/reservations, /metrics, /healthz, /readyz", "how long shutdown waits for calls to finish")
-			do.register(fs)
+			do.RegisterFlags(fs)
 			ro.RegisterFlags(fs)
 			return po.run("serve reservations", "millrace-reservations", func(p *process) ([]supervise.Component, []supervise.Component, error) {
 				api, grpc := p.reservations(ro, "")
@@ -113,11 +114,11 @@ instances may run: one applies, the others stand by.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
-				do dbOptions
+				do database.Options
 				fo fleetProjectorOptions
 			)
 			po.register(fs, "127.0.0.1:8084", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for the batch in progress to commit or roll back")
-			do.register(fs)
+			do.RegisterFlags(fs)
 			fo.register(fs)
 			return po.run("project fleet", "millrace-project-fleet", func(p *process) ([]supervise.Component, []supervise.Component, error) {
 				proj, err := fo.projector(p.log, p.t.reg)
@@ -143,11 +144,11 @@ instances may run: one places, the others stand by.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
-				do dbOptions
+				do database.Options
 				lo placerOptions
 			)
 			po.register(fs, "127.0.0.1:8085", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for the batch in progress to commit or roll back")
-			do.register(fs)
+			do.RegisterFlags(fs)
 			lo.register(fs)
 			return po.run("project placer", "millrace-placer", func(p *process) ([]supervise.Component, []supervise.Component, error) {
 				cfg, err := lo.config(p.log)
@@ -172,20 +173,20 @@ refuses while either holds its lock); replay publishes whatever the placer
 left in its outbox before it starts.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo logOptions
-				no natsOptions
-				do dbOptions
+				lo logs.Options
+				no streams.Options
+				do database.Options
 				fo fleetProjectorOptions
 			)
-			lo.register(fs)
-			no.register(fs)
-			do.register(fs)
+			lo.RegisterFlags(fs)
+			no.RegisterFlags(fs)
+			do.RegisterFlags(fs)
 			fo.register(fs)
 			return func(ctx context.Context, args []string) error {
 				if len(args) > 0 {
 					return envflag.Usage("replay fleet takes no arguments")
 				}
-				log, err := lo.logger()
+				log, err := lo.Logger()
 				if err != nil {
 					return err
 				}
@@ -193,12 +194,12 @@ left in its outbox before it starts.`,
 				if err != nil {
 					return err
 				}
-				bb, _, err := no.open(ctx, "millrace-replay-fleet", nil)
+				bb, _, err := openBackbone(ctx, no, "millrace-replay-fleet", nil)
 				if err != nil {
 					return err
 				}
 				defer bb.Close()
-				pool, err := database.Open(ctx, do.config(true, log))
+				pool, err := database.Open(ctx, do.Config(true, log))
 				if err != nil {
 					return err
 				}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/keyfile"
+	"github.com/millrace/millrace/internal/logs"
 )
 
 // command is one subcommand: its flags are parsed into its own config, then
@@ -147,12 +148,12 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // once is the body of a command that runs once and takes no arguments: it
 // makes the logger and runs body.
-func once(cmd string, lo *logOptions, body func(ctx context.Context, log *slog.Logger) error) func(context.Context, []string) error {
+func once(cmd string, lo *logs.Options, body func(ctx context.Context, log *slog.Logger) error) func(context.Context, []string) error {
 	return func(ctx context.Context, args []string) error {
 		if len(args) > 0 {
 			return envflag.Usage(cmd + " takes no arguments")
 		}
-		log, err := lo.logger()
+		log, err := lo.Logger()
 		if err != nil {
 			return err
 		}

@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -14,31 +13,30 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/keyfile"
-	"github.com/millrace/millrace/internal/netlimit"
+	"github.com/millrace/millrace/internal/logs"
 	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/internal/web"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 )
 
 // procOptions are the flags of every command that runs until a signal.
 type procOptions struct {
-	log      logOptions
-	nats     natsOptions
-	http     httpOptions
+	log      logs.Options
+	nats     streams.Options
+	http     web.Options
 	shutdown time.Duration
 }
 
 func (o *procOptions) register(fs *flag.FlagSet, httpListen, httpHelp, shutdownHelp string) {
-	o.log.register(fs)
-	o.nats.register(fs)
-	o.http.register(fs, httpListen, httpHelp)
+	o.log.RegisterFlags(fs)
+	o.nats.RegisterFlags(fs)
+	o.http.RegisterFlags(fs, httpListen, httpHelp)
 	envflag.Duration(fs, &o.shutdown, "shutdown-timeout", "MILLRACE_SHUTDOWN_TIMEOUT", supervise.DefaultShutdownTimeout, shutdownHelp)
 }
 
@@ -80,7 +78,7 @@ func (o *procOptions) run(cmd, client string, components func(p *process) (befor
 		if len(args) > 0 {
 			return envflag.Usage(cmd + " takes no arguments")
 		}
-		log, err := o.log.logger()
+		log, err := o.log.Logger()
 		if err != nil {
 			return err
 		}
@@ -97,11 +95,11 @@ func (o *procOptions) run(cmd, client string, components func(p *process) (befor
 
 // backbone opens the backbone as client (starting the embedded server when
 // no URL is set); its stop flushes what was published and closes it.
-func (p *process) backbone(o natsOptions, client string) supervise.Component {
+func (p *process) backbone(o streams.Options, client string) supervise.Component {
 	return supervise.Component{
 		Name: "backbone",
 		Start: func(ctx context.Context) (err error) {
-			if p.bb, _, err = o.open(ctx, client, p.t.sm); err != nil {
+			if p.bb, _, err = openBackbone(ctx, o, client, p.t.sm); err != nil {
 				return err
 			}
 			if p.bb.ReaderSeedFile != "" {
@@ -118,12 +116,12 @@ func (p *process) backbone(o natsOptions, client string) supervise.Component {
 // retrying while it is away, so that nothing waits for it but what needs
 // it (awaitPool); the pool closes when the component stops, after every
 // component started after it.
-func (p *process) database(o dbOptions) supervise.Component {
+func (p *process) database(o database.Options) supervise.Component {
 	p.db = true
 	return supervise.Component{
 		Name: "database",
 		Run: func(ctx context.Context) error {
-			pool := database.Connect(ctx, o.config(true, p.log))
+			pool := database.Connect(ctx, o.Config(true, p.log))
 			if pool == nil {
 				return nil // stopped first
 			}
@@ -147,10 +145,10 @@ func (p *process) awaitPool(ctx context.Context) *pgxpool.Pool {
 }
 
 // openBucket opens the bucket the commit log is folded into.
-func (p *process) openBucket(o bucketOptions) supervise.Component {
+func (p *process) openBucket(o bucket.Options) supervise.Component {
 	return supervise.Component{
 		Name:  "bucket",
-		Start: func(ctx context.Context) (err error) { p.bk, err = o.open(ctx); return err },
+		Start: func(ctx context.Context) (err error) { p.bk, err = o.Open(ctx); return err },
 		Stop:  func(context.Context) error { return p.bk.Close() },
 	}
 }
@@ -219,95 +217,9 @@ func newTelemetry() *telemetry {
 	return &telemetry{reg: reg, sm: streams.NewMetrics(reg), kf: keyfile.NewMetrics(reg)}
 }
 
-// httpOptions configure a command's HTTP server (console, APIs over HTTP,
-// /metrics, /healthz, /readyz).
-type httpOptions struct {
-	listen           string
-	consoleKeysFile  string
-	metricsTokenFile string
-	insecureOpen     bool
-	maxConns         int
-	idleTimeout      time.Duration
-}
-
-func (o *httpOptions) register(fs *flag.FlagSet, def, help string) {
-	envflag.String(fs, &o.listen, "http-listen", "MILLRACE_HTTP_LISTEN", def, help)
-	envflag.String(fs, &o.consoleKeysFile, "http-console-keys-file", "MILLRACE_HTTP_CONSOLE_KEYS_FILE", "",
-		"file of console keys, one a line (a browser gives one as the password of HTTP basic auth, a script as \"authorization: Bearer KEY\"); required when --http-listen is not loopback")
-	envflag.String(fs, &o.metricsTokenFile, "http-metrics-token-file", "MILLRACE_HTTP_METRICS_TOKEN_FILE", "",
-		"file of bearer tokens for /metrics, one a line (Prometheus: authorization.credentials_file); required when --http-listen is not loopback")
-	envflag.Bool(fs, &o.insecureOpen, "http-insecure-open", "MILLRACE_HTTP_INSECURE_OPEN", false,
-		"serve the console and /metrics without keys on an address other hosts can reach (refused otherwise)")
-	envflag.Int(fs, &o.maxConns, "http-max-conns", "MILLRACE_HTTP_MAX_CONNS", 1024, "most HTTP connections open at once; more are closed as they arrive")
-	envflag.Duration(fs, &o.idleTimeout, "http-idle-timeout", "MILLRACE_HTTP_IDLE_TIMEOUT", 2*time.Minute, "a kept-alive HTTP connection idle this long is closed")
-}
-
-// guard loads the console keys and metrics tokens (kept current from
-// their files) and wraps next. Without them, a listener other hosts can
-// reach is refused unless --http-insecure-open.
-func (o httpOptions) guard(ctx context.Context, t *telemetry, next http.Handler, log *slog.Logger) (http.Handler, error) {
-	g := &console.Guard{Console: &console.Tokens{}, Metrics: &console.Tokens{}, Next: next}
-	if o.consoleKeysFile != "" {
-		if err := keyfile.Load(ctx, keyfile.Source{File: o.consoleKeysFile, What: "console keys"}, console.ParseTokens("console key"), g.Console, t.kf, log); err != nil {
-			return nil, err
-		}
-	}
-	if o.metricsTokenFile != "" {
-		if err := keyfile.Load(ctx, keyfile.Source{File: o.metricsTokenFile, What: "metrics tokens"}, console.ParseTokens("metrics token"), g.Metrics, t.kf, log); err != nil {
-			return nil, err
-		}
-	}
-	return g, g.CheckExposure(o.listen, o.insecureOpen)
-}
-
-// httpServer serves /metrics, /healthz, /readyz and what the command adds
-// to its mux (the console, the APIs over HTTP).
-type httpServer struct {
-	*supervise.HTTPServer
-	lis *netlimit.Listener
-}
-
-func startHTTP(ctx context.Context, o httpOptions, t *telemetry, ready func(context.Context) error, mux *http.ServeMux, log *slog.Logger) (*httpServer, error) {
-	if mux == nil {
-		mux = http.NewServeMux()
-	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(t.reg, promhttp.HandlerOpts{Registry: t.reg}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
-		if err := ready(ctx); err != nil {
-			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		fmt.Fprintln(w, "ready")
-	})
-	h, err := o.guard(ctx, t, mux, log)
-	if err != nil {
-		return nil, err
-	}
-	// No read or write timeout for whole requests: a reservation waits up
-	// to a minute for its placement and a document body may be large. A
-	// client still must send its headers promptly, may keep an idle
-	// connection only so long, and may hold only so many.
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: o.idleTimeout, MaxHeaderBytes: 64 << 10}
-	web := &httpServer{}
-	s, err := supervise.NewHTTP(o.listen, srv, func(l net.Listener) (net.Listener, error) {
-		var err error
-		web.lis, err = netlimit.Wrap(l, netlimit.Config{Max: o.maxConns})
-		return web.lis, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("HTTP listen: %w", err)
-	}
-	web.HTTPServer = s
-	log.Info("HTTP serving", "addr", s.Addr().String())
-	return web, nil
-}
-
 // web is the process's HTTP server on its mux.
-func (p *process) web(o httpOptions) supervise.Component {
-	return supervise.Serve("HTTP", func(ctx context.Context) (*httpServer, error) {
-		return startHTTP(ctx, o, p.t, p.readiness, p.mux, p.log)
+func (p *process) web(o web.Options) supervise.Component {
+	return supervise.Serve("HTTP", func(ctx context.Context) (*web.Server, error) {
+		return web.Start(ctx, o, p.mux, p.readiness, p.t.reg, p.t.kf, p.log)
 	})
 }

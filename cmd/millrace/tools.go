@@ -11,6 +11,7 @@ import (
 
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/logs"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
@@ -23,13 +24,13 @@ func migrateCommand() command {
 		long:    "Brings the schema up to date. Safe to run from several processes at once (an advisory lock serialises them).",
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo logOptions
-				do dbOptions
+				lo logs.Options
+				do database.Options
 			)
-			lo.register(fs)
-			do.register(fs)
+			lo.RegisterFlags(fs)
+			do.RegisterFlags(fs)
 			return once("migrate", &lo, func(ctx context.Context, log *slog.Logger) error {
-				url, err := database.URL(ctx, do.config(false, log))
+				url, err := database.URL(ctx, do.Config(false, log))
 				if err != nil {
 					return err
 				}
@@ -50,13 +51,13 @@ func streamsApplyCommand() command {
 		long:    "Applies the stream specs idempotently; every service also does this at start.",
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo logOptions
-				no natsOptions
+				lo logs.Options
+				no streams.Options
 			)
-			lo.register(fs)
-			no.register(fs)
+			lo.RegisterFlags(fs)
+			no.RegisterFlags(fs)
 			return once("streams apply", &lo, func(ctx context.Context, _ *slog.Logger) error {
-				return no.with(ctx, func(_ *streams.Backbone, c streams.Config) error {
+				return withBackbone(ctx, no, func(_ *streams.Backbone, c streams.Config) error {
 					for _, s := range streams.StreamSpecs(c) {
 						fmt.Printf("applied %s (%v)\n", s.Name, s.Subjects)
 					}
@@ -73,15 +74,15 @@ func streamsInfoCommand() command {
 		summary: "show the streams and consumers",
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo     logOptions
-				no     natsOptions
+				lo     logs.Options
+				no     streams.Options
 				asJSON bool
 			)
-			lo.register(fs)
-			no.register(fs)
+			lo.RegisterFlags(fs)
+			no.RegisterFlags(fs)
 			fs.BoolVar(&asJSON, "json", false, "print JSON")
 			return once("streams info", &lo, func(ctx context.Context, _ *slog.Logger) error {
-				return no.with(ctx, func(bb *streams.Backbone, c streams.Config) error {
+				return withBackbone(ctx, no, func(bb *streams.Backbone, c streams.Config) error {
 					out, err := streams.Describe(ctx, bb.JS, streams.StreamSpecs(c))
 					switch {
 					case err != nil:
@@ -110,20 +111,20 @@ them, so each one is overwritten in place (JetStream's secure delete), with
 progress on standard error. Without --yes it only counts the messages.`,
 		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo      logOptions
-				no      natsOptions
+				lo      logs.Options
+				no      streams.Options
 				project string
 				yes     bool
 			)
-			lo.register(fs)
-			no.register(fs)
+			lo.RegisterFlags(fs)
+			no.RegisterFlags(fs)
 			fs.StringVar(&project, "project", "", "the project whose raw events go (required)")
 			fs.BoolVar(&yes, "yes", false, "really delete them (without it: count only)")
 			return once("streams purge-bes", &lo, func(ctx context.Context, _ *slog.Logger) error {
 				if project == "" {
 					return envflag.Usage("streams purge-bes needs --project")
 				}
-				return no.with(ctx, func(bb *streams.Backbone, _ streams.Config) error { return purgeBES(ctx, bb, project, yes) })
+				return withBackbone(ctx, no, func(bb *streams.Backbone, _ streams.Config) error { return purgeBES(ctx, bb, project, yes) })
 			})
 		},
 	}
