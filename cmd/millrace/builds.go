@@ -10,6 +10,8 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
@@ -19,6 +21,7 @@ import (
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/bes/redact"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
 )
 
@@ -54,12 +57,12 @@ func (o *projectorOptions) projector() (*builds.Projector, error) {
 
 func serveBESCommand() command {
 	return command{
-		name:    "serve bes",
-		summary: "run the Build Event Service edge (Bazel --bes_backend)",
-		long: `Serves google.devtools.build.v1.PublishBuildEvent and publishes every event to
+		Name:    "serve bes",
+		Summary: "run the Build Event Service edge (Bazel --bes_backend)",
+		Long: `Serves google.devtools.build.v1.PublishBuildEvent and publishes every event to
 JetStream (bes.<project>.<invocation>); an event is acknowledged to Bazel only
 once stored. Several instances may run behind a balancer.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
 				bo bes.Options
@@ -75,12 +78,12 @@ once stored. Several instances may run behind a balancer.`,
 
 func projectBuildsCommand() command {
 	return command{
-		name:    "project builds",
-		summary: "run the builds projector (BES stream -> PostgreSQL)",
-		long: `Consumes the BES stream into PostgreSQL: invocations, targets, tests, metrics,
+		Name:    "project builds",
+		Summary: "run the builds projector (BES stream -> PostgreSQL)",
+		Long: `Consumes the BES stream into PostgreSQL: invocations, targets, tests, metrics,
 build output and hourly rollups. Several instances may run: one applies, the
 others stand by (a PostgreSQL advisory lock decides).`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
 				do database.Options
@@ -110,12 +113,12 @@ func (p *process) bes(o bes.Options) supervise.Component {
 
 func replayBuildsCommand() command {
 	return command{
-		name:    "replay builds",
-		summary: "rebuild the builds projection from the BES stream",
-		long: `Empties the builds projection and applies the whole BES stream again; the result
+		Name:    "replay builds",
+		Summary: "rebuild the builds projection from the BES stream",
+		Long: `Empties the builds projection and applies the whole BES stream again; the result
 equals what the live projector would have built. Stop the builds projector first
 (replay refuses to run while it holds its lock); start it again afterwards.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo logs.Options
 				no streams.Options
@@ -145,26 +148,32 @@ func replayBuilds(ctx context.Context, no streams.Options, do database.Options, 
 		return err
 	}
 	defer pool.Close()
-	s, err := bb.JS.Stream(ctx, subjects.StreamBES)
-	if err != nil {
-		return err
-	}
-	total, start := s.CachedInfo().State.LastSeq, time.Now()
-	rc := po.runnerConfig(log)
-	rc.Progress = replayProgress("replay builds", "events", total)
 	proj, err := po.projector()
 	if err != nil {
 		return err
 	}
-	r, err := streams.NewRunner(bb.JS, pool, proj, rc, nil)
+	return replayStream(ctx, bb, pool, proj, po.runnerConfig(log), "replay builds", "events")
+}
+
+// replayStream empties p's projection and applies rc.Stream again
+// (streams.Runner.Replay), with its progress on stderr under the label
+// what; unit names the stream's messages there.
+func replayStream(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, p projection.Projector, rc streams.RunnerConfig, what, unit string) error {
+	st, err := bb.JS.Stream(ctx, rc.Stream)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", rc.Stream, err)
+	}
+	total, start := st.CachedInfo().State.LastSeq, time.Now()
+	rc.Progress = replayProgress(what, unit, total)
+	r, err := streams.NewRunner(bb.JS, pool, p, rc, nil)
 	if err == nil {
 		err = r.Replay(ctx)
 	}
 	if errors.Is(err, streams.ErrLocked) {
-		return errors.New("the builds projector is running (it holds the lock): stop it, replay, then start it again")
+		return fmt.Errorf("the %s projector is running (it holds its lock): stop it, replay, then start it again", p.Name())
 	}
 	if err == nil {
-		fmt.Fprintf(os.Stderr, "\nreplay builds: done, %d events in %s\n", total, time.Since(start).Round(time.Millisecond))
+		fmt.Fprintf(os.Stderr, "\r%s: done, %d %s in %s\n", what, total, unit, time.Since(start).Round(time.Millisecond))
 	}
 	return err
 }
@@ -185,10 +194,10 @@ func replayProgress(label, unit string, total uint64) func(streams.Progress) {
 
 func buildsShowCommand() command {
 	return command{
-		name:    "builds show",
-		summary: "print the projection of one build",
-		usage:   "<invocation_id> [--project P]",
-		long: `Reads the database directly; no server needs to run.
+		Name:    "builds show",
+		Summary: "print the projection of one build",
+		Usage:   "<invocation_id> [--project P]",
+		Long: `Reads the database directly; no server needs to run.
 
 A build is a project and an invocation id: clients of two projects may choose
 the same id (Bazel's --invocation_id). With --project, prints that project's
@@ -196,7 +205,7 @@ build. Without it, prints every build with that id (one after the other);
 with --json, it prints the build if exactly one project has the id, and
 otherwise fails naming the projects that have it, so that a tool never reads
 one tenant's build for another's.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo      logs.Options
 				do      database.Options
@@ -249,14 +258,14 @@ func showBuilds(ctx context.Context, do database.Options, project, id string, as
 
 func buildsScrubCommand() command {
 	return command{
-		name:    "builds scrub",
-		summary: "redact secrets from the projected rows of existing builds",
-		long: `Applies the BES edge's redaction rules (the same --bes-redact-* flags) to every
+		Name:    "builds scrub",
+		Summary: "redact secrets from the projected rows of existing builds",
+		Long: `Applies the BES edge's redaction rules (the same --bes-redact-* flags) to every
 projected column that holds text from Bazel's events: commands, patterns, users,
 hosts, workspaces, target kinds, failure reasons, tags and console output. For
 builds stored before the edge redacted events. Idempotent; safe while the
 projector runs. --dry-run counts what would change.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo     logs.Options
 				do     database.Options

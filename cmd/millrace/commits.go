@@ -32,9 +32,9 @@ func (p *process) commits(o commits.Options, devSecrets string) supervise.Compon
 
 func serveCommitsCommand() command {
 	return command{
-		name:    "serve commits",
-		summary: "run the commits edge (the commit log's API: put, get, delete, history, list)",
-		long: `Serves millrace.commits.v1.Commits over gRPC and the same API over HTTP under
+		Name:    "serve commits",
+		Summary: "run the commits edge (the commit log's API: put, get, delete, history, list)",
+		Long: `Serves millrace.commits.v1.Commits over gRPC and the same API over HTTP under
 /v1/worlds/ (documents as raw bodies, If-Match / If-None-Match for
 compare-and-set). Each version is one message on COMMITS
 (commits.<world>.<doc>); its stream sequence is the version. Writers
@@ -47,7 +47,7 @@ old version from its history segment, History across segments and stream.
 List opens a world on first use from its latest checkpoint plus the stream
 tail after it, then follows the tail; it answers every write acknowledged
 before the call.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
 				co commits.Options
@@ -115,9 +115,9 @@ func (p *process) compactor(o compactorOptions, drain time.Duration, k kafka.Opt
 
 func projectCompactorCommand() command {
 	return command{
-		name:    "project compactor",
-		summary: "run the commit log's compactor (COMMITS -> checkpoints in the bucket)",
-		long: `Folds the worlds of the commit log into the bucket (--bucket-url): per world,
+		Name:    "project compactor",
+		Summary: "run the commit log's compactor (COMMITS -> checkpoints in the bucket)",
+		Long: `Folds the worlds of the commit log into the bucket (--bucket-url): per world,
 shards of its documents at their latest version, history segments of every
 version, and a checkpoint manifest; then deletes from COMMITS the folded
 versions that are not their document's last (compare-and-set stays
@@ -146,7 +146,7 @@ millrace_leases bucket); others stand by and take over within
 --nats-lease-ttl of its end. A pass stores its checkpoint and each batch of
 its deletions only while the lease holds. Metrics (millrace_compactor_*,
 and millrace_consumer_*{kind="fold"}) on --http-listen.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
 				bo bucket.Options

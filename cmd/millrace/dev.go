@@ -18,9 +18,9 @@ import (
 
 func devCommand() command {
 	return command{
-		name:    "dev",
-		summary: "run the whole system in one process on embedded defaults",
-		long: `Starts an embedded JetStream server (or uses $MILLRACE_NATS_URL), finds or starts
+		Name:    "dev",
+		Summary: "run the whole system in one process on embedded defaults",
+		Long: `Starts an embedded JetStream server (or uses $MILLRACE_NATS_URL), finds or starts
 PostgreSQL (or uses $DATABASE_URL), applies migrations, and runs the BES edge,
 the builds projector, the fleet gateway (mTLS, :1986), the reservations API
 (:1988 and /v1/reservations), the liveness projector, the placer, the commits
@@ -35,7 +35,7 @@ for every world (var/fleet/commits-api-keys). The embedded NATS server admits
 only two nkey identities it makes in --nats-dir/auth: service.nk (millrace's
 processes; pass it as --nats-nkey to a process on dev's backbone) and
 reader.nk (read-only: nats --nkey var/nats/auth/reader.nk stream ls).`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var o devOptions
 			o.register(fs)
 			return o.proc.run("dev", "millrace-dev", o.components)
@@ -103,7 +103,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	// start when none is configured live beside the CA (var/fleet).
 	devSecrets := filepath.Dir(filepath.Clean(o.fleet.CADir))
 	resvAPI, resvGRPC := p.reservations(o.resv, devSecrets)
-	console.Register(p.mux, p.pool.Load)
+	console.Register(p.mux, p.db.Pool)
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
 		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor}
 	// The Kafka export, when brokers are named: it needs the backbone only.

@@ -50,9 +50,9 @@ func (p *process) kafka(o kafka.Options) (supervise.Component, error) {
 
 func exportKafkaCommand() command {
 	return command{
-		name:    "export kafka",
-		summary: "copy streams to Kafka topics (nothing lost, order kept per subject)",
-		long: `Exports millrace's streams to Kafka with an idempotent producer (acks from
+		Name:    "export kafka",
+		Summary: "copy streams to Kafka topics (nothing lost, order kept per subject)",
+		Long: `Exports millrace's streams to Kafka with an idempotent producer (acks from
 every in-sync replica). --kafka-routes maps subject patterns to topics; each
 stream a route reads gets a durable JetStream consumer
 ("export-kafka-<stream>") whose ack floor is the export's position: a
@@ -78,7 +78,7 @@ the JetStream key-value bucket millrace_leases; others started beside it
 stand by and take over within --nats-lease-ttl of its end. Metrics
 (millrace_consumer_*{kind="export"}, millrace_export_*, millrace_kafka_*)
 on --http-listen. See projectors/kafka/README.md.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
 				ko kafka.Options

@@ -8,11 +8,11 @@ import (
 	"log/slog"
 	"os"
 	"runtime/debug"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/internal/cli"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/logs"
@@ -28,14 +28,14 @@ import (
 
 func serveFleetCommand() command {
 	return command{
-		name:    "serve fleet",
-		summary: "run a fleet gateway (GPU node sessions over mTLS)",
-		long: `Holds GPU nodes' sessions (gRPC, mTLS with node certificates from the fleet CA
+		Name:    "serve fleet",
+		Summary: "run a fleet gateway (GPU node sessions over mTLS)",
+		Long: `Holds GPU nodes' sessions (gRPC, mTLS with node certificates from the fleet CA
 or from Join), publishes their transitions and batched heartbeat ages to
 FLEET_NODES, and delivers placement decisions to the nodes as bind commands.
 Run several instances, each with its own --fleet-gateway-id and the same CA:
 a node whose gateway goes away re-homes through any other.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po       procOptions
 				fo       fleet.Options
@@ -81,13 +81,13 @@ func gatewayMemory(limit string) error {
 
 func serveReservationsCommand() command {
 	return command{
-		name:    "serve reservations",
-		summary: "run the GPU reservations API (gRPC and JSON over HTTP)",
-		long: `Creates, reads, lists and cancels GPU reservations. Requests and cancellations
+		Name:    "serve reservations",
+		Summary: "run the GPU reservations API (gRPC and JSON over HTTP)",
+		Long: `Creates, reads, lists and cancels GPU reservations. Requests and cancellations
 are published to FLEET_RESV (fleet.resv.<pool>); reads come from PostgreSQL.
 gRPC on --reservations-listen, JSON under /v1/reservations on --http-listen.
 Every call needs an API key (authorization: Bearer KEY).`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
 				do database.Options
@@ -106,12 +106,12 @@ Every call needs an API key (authorization: Bearer KEY).`,
 
 func projectFleetCommand() command {
 	return command{
-		name:    "project fleet",
-		summary: "run the node liveness projector (FLEET_NODES -> PostgreSQL)",
-		long: `Consumes FLEET_NODES into PostgreSQL: nodes, their GPUs, allocation reports and
+		Name:    "project fleet",
+		Summary: "run the node liveness projector (FLEET_NODES -> PostgreSQL)",
+		Long: `Consumes FLEET_NODES into PostgreSQL: nodes, their GPUs, allocation reports and
 liveness (healthy -> suspect -> unreachable as a node goes unheard). Several
 instances may run: one applies, the others stand by.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
 				do database.Options
@@ -133,15 +133,15 @@ instances may run: one applies, the others stand by.`,
 
 func projectPlacerCommand() command {
 	return command{
-		name:    "project placer",
-		summary: "run the GPU placer (FLEET_RESV -> bookings -> FLEET_PLACE)",
-		long: `Consumes reservation requests (FLEET_RESV), plans them in batches against an
+		Name:    "project placer",
+		Summary: "run the GPU placer (FLEET_RESV -> bookings -> FLEET_PLACE)",
+		Long: `Consumes reservation requests (FLEET_RESV), plans them in batches against an
 in-memory index of each pool, books GPUs in PostgreSQL with guarded statements
 (a constraint makes a double booking impossible) and publishes each decision
 to FLEET_PLACE through a transactional outbox. Releases reservations on
 unreachable nodes and unconfirmed binds and places them again. Several
 instances may run: one places, the others stand by.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
 				do database.Options
@@ -163,15 +163,15 @@ instances may run: one places, the others stand by.`,
 
 func replayFleetCommand() command {
 	return command{
-		name:    "replay fleet",
-		summary: "rebuild nodes, reservations and bookings from the fleet streams",
-		long: `Empties the fleet projections and applies the streams again: nodes, GPUs and
+		Name:    "replay fleet",
+		Summary: "rebuild nodes, reservations and bookings from the fleet streams",
+		Long: `Empties the fleet projections and applies the streams again: nodes, GPUs and
 liveness from FLEET_NODES, reservations from FLEET_RESV, and allocations and
 bookings from the placement decisions in FLEET_PLACE. The result equals what
 the live run built. Stop the liveness projector and the placer first (replay
 refuses while either holds its lock); replay publishes whatever the placer
 left in its outbox before it starts.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo logs.Options
 				no streams.Options
@@ -183,8 +183,8 @@ left in its outbox before it starts.`,
 			do.RegisterFlags(fs)
 			fo.register(fs)
 			return func(ctx context.Context, args []string) error {
-				if len(args) > 0 {
-					return envflag.Usage("replay fleet takes no arguments")
+				if err := cli.NoArgs("replay fleet", args); err != nil {
+					return err
 				}
 				log, err := lo.Logger()
 				if err != nil {
@@ -243,26 +243,11 @@ func replayFleet(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, 
 		{"decisions", subjects.StreamFleetPlace, subjects.FleetPlaceFilter, placer.NewDecisions()},
 	}
 	for _, s := range steps {
-		st, err := bb.JS.Stream(ctx, s.stream)
-		if err != nil {
-			return fmt.Errorf("stream %s: %w", s.stream, err)
-		}
-		total := st.CachedInfo().State.LastSeq
-		start := time.Now()
 		c := rc
 		c.Stream, c.Filter = s.stream, s.filter
-		c.Progress = replayProgress("replay fleet "+s.what, "messages", total)
-		r, err := streams.NewRunner(bb.JS, pool, s.p, c, nil)
-		if err == nil {
-			err = r.Replay(ctx)
-		}
-		if errors.Is(err, streams.ErrLocked) {
-			return fmt.Errorf("the %s projector is running (it holds its lock): stop it, replay, then start it again", s.p.Name())
-		}
-		if err != nil {
+		if err := replayStream(ctx, bb, pool, s.p, c, "replay fleet "+s.what, "messages"); err != nil {
 			return fmt.Errorf("replay %s: %w", s.what, err)
 		}
-		fmt.Fprintf(os.Stderr, "\rreplay fleet %s: %d messages in %s\n", s.what, total, time.Since(start).Round(time.Millisecond))
 		if s.p.Name() != proj.Name() {
 			// The replay consumers of FLEET_RESV and FLEET_PLACE have no live
 			// use; leave nothing behind that would pin those streams.

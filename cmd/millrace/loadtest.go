@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/millrace/millrace/internal/cli"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/loadtest/commitsload"
 	"github.com/millrace/millrace/loadtest/fleetsim"
@@ -19,10 +20,10 @@ import (
 
 func loadtestFleetCommand() command {
 	return command{
-		name:    "loadtest fleet",
-		summary: "simulate GPU nodes and reservations against running gateways",
-		long:    fleetsim.Description,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Name:    "loadtest fleet",
+		Summary: "simulate GPU nodes and reservations against running gateways",
+		Long:    fleetsim.Description,
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var cfg fleetsim.Config
 			cfg.RegisterFlags(fs)
 			return loadtest("loadtest fleet", func() error { return cfg.Validate() }, func(ctx context.Context) error {
@@ -38,10 +39,10 @@ func loadtestFleetCommand() command {
 
 func loadtestCommitsCommand() command {
 	return command{
-		name:    "loadtest commits",
-		summary: "write documents through a running commits edge, fold them, and check that none was lost",
-		long:    commitsload.Description,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Name:    "loadtest commits",
+		Summary: "write documents through a running commits edge, fold them, and check that none was lost",
+		Long:    commitsload.Description,
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var cfg commitsload.Config
 			cfg.RegisterFlags(fs)
 			return loadtest("loadtest commits", func() error { return cfg.Validate() }, func(ctx context.Context) error {
@@ -64,8 +65,8 @@ func loadtestCommitsCommand() command {
 // loadtest is the body of a load tool: no arguments, a valid config, run.
 func loadtest(cmd string, validate func() error, run func(context.Context) error) func(context.Context, []string) error {
 	return func(ctx context.Context, args []string) error {
-		if len(args) > 0 {
-			return envflag.Usage(cmd + " takes no arguments")
+		if err := cli.NoArgs(cmd, args); err != nil {
+			return err
 		}
 		if err := validate(); err != nil {
 			return envflag.Usage(err.Error())

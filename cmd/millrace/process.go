@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"sync/atomic"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/internal/cli"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/keyfile"
@@ -58,12 +58,11 @@ type process struct {
 	begin time.Time
 	bb    *streams.Backbone
 	bk    *bucket.Bucket
-	// pool is the database once connected; poolReady is closed then. db
-	// says the process has a database (readiness waits for it).
-	pool      atomic.Pointer[pgxpool.Pool]
-	poolReady chan struct{}
-	db        bool
-	up        atomic.Bool // every component started, none stopping yet
+	// db is the database, connected in the background; hasDB says the
+	// process has one (readiness waits for it).
+	db    database.Late
+	hasDB bool
+	up    atomic.Bool // every component started, none stopping yet
 }
 
 // run makes the body of a long-running command named cmd: its backbone
@@ -75,14 +74,14 @@ type process struct {
 // which stop first).
 func (o *procOptions) run(cmd, client string, components func(p *process) (before, after []supervise.Component, err error)) func(context.Context, []string) error {
 	return func(ctx context.Context, args []string) error {
-		if len(args) > 0 {
-			return envflag.Usage(cmd + " takes no arguments")
+		if err := cli.NoArgs(cmd, args); err != nil {
+			return err
 		}
 		log, err := o.log.Logger()
 		if err != nil {
 			return err
 		}
-		p := &process{log: log, t: newTelemetry(), mux: http.NewServeMux(), begin: time.Now(), poolReady: make(chan struct{})}
+		p := &process{log: log, t: newTelemetry(), mux: http.NewServeMux(), begin: time.Now()}
 		before, after, err := components(p)
 		if err != nil {
 			return err
@@ -114,34 +113,11 @@ func (p *process) backbone(o streams.Options, client string) supervise.Component
 
 // database connects to PostgreSQL (applying migrations) in the background,
 // retrying while it is away, so that nothing waits for it but what needs
-// it (awaitPool); the pool closes when the component stops, after every
-// component started after it.
+// it (database.Late); the pool closes when the component stops, after
+// every component started after it.
 func (p *process) database(o database.Options) supervise.Component {
-	p.db = true
-	return supervise.Component{
-		Name: "database",
-		Run: func(ctx context.Context) error {
-			pool := database.Connect(ctx, o.Config(true, p.log))
-			if pool == nil {
-				return nil // stopped first
-			}
-			p.pool.Store(pool)
-			close(p.poolReady)
-			<-ctx.Done()
-			pool.Close()
-			return nil
-		},
-	}
-}
-
-// awaitPool waits for the database; nil when ctx ends first.
-func (p *process) awaitPool(ctx context.Context) *pgxpool.Pool {
-	select {
-	case <-p.poolReady:
-		return p.pool.Load()
-	case <-ctx.Done():
-		return nil
-	}
+	p.hasDB = true
+	return supervise.Component{Name: "database", Run: func(ctx context.Context) error { return p.db.Run(ctx, o.Config(true, p.log)) }}
 }
 
 // openBucket opens the bucket the commit log is folded into.
@@ -157,7 +133,7 @@ func (p *process) openBucket(o bucket.Options) supervise.Component {
 // until the component stops.
 func (p *process) consumer(name string, run func(ctx context.Context, pool *pgxpool.Pool) error) supervise.Component {
 	return supervise.Component{Name: name, Run: func(ctx context.Context) error {
-		pool := p.awaitPool(ctx)
+		pool := p.db.Await(ctx)
 		if pool == nil {
 			return nil
 		}
@@ -189,17 +165,13 @@ func (p *process) ready() supervise.Component {
 // readiness reports whether the process serves: every component started,
 // the backbone connected and (when it has one) the database answering.
 func (p *process) readiness(ctx context.Context) error {
-	switch pool := p.pool.Load(); {
+	switch {
 	case !p.up.Load():
 		return errors.New("starting or stopping")
 	case !p.bb.Conn.IsConnected():
 		return errors.New("backbone disconnected")
-	case p.db && pool == nil:
-		return errors.New("database not connected yet")
-	case p.db:
-		if err := pool.Ping(ctx); err != nil {
-			return fmt.Errorf("database: %w", err)
-		}
+	case p.hasDB:
+		return p.db.Ping(ctx)
 	}
 	return nil
 }

@@ -19,10 +19,10 @@ import (
 
 func migrateCommand() command {
 	return command{
-		name:    "migrate",
-		summary: "apply the database migrations",
-		long:    "Brings the schema up to date. Safe to run from several processes at once (an advisory lock serialises them).",
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Name:    "migrate",
+		Summary: "apply the database migrations",
+		Long:    "Brings the schema up to date. Safe to run from several processes at once (an advisory lock serialises them).",
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo logs.Options
 				do database.Options
@@ -46,10 +46,10 @@ func migrateCommand() command {
 
 func streamsApplyCommand() command {
 	return command{
-		name:    "streams apply",
-		summary: "create or update the JetStream streams",
-		long:    "Applies the stream specs idempotently; every service also does this at start.",
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Name:    "streams apply",
+		Summary: "create or update the JetStream streams",
+		Long:    "Applies the stream specs idempotently; every service also does this at start.",
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo logs.Options
 				no streams.Options
@@ -70,9 +70,9 @@ func streamsApplyCommand() command {
 
 func streamsInfoCommand() command {
 	return command{
-		name:    "streams info",
-		summary: "show the streams and consumers",
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Name:    "streams info",
+		Summary: "show the streams and consumers",
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo     logs.Options
 				no     streams.Options
@@ -99,9 +99,9 @@ func streamsInfoCommand() command {
 
 func streamsPurgeBESCommand() command {
 	return command{
-		name:    "streams purge-bes",
-		summary: "delete a project's raw build events from the BES stream",
-		long: `Purges the subjects bes.<project>.> of the BES stream: every raw event of the
+		Name:    "streams purge-bes",
+		Summary: "delete a project's raw build events from the BES stream",
+		Long: `Purges the subjects bes.<project>.> of the BES stream: every raw event of the
 project's builds, for events stored before the edge redacted secrets (JetStream
 cannot rewrite a stored message). The projected rows stay (scrub them with
 builds scrub); a replay of the builds projection can no longer rebuild these
@@ -109,7 +109,7 @@ builds. Each message is erased, not only purged: a purge marks messages
 deleted but leaves their bytes in the store's blocks until JetStream compacts
 them, so each one is overwritten in place (JetStream's secure delete), with
 progress on standard error. Without --yes it only counts the messages.`,
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo      logs.Options
 				no      streams.Options
@@ -168,9 +168,9 @@ var version = ""
 
 func versionCommand() command {
 	return command{
-		name:    "version",
-		summary: "print the version",
-		flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+		Name:    "version",
+		Summary: "print the version",
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			return func(ctx context.Context, args []string) error {
 				v := version
 				if info, ok := debug.ReadBuildInfo(); ok && v == "" {
