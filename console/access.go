@@ -12,31 +12,18 @@ import (
 
 // Tokens is a set of secrets (console keys, metrics tokens), one a line:
 // an apikey.Table of bare keys, kept as digests and compared in constant
-// time. The zero value is empty and ready; Replace swaps in a reloaded set
-// at once.
-type Tokens apikey.Table[struct{}]
+// time, shared by the copies of a Guard (a reload replaces its tokens for
+// all). The zero value holds none.
+type Tokens struct{ *apikey.Table[struct{}] }
 
-// ParseTokens parses a file of tokens, one a line (# comments, each at
-// least apikey.MinKeyBytes long and given once); what names a token in
-// errors ("console key").
-func ParseTokens(what string) func(string) (*Tokens, error) {
-	return func(text string) (*Tokens, error) {
-		t, err := apikey.Parse(text, apikey.Syntax[struct{}]{What: what})
-		return (*Tokens)(t), err
-	}
-}
-
-func (t *Tokens) table() *apikey.Table[struct{}] { return (*apikey.Table[struct{}])(t) }
-
-// Len is the number of tokens.
-func (t *Tokens) Len() int { return t.table().Len() }
-
-// Replace makes t hold the tokens of from.
-func (t *Tokens) Replace(from *Tokens) { t.table().Replace(from.table()) }
+// TokenSyntax is how a file of tokens is written: one a line (# comments),
+// each at least apikey.MinKeyBytes long and given once; what names a token
+// in errors ("console key").
+func TokenSyntax(what string) apikey.Syntax[struct{}] { return apikey.Syntax[struct{}]{What: what} }
 
 // Has reports whether s is one of the tokens.
-func (t *Tokens) Has(s string) bool {
-	_, ok := t.table().Lookup(s)
+func (t Tokens) Has(s string) bool {
+	_, ok := t.Lookup(s)
 	return ok
 }
 
@@ -50,7 +37,7 @@ func (t *Tokens) Has(s string) bool {
 // A check applies when its tokens are not empty; the command refuses a
 // listener other hosts can reach without them.
 type Guard struct {
-	Console, Metrics *Tokens
+	Console, Metrics Tokens
 	Next             http.Handler
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace/internal/apikey"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/projectors/builds"
 )
@@ -127,8 +128,9 @@ func TestWriteBuild(t *testing.T) {
 // Beyond loopback the console and /metrics need their keys, unless told
 // otherwise; the refusal names what is missing.
 func TestCheckExposure(t *testing.T) {
-	keys, _ := ParseTokens("key")("0123456789abcdef0123")
-	none := &Guard{Console: &Tokens{}, Metrics: &Tokens{}}
+	t1, _ := apikey.Parse("0123456789abcdef0123", TokenSyntax("key"))
+	keys := Tokens{t1}
+	none := &Guard{}
 	both := &Guard{Console: keys, Metrics: keys}
 	if err := none.CheckExposure("127.0.0.1:8080", false); err != nil {
 		t.Fatalf("loopback: %v", err)
@@ -139,7 +141,7 @@ func TestCheckExposure(t *testing.T) {
 	if err := both.CheckExposure("0.0.0.0:8080", false); err != nil {
 		t.Fatalf("with keys: %v", err)
 	}
-	err := (&Guard{Console: keys, Metrics: &Tokens{}}).CheckExposure("0.0.0.0:8080", false)
+	err := (&Guard{Console: keys}).CheckExposure("0.0.0.0:8080", false)
 	if err == nil || !strings.Contains(err.Error(), "--http-metrics-token-file") || strings.Contains(err.Error(), "--http-console-keys-file") {
 		t.Fatalf("no metrics token: %v", err)
 	}

@@ -107,6 +107,9 @@ func (t *Table[P]) Replace(from *Table[P]) {
 
 // Syntax is how one service writes its table.
 type Syntax[P any] struct {
+	// Package names the service's package in front of Parse's errors, as
+	// in the package's own ("bes: line 2: ..."). Empty: no prefix.
+	Package string
 	// What a key is called, for errors: "API key", "join token".
 	What string
 	// Name is what the name in front of a key names, for errors:
@@ -123,6 +126,14 @@ type Syntax[P any] struct {
 
 // Parse reads text written in syntax s (see the package documentation).
 func Parse[P any](text string, s Syntax[P]) (*Table[P], error) {
+	t, err := s.parse(text)
+	if err != nil && s.Package != "" {
+		return nil, fmt.Errorf("%s: %w", s.Package, err)
+	}
+	return t, err
+}
+
+func (s Syntax[P]) parse(text string) (*Table[P], error) {
 	raws, err := split(text, s.Principal == nil, s.What, s.Form)
 	if err != nil {
 		return nil, err

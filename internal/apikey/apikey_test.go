@@ -93,6 +93,27 @@ func TestParseErrorsNameTheLineNeverTheKey(t *testing.T) {
 	}
 }
 
+// A service's syntax names its package in front of every error.
+func TestParseErrorsNameThePackage(t *testing.T) {
+	s := named
+	s.Package = "bes"
+	for text, want := range map[string]string{
+		"a=":                       "bes: line 1: API keys are written project=key",
+		"a=" + k1 + "\nb=tiny-key": `bes: line 2: the API key of project "b" is shorter than 16 characters`,
+		"bad=" + k1:                `bes: line 1: "bad" is not a project`,
+	} {
+		if _, err := Parse(text, s); err == nil || err.Error() != want {
+			t.Errorf("Parse(%q) = %v, want %q", text, err, want)
+		}
+	}
+	if _, err := Parse("a=tiny-key", s); !errors.Is(err, ErrShort) {
+		t.Errorf("the prefixed error %v is not ErrShort", err)
+	}
+	if tab, err := Parse("a="+k1, s); err != nil || tab.Len() != 1 {
+		t.Errorf("a valid table with a package: %v", err)
+	}
+}
+
 func TestParseBare(t *testing.T) {
 	tab, err := Parse("# tokens\n "+k1+" \n\n"+"a,b=c,d-0123456789\n", bare)
 	if err != nil {

@@ -14,7 +14,8 @@
 //
 // Load is what a server calls: it reads a Source (keys given inline, a
 // file, or in development a file made with a random key on first use,
-// DevSecret) into the server's key set and keeps it current.
+// DevSecret) in the server's syntax into an apikey.Table and keeps it
+// current.
 package keyfile
 
 import (

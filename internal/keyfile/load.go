@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/millrace/millrace/internal/apikey"
 )
 
 // Source is where a server's set of keys comes from: a flag's inline value
@@ -24,53 +26,51 @@ type Source struct {
 	What string
 }
 
-// Keys is a set of keys a server reads while the file changes under it
-// (bes.Keys, fleet.JoinTokens, ...).
-type Keys[K any] interface {
-	Len() int
-	Replace(K)
-}
-
-// Load parses the keys of src into into and, when they come from a file,
-// keeps them current until ctx ends. A file that stops parsing keeps the
-// previous keys, and so does one emptied of every key while keys were in
-// force: emptying the file must not turn authentication off. m and log may
-// be nil.
-func Load[K Keys[K]](ctx context.Context, src Source, parse func(string) (K, error), into K, m *Metrics, log *slog.Logger) error {
+// Load parses the keys of src, written in syntax, into a table and, when
+// they come from a file, keeps it current until ctx ends: each reload
+// replaces the table's keys at once (apikey.Table.Replace). A file that
+// stops parsing keeps the previous keys, and so does one emptied of every
+// key while keys were in force: emptying the file must not turn
+// authentication off. m and log may be nil.
+func Load[P any](ctx context.Context, src Source, syntax apikey.Syntax[P], m *Metrics, log *slog.Logger) (*apikey.Table[P], error) {
 	if log == nil {
 		log = slog.Default()
 	}
 	file := src.File
 	if file == "" && strings.TrimSpace(src.Inline) == "" && src.DevDir != "" {
 		if _, err := DevSecret(src.DevDir, src.DevFile, src.DevName); err != nil {
-			return err
+			return nil, err
 		}
 		file = filepath.Join(src.DevDir, src.DevFile)
 		log.Info("development "+src.What+" (reloaded when it changes)", "file", file)
 	}
+	keys := &apikey.Table[P]{}
 	apply := func(text string) error {
-		k, err := parse(text)
+		t, err := apikey.Parse(text, syntax)
 		if err != nil {
 			return err
 		}
-		if into.Len() > 0 && k.Len() == 0 {
+		if keys.Len() > 0 && t.Len() == 0 {
 			return errors.New("no key left: an empty key file would let every client in, so the previous keys stay in force")
 		}
-		into.Replace(k)
+		keys.Replace(t)
 		return nil
 	}
 	if file == "" {
-		return apply(src.Inline)
+		if err := apply(src.Inline); err != nil {
+			return nil, err
+		}
+		return keys, nil
 	}
 	w, err := New(file, func(b []byte) error { return apply(Lines(src.Inline, b)) }, m, log)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("%s file: %w", src.What, err)
+			return nil, fmt.Errorf("%s file: %w", src.What, err)
 		}
-		return fmt.Errorf("%s: %w", src.What, err)
+		return nil, fmt.Errorf("%s: %w", src.What, err)
 	}
 	go w.Run(ctx, DefaultInterval)
-	return nil
+	return keys, nil
 }
 
 // DevSecret returns the "name=secret" line kept in dir/file, making one

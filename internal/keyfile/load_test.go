@@ -6,40 +6,36 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/millrace/millrace/internal/apikey"
 	"github.com/millrace/millrace/internal/poll"
 )
 
-// keys is a key set as a server keeps one: replaced whole on reload.
-type keys struct{ list atomic.Pointer[[]string] }
-
-func (k *keys) List() []string {
-	if l := k.list.Load(); l != nil {
-		return *l
-	}
-	return nil
+// named reads name=key entries; each key acts for its name.
+var named = apikey.Syntax[string]{
+	What: "test key", Name: "name", Form: "name=key",
+	Principal: func(name string) (string, error) { return name, nil },
 }
-func (k *keys) Len() int           { return len(k.List()) }
-func (k *keys) Replace(from *keys) { l := from.List(); k.list.Store(&l) }
 
-// parseSet reads one key a line ("bad" refuses the file).
-func parseSet(text string) (*keys, error) {
-	var l []string
-	for _, line := range strings.Split(text, "\n") {
-		if line = strings.TrimSpace(line); line == "bad" {
-			return nil, errors.New("bad line")
-		} else if line != "" && !strings.HasPrefix(line, "#") {
-			l = append(l, line)
+const (
+	keyA = "key-a-0123456789abcdef"
+	keyB = "key-b-0123456789abcdef"
+	keyC = "key-c-0123456789abcdef"
+	keyD = "key-d-0123456789abcdef"
+)
+
+// holds reports whether t holds exactly the keys of want (key -> name).
+func holds(t *apikey.Table[string], want map[string]string) bool {
+	for key, name := range want {
+		if got, ok := t.Lookup(key); !ok || got != name {
+			return false
 		}
 	}
-	k := &keys{}
-	k.list.Store(&l)
-	return k, nil
+	return t.Len() == len(want)
 }
 
 // Inline keys and a file's are one set, kept current from the file; a
@@ -49,35 +45,42 @@ func TestLoadKeepsKeysCurrent(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 	both := filepath.Join(dir, "both")
-	writeFile(t, both, "b\n")
-	merged := &keys{}
-	if err := Load(ctx, Source{Inline: "a", File: both, What: "test keys"}, parseSet, merged, nil, nil); err != nil {
+	writeFile(t, both, "b="+keyB+"\n")
+	merged, err := Load(ctx, Source{Inline: "a=" + keyA, File: both, What: "test keys"}, named, nil, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if got := strings.Join(merged.List(), ","); got != "a,b" {
-		t.Fatalf("inline and file: %s", got)
+	if !holds(merged, map[string]string{keyA: "a", keyB: "b"}) {
+		t.Fatalf("inline and file: %d keys", merged.Len())
 	}
 
 	path := filepath.Join(dir, "keys")
-	writeFile(t, path, "b\n")
-	held := &keys{}
+	writeFile(t, path, "b="+keyB+"\n")
 	m := NewMetrics(prometheus.NewRegistry())
-	if err := Load(ctx, Source{File: path, What: "test keys"}, parseSet, held, m, nil); err != nil {
+	held, err := Load(ctx, Source{File: path, What: "test keys"}, named, m, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	writeFile(t, path, "c\nd\n")
-	poll.Until(t, "the file's new keys", func() bool { return held.Len() == 2 })
+	cd := map[string]string{keyC: "c", keyD: "d"}
+	writeFile(t, path, "c="+keyC+"\nd="+keyD+"\n")
+	poll.Until(t, "the file's new keys", func() bool { return holds(held, cd) })
 	errs := func() float64 { return testutil.ToFloat64(m.errors.WithLabelValues(path)) }
 	writeFile(t, path, "bad\n")
 	poll.Until(t, "the bad file refused", func() bool { return errs() >= 1 })
 	writeFile(t, path, "# none\n")
 	poll.Until(t, "the empty file refused", func() bool { return errs() >= 2 })
-	if got := strings.Join(held.List(), ","); got != "c,d" {
-		t.Fatalf("after a bad and an empty file: %s", got)
+	if !holds(held, cd) {
+		t.Fatalf("after a bad and an empty file: %d keys", held.Len())
 	}
-	if err := Load(ctx, Source{File: filepath.Join(dir, "none"), What: "test keys"}, parseSet, &keys{}, nil, nil); !errors.Is(err, os.ErrNotExist) ||
+	if _, err := Load(ctx, Source{File: filepath.Join(dir, "none"), What: "test keys"}, named, nil, nil); !errors.Is(err, os.ErrNotExist) ||
 		!strings.Contains(err.Error(), "test keys file") {
 		t.Fatalf("a missing file: %v", err)
+	}
+	// Errors are the syntax's, its package's name in front.
+	prefixed := named
+	prefixed.Package = "svc"
+	if _, err := Load(ctx, Source{Inline: "bad", What: "test keys"}, prefixed, nil, nil); err == nil || err.Error() != "svc: line 1: test keys are written name=key" {
+		t.Fatalf("inline keys that do not parse: %v", err)
 	}
 }
 
@@ -86,22 +89,24 @@ func TestLoadKeepsKeysCurrent(t *testing.T) {
 func TestLoadDevSecret(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "dev")
 	src := Source{DevDir: dir, DevFile: "api-keys", DevName: "dev", What: "test keys"}
-	parse := func(text string) (*keys, error) { return parseSet(strings.ReplaceAll(text, "dev=", "")) }
-	first := &keys{}
-	if err := Load(context.Background(), src, parse, first, nil, nil); err != nil {
+	first, err := Load(context.Background(), src, named, nil, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := os.Stat(filepath.Join(dir, "api-keys"))
-	if err != nil || st.Mode().Perm() != 0o600 || first.Len() != 1 || len(first.List()[0]) != 32 {
-		t.Fatalf("development key: %v, %v, %q", st, err, first.List())
+	path := filepath.Join(dir, "api-keys")
+	st, err := os.Stat(path)
+	b, _ := os.ReadFile(path)
+	_, key, _ := strings.Cut(strings.TrimSpace(string(b)), "=")
+	if p, ok := first.Lookup(key); err != nil || st.Mode().Perm() != 0o600 || first.Len() != 1 || len(key) != 32 || !ok || p != "dev" {
+		t.Fatalf("development key: %v, %v, %q acts for %q", st, err, key, p)
 	}
-	again := &keys{}
-	if err := Load(context.Background(), src, parse, again, nil, nil); err != nil || again.List()[0] != first.List()[0] {
-		t.Fatalf("second start: %q, %v; want the same key", again.List(), err)
+	again, err := Load(context.Background(), src, named, nil, nil)
+	if _, ok := again.Lookup(key); err != nil || !ok || again.Len() != 1 {
+		t.Fatalf("second start: %d keys, %v; want the same key", again.Len(), err)
 	}
-	inline := &keys{}
-	if err := Load(context.Background(), Source{Inline: "given", DevDir: dir, DevFile: "other", DevName: "dev"}, parseSet, inline, nil, nil); err != nil {
-		t.Fatal(err)
+	inline, err := Load(context.Background(), Source{Inline: "given=" + keyA, DevDir: dir, DevFile: "other", DevName: "dev"}, named, nil, nil)
+	if err != nil || inline.Len() != 1 {
+		t.Fatalf("inline keys: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "other")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("a development key was made although keys were given: %v", err)

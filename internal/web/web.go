@@ -62,16 +62,20 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet, listen, help string) {
 // their files while ctx lasts) and wraps next. Without them, a listener
 // other hosts can reach is refused unless InsecureOpen.
 func (o Options) guard(ctx context.Context, next http.Handler, kf *keyfile.Metrics, log *slog.Logger) (http.Handler, error) {
-	g := &console.Guard{Console: &console.Tokens{}, Metrics: &console.Tokens{}, Next: next}
+	g := &console.Guard{Next: next}
 	if o.ConsoleKeysFile != "" {
-		if err := keyfile.Load(ctx, keyfile.Source{File: o.ConsoleKeysFile, What: "console keys"}, console.ParseTokens("console key"), g.Console, kf, log); err != nil {
+		t, err := keyfile.Load(ctx, keyfile.Source{File: o.ConsoleKeysFile, What: "console keys"}, console.TokenSyntax("console key"), kf, log)
+		if err != nil {
 			return nil, err
 		}
+		g.Console = console.Tokens{Table: t}
 	}
 	if o.MetricsTokenFile != "" {
-		if err := keyfile.Load(ctx, keyfile.Source{File: o.MetricsTokenFile, What: "metrics tokens"}, console.ParseTokens("metrics token"), g.Metrics, kf, log); err != nil {
+		t, err := keyfile.Load(ctx, keyfile.Source{File: o.MetricsTokenFile, What: "metrics tokens"}, console.TokenSyntax("metrics token"), kf, log)
+		if err != nil {
 			return nil, err
 		}
+		g.Metrics = console.Tokens{Table: t}
 	}
 	return g, g.CheckExposure(o.Listen, o.InsecureOpen)
 }

@@ -29,7 +29,7 @@ type Config struct {
 	MaxInFlight int
 	// Keys, when not empty, makes every stream and lifecycle event
 	// authenticate with an API key; each key belongs to one project.
-	Keys *Keys
+	Keys Keys
 	// DefaultProject names events that carry no project id. Default "default".
 	DefaultProject string
 	// Redactor removes secrets from every build event before it is
@@ -160,34 +160,21 @@ func CheckExposure(listen string, keys int, insecureOpen bool) error {
 }
 
 // Keys maps API keys to the project each belongs to: an apikey.Table,
-// kept as digests and compared in constant time.
-type Keys apikey.Table[string]
+// kept as digests and compared in constant time, shared by the copies of a
+// Config (a reload replaces its keys for all). The zero value has no keys.
+type Keys struct{ *apikey.Table[string] }
 
 var keySyntax = apikey.Syntax[string]{
-	What: "API key", Name: "project", Form: "project=key",
+	Package: "bes", What: "API key", Name: "project", Form: "project=key",
 	Principal: func(project string) (string, error) { return project, nil },
 }
 
 // ParseKeys reads "project=key,project=key" (or one pair per line; the
 // syntax is apikey's). A project may have several keys.
-func ParseKeys(s string) (*Keys, error) {
+func ParseKeys(s string) (Keys, error) {
 	t, err := apikey.Parse(s, keySyntax)
-	if err != nil {
-		return nil, fmt.Errorf("bes: %w", err)
-	}
-	return (*Keys)(t), nil
+	return Keys{t}, err
 }
 
-func (k *Keys) table() *apikey.Table[string] { return (*apikey.Table[string])(k) }
-
-// Len is the number of keys.
-func (k *Keys) Len() int { return k.table().Len() }
-
-// Replace makes k hold exactly the keys of from, at once: a request sees
-// either the old keys or the new ones, never a mix. It is how a file of
-// keys is reloaded while the server runs (a removed one is refused from the
-// next request on).
-func (k *Keys) Replace(from *Keys) { k.table().Replace(from.table()) }
-
 // Project returns the project a key belongs to.
-func (k *Keys) Project(key string) (string, bool) { return k.table().Lookup(key) }
+func (k Keys) Project(key string) (string, bool) { return k.Lookup(key) }

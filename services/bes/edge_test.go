@@ -2,6 +2,7 @@ package bes
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -204,10 +205,12 @@ func TestParseKeys(t *testing.T) {
 	for _, bad := range []string{"alpha", "=" + alphaKey, "alpha=short", "alpha=" + alphaKey + "\nbeta=" + alphaKey} {
 		if _, err := ParseKeys(bad); err == nil {
 			t.Errorf("ParseKeys(%q) accepted", bad)
+		} else if !strings.HasPrefix(err.Error(), "bes: ") {
+			t.Errorf("ParseKeys(%q): %v, want the package's name in front", bad, err)
 		}
 	}
-	var none *Keys
+	var none Keys
 	if _, ok := none.Project(alphaKey); ok || none.Len() != 0 {
-		t.Error("nil keys")
+		t.Error("zero keys")
 	}
 }

@@ -75,12 +75,12 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 // envflag.UsageError. kf and log may be nil.
 func (o Options) LoadConfig(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Config, error) {
 	c := o.Config
-	c.Keys = &Keys{}
 	src := keyfile.Source{Inline: o.APIKeys, File: o.APIKeysFile, What: "BES API keys"}
-	if err := keyfile.Load(ctx, src, ParseKeys, c.Keys, kf, log); err != nil {
+	keys, err := keyfile.Load(ctx, src, keySyntax, kf, log)
+	if err != nil {
 		return c, err
 	}
-	var err error
+	c.Keys = Keys{keys}
 	c.Redactor, err = o.Redact.Redactor()
 	c.NoRedaction = !o.Redaction
 	return c, err

@@ -16,7 +16,7 @@ import (
 // number or duration is refused by New. Keys is required.
 type Config struct {
 	// Keys are the API keys and the worlds each may use.
-	Keys *Keys
+	Keys Keys
 	// MaxBodyBytes is the largest document body. Default 1 MiB; at most
 	// the backbone's largest message less 64 KiB for headers.
 	MaxBodyBytes int
@@ -91,11 +91,12 @@ func (c Config) Validate() error {
 
 // Keys are API keys, each for one world or for all of them: an
 // apikey.Table of worlds ("*": every world), kept as digests and compared
-// in constant time.
-type Keys apikey.Table[string]
+// in constant time, shared by the copies of a Config (a reload replaces its
+// keys for all). The zero value has no keys.
+type Keys struct{ *apikey.Table[string] }
 
 var keySyntax = apikey.Syntax[string]{
-	What: "API key", Name: "world", Form: "world=key (or *=key for every world)",
+	Package: "commits", What: "API key", Name: "world", Form: "world=key (or *=key for every world)",
 	Principal: func(world string) (string, error) {
 		if world == "*" {
 			return world, nil
@@ -108,29 +109,15 @@ var keySyntax = apikey.Syntax[string]{
 // lines starting with # are skipped; the syntax is apikey's): world=key for
 // one world, *=key for every world. A world may have several keys; keys are
 // at least 16 characters and may themselves contain '='.
-func ParseKeys(s string) (*Keys, error) {
+func ParseKeys(s string) (Keys, error) {
 	t, err := apikey.Parse(s, keySyntax)
-	if err != nil {
-		return nil, fmt.Errorf("commits: %w", err)
-	}
-	return (*Keys)(t), nil
+	return Keys{t}, err
 }
-
-func (k *Keys) table() *apikey.Table[string] { return (*apikey.Table[string])(k) }
-
-// Len is the number of keys.
-func (k *Keys) Len() int { return k.table().Len() }
-
-// Replace makes k hold exactly the keys of from, at once: a request sees
-// either the old keys or the new ones, never a mix. It is how a file of
-// keys is reloaded while the server runs (a removed one is refused from the
-// next request on).
-func (k *Keys) Replace(from *Keys) { k.table().Replace(from.table()) }
 
 // allows reports whether key may use world, and whether it is a key at
 // all.
-func (k *Keys) allows(key, world string) (known, allowed bool) {
-	w, known := k.table().Lookup(key)
+func (k Keys) allows(key, world string) (known, allowed bool) {
+	w, known := k.Lookup(key)
 	return known, known && (w == "*" || w == world)
 }
 

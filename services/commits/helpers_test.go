@@ -33,7 +33,7 @@ type edge struct {
 	reg    *prometheus.Registry
 }
 
-func testKeys(t testing.TB) *Keys {
+func testKeys(t testing.TB) Keys {
 	t.Helper()
 	k, err := ParseKeys("w1=" + keyW1 + ",*=" + keyAll)
 	if err != nil {
@@ -75,7 +75,7 @@ func startEdge(t testing.TB, cfg Config, ns ...*server.Server) *edge {
 // serveEdge is another edge on js.
 func serveEdge(t testing.TB, cfg Config, js jetstream.JetStream) *edge {
 	t.Helper()
-	if cfg.Keys == nil {
+	if cfg.Keys.Table == nil {
 		cfg.Keys = testKeys(t)
 	}
 	reg := prometheus.NewRegistry()

@@ -52,9 +52,10 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 // come from a file: a key removed from it is refused without a restart.
 func (o Options) config(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Config, error) {
 	c := o.c
-	c.Keys = &Keys{}
 	src := keyfile.Source{Inline: o.keys, File: o.keysFile, DevDir: o.DevSecrets, DevFile: "commits-api-keys", DevName: "*", What: "commits API keys"}
-	return c, keyfile.Load(ctx, src, ParseKeys, c.Keys, kf, log)
+	keys, err := keyfile.Load(ctx, src, keySyntax, kf, log)
+	c.Keys = Keys{keys}
+	return c, err
 }
 
 // Edge is a running edge: its gRPC server, and the same API for an HTTP

@@ -349,6 +349,8 @@ func TestParseKeys(t *testing.T) {
 	for _, bad := range []string{"w1", "w1=short", "=" + keyW1, "a*b=" + keyW1, "w1=" + keyW1 + ",w2=" + keyW1} {
 		if _, err := ParseKeys(bad); err == nil {
 			t.Errorf("ParseKeys(%q) accepted", bad)
+		} else if !strings.HasPrefix(err.Error(), "commits: ") {
+			t.Errorf("ParseKeys(%q): %v, want the package's name in front", bad, err)
 		}
 	}
 }

@@ -152,10 +152,12 @@ func TestJoinTokens(t *testing.T) {
 	for _, bad := range []string{"nopool", "p=short", "=aaaaaaaaaaaaaaaa", "p=aaaaaaaaaaaaaaaa,q=aaaaaaaaaaaaaaaa"} {
 		if _, err := ParseJoinTokens(bad); err == nil {
 			t.Errorf("%q parsed", bad)
+		} else if !strings.HasPrefix(err.Error(), "fleet: ") {
+			t.Errorf("%q: %v, want the package's name in front", bad, err)
 		}
 	}
-	var none *JoinTokens
+	var none JoinTokens
 	if _, ok := none.Pool("x"); ok || none.Len() != 0 {
-		t.Error("nil tokens")
+		t.Error("zero tokens")
 	}
 }

@@ -27,8 +27,8 @@ type Config struct {
 	// certificate gets a Refusal a person can read.
 	TLS *tls.Config
 	// JoinTokens lets a node exchange a pool's token for a certificate.
-	// Nil or empty: Join refuses every call.
-	JoinTokens *JoinTokens
+	// Empty: Join refuses every call.
+	JoinTokens JoinTokens
 	// NodeCertValidity is how long a certificate from Join is valid.
 	// Default 30 days; a node joins again before it runs out.
 	NodeCertValidity time.Duration
@@ -328,35 +328,22 @@ func (c Config) negatives() error {
 }
 
 // JoinTokens maps join tokens to pools: an apikey.Table, kept as digests
-// and compared in constant time.
-type JoinTokens apikey.Table[string]
+// and compared in constant time, shared by the copies of a Config (a
+// reload replaces its tokens for all). The zero value has no tokens.
+type JoinTokens struct{ *apikey.Table[string] }
 
 var tokenSyntax = apikey.Syntax[string]{
-	What: "join token", Name: "pool", Form: "pool=token",
+	Package: "fleet", What: "join token", Name: "pool", Form: "pool=token",
 	Principal: func(pool string) (string, error) { return pool, CheckID("the pool", pool) },
 }
 
 // ParseJoinTokens reads "pool=token,pool=token" (or one pair per line;
 // lines starting with # are comments; the syntax is apikey's). A pool may
 // have several tokens, each at least 16 characters.
-func ParseJoinTokens(s string) (*JoinTokens, error) {
+func ParseJoinTokens(s string) (JoinTokens, error) {
 	t, err := apikey.Parse(s, tokenSyntax)
-	if err != nil {
-		return nil, fmt.Errorf("fleet: %w", err)
-	}
-	return (*JoinTokens)(t), nil
+	return JoinTokens{t}, err
 }
 
-func (k *JoinTokens) table() *apikey.Table[string] { return (*apikey.Table[string])(k) }
-
-// Len is the number of tokens.
-func (k *JoinTokens) Len() int { return k.table().Len() }
-
-// Replace makes k hold exactly the tokens of from, at once: a request sees
-// either the old tokens or the new ones, never a mix. It is how a file of
-// tokens is reloaded while the server runs (a removed one is refused from the
-// next request on).
-func (k *JoinTokens) Replace(from *JoinTokens) { k.table().Replace(from.table()) }
-
 // Pool returns the pool a token admits to.
-func (k *JoinTokens) Pool(token string) (string, bool) { return k.table().Lookup(token) }
+func (k JoinTokens) Pool(token string) (string, bool) { return k.Lookup(token) }

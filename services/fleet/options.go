@@ -97,13 +97,13 @@ func (o Options) Load(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger
 	if err != nil {
 		return Config{}, err
 	}
-	tokens := &JoinTokens{}
 	src := keyfile.Source{Inline: o.JoinTokens, File: o.JoinTokensFile, DevDir: o.DevSecrets, DevFile: "join-tokens", DevName: "default", What: "join tokens"}
-	if err := keyfile.Load(ctx, src, ParseJoinTokens, tokens, kf, log); err != nil {
+	tokens, err := keyfile.Load(ctx, src, tokenSyntax, kf, log)
+	if err != nil {
 		return Config{}, err
 	}
 	c := o.Config
-	c.CA, c.TLS, c.JoinTokens, c.DisableResumption = ca, tc, tokens, !o.Resumption
+	c.CA, c.TLS, c.JoinTokens, c.DisableResumption = ca, tc, JoinTokens{tokens}, !o.Resumption
 	if c.GatewayID == "" {
 		// The port tells apart the gateways of one host (Config's own
 		// default, the host name alone, would not).

@@ -19,7 +19,7 @@ import (
 type Config struct {
 	// Keys authenticate every call. Each key belongs to one owner (a user
 	// or a team) and may be limited to some pools (see ParseKeys).
-	Keys *Keys
+	Keys Keys
 	// MaxPendingPerOwner caps the reservations one owner may have PENDING
 	// or PLACED (not yet active) at once; Create answers RESOURCE_EXHAUSTED
 	// beyond it. Default 1,000.
@@ -95,14 +95,16 @@ func (c Config) Validate() error {
 }
 
 // Keys maps API keys to owners, each key optionally limited to pools: an
-// apikey.Table, kept as digests and compared in constant time.
-type Keys apikey.Table[principal]
+// apikey.Table, kept as digests and compared in constant time, shared by
+// the copies of a Config (a reload replaces its keys for all). The zero
+// value has no keys.
+type Keys struct{ *apikey.Table[principal] }
 
 // MaxOwnerBytes bounds an owner's name.
 const MaxOwnerBytes = 128
 
 var keySyntax = apikey.Syntax[principal]{
-	What: "API key", Name: "owner", Form: "owner=key or owner:pool1|pool2=key",
+	Package: "reservations", What: "API key", Name: "owner", Form: "owner=key or owner:pool1|pool2=key",
 	Principal: parsePrincipal,
 }
 
@@ -116,12 +118,9 @@ var keySyntax = apikey.Syntax[principal]{
 // is everything after the first '=', so it may itself contain '='. Owners
 // cannot contain ':', '=', ',' or control characters; pools in a key's list
 // cannot contain '|', '=', ',' or control characters.
-func ParseKeys(s string) (*Keys, error) {
+func ParseKeys(s string) (Keys, error) {
 	t, err := apikey.Parse(s, keySyntax)
-	if err != nil {
-		return nil, fmt.Errorf("reservations: %w", err)
-	}
-	return (*Keys)(t), nil
+	return Keys{t}, err
 }
 
 // parsePrincipal reads "owner" or "owner:pool1|pool2".
@@ -151,17 +150,6 @@ func parsePrincipal(who string) (principal, error) {
 	return principal{owner: owner, pools: slices.Compact(pools)}, nil
 }
 
-func (k *Keys) table() *apikey.Table[principal] { return (*apikey.Table[principal])(k) }
-
-// Len is the number of keys.
-func (k *Keys) Len() int { return k.table().Len() }
-
-// Replace makes k hold exactly the keys of from, at once: a request sees
-// either the old keys or the new ones, never a mix. It is how a file of
-// keys is reloaded while the server runs (a removed one is refused from the
-// next request on).
-func (k *Keys) Replace(from *Keys) { k.table().Replace(from.table()) }
-
 // principal is who a key acts for.
 type principal struct {
 	owner string
@@ -175,9 +163,6 @@ func (p principal) allows(pool string) bool {
 	_, found := slices.BinarySearch(p.pools, pool)
 	return found
 }
-
-// lookup returns who key acts for.
-func (k *Keys) lookup(key string) (principal, bool) { return k.table().Lookup(key) }
 
 func hasControl(s string) bool {
 	for _, r := range s {

@@ -27,19 +27,19 @@ bob : a100 | h100 = bob-key-0123456789==,alice=alice-second-key-0123
 		{"alice-second-key-0123", "alice", nil},
 		{"bob-key-0123456789==", "bob", []string{"a100", "h100"}},
 	} {
-		p, ok := k.lookup(c.key)
+		p, ok := k.Lookup(c.key)
 		if !ok || p.owner != c.owner || !slices.Equal(p.pools, c.pools) {
 			t.Errorf("key %s: %v %v, want %s %v", c.key, p, ok, c.owner, c.pools)
 		}
 	}
-	if p, _ := k.lookup("bob-key-0123456789=="); !p.allows("h100") || p.allows("v100") {
+	if p, _ := k.Lookup("bob-key-0123456789=="); !p.allows("h100") || p.allows("v100") {
 		t.Error("bob's pools")
 	}
-	if p, _ := k.lookup("alice-key-0123456789"); !p.allows("anything") {
+	if p, _ := k.Lookup("alice-key-0123456789"); !p.allows("anything") {
 		t.Error("alice's key is for every pool")
 	}
 	for _, key := range []string{"", "alice-key-012345678", "nope"} {
-		if _, ok := k.lookup(key); ok {
+		if _, ok := k.Lookup(key); ok {
 			t.Errorf("key %q accepted", key)
 		}
 	}

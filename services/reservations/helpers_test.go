@@ -49,7 +49,7 @@ const (
 	carolKey = "carol-key-0123456789" // only pools a100 and h100
 )
 
-func testKeys(t testing.TB) *Keys {
+func testKeys(t testing.TB) Keys {
 	t.Helper()
 	k, err := ParseKeys("alice=" + aliceKey + ",bob=" + bobKey + "\ncarol:a100|h100=" + carolKey)
 	if err != nil {
@@ -72,7 +72,7 @@ type env struct {
 // defaults to 200 ms here, since most tests run no projector to settle.
 func newEnv(t *testing.T, cfg Config) *env {
 	t.Helper()
-	if cfg.Keys == nil {
+	if cfg.Keys.Table == nil {
 		cfg.Keys = testKeys(t)
 	}
 	if cfg.SettleTimeout == 0 {

@@ -53,9 +53,10 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 // until ctx ends (keyfile.Load; kf counts the reloads).
 func (o Options) Load(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Config, error) {
 	c := o.Config
-	c.Keys = &Keys{}
 	src := keyfile.Source{Inline: o.APIKeys, File: o.APIKeysFile, DevDir: o.DevSecrets, DevFile: "api-keys", DevName: "dev", What: "reservation API keys"}
-	return c, keyfile.Load(ctx, src, ParseKeys, c.Keys, kf, log)
+	keys, err := keyfile.Load(ctx, src, keySyntax, kf, log)
+	c.Keys = Keys{keys}
+	return c, err
 }
 
 // GRPC is the API's own gRPC server: its calls may wait up to a minute

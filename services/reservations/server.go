@@ -187,7 +187,7 @@ func (s *Server) authenticate(key string) (principal, error) {
 		return principal{}, status.Error(codes.Unauthenticated,
 			"millrace: this API needs an API key: send \"authorization: Bearer KEY\" or \""+APIKeyHeader+": KEY\"")
 	}
-	p, ok := s.cfg.Keys.lookup(key)
+	p, ok := s.cfg.Keys.Lookup(key)
 	if !ok {
 		return principal{}, status.Error(codes.Unauthenticated, "millrace: the API key is not valid")
 	}
