@@ -84,7 +84,7 @@ func (o Options) Config(serviceConsumers []string) (Config, error) {
 		c.SyncInterval = d
 	}
 	if o.RetentionDays <= 0 {
-		return c, envflag.Usage("retention-raw-days must be at least 1")
+		return c, envflag.Usage("--retention-raw-days ($RETENTION_RAW_DAYS) must be at least 1")
 	}
 	return c, c.Validate()
 }

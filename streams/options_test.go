@@ -3,7 +3,6 @@ package streams_test
 import (
 	"context"
 	"errors"
-	"flag"
 	"os"
 	"path/filepath"
 	"slices"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
 )
@@ -20,14 +20,7 @@ import (
 func parsed(t *testing.T, args ...string) streams.Options {
 	t.Helper()
 	var o streams.Options
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	o.RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
-	}
-	if err := envflag.Errors(fs); err != nil {
-		t.Fatal(err)
-	}
+	envflagtest.Parse(t, o.RegisterFlags, args...)
 	return o
 }
 
@@ -83,7 +76,7 @@ func TestOptionsConfigRefuses(t *testing.T) {
 		{[]string{"-nats-sync", "sometimes"}, `--nats-sync ($MILLRACE_NATS_SYNC) "sometimes": want a duration like 1s or "always"`, true},
 		{[]string{"-nats-sync", "0s"}, `--nats-sync ($MILLRACE_NATS_SYNC) "0s"`, true},
 		{[]string{"-nats-sync", "-1s"}, `--nats-sync ($MILLRACE_NATS_SYNC) "-1s"`, true},
-		{[]string{"-retention-raw-days", "0"}, "retention-raw-days must be at least 1", true},
+		{[]string{"-retention-raw-days", "0"}, "--retention-raw-days ($RETENTION_RAW_DAYS) must be at least 1", true},
 		{[]string{"-nats-lease-ttl", "10ms"}, "lease TTL 10ms is below 1s", false},
 	} {
 		_, err := parsed(t, c.args...).Config(nil)

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/commits"
@@ -72,17 +73,6 @@ func replaceFile(t *testing.T, path, text string) {
 	}
 }
 
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func lifecycle(project string) *buildpb.PublishLifecycleEventRequest {
 	return &buildpb.PublishLifecycleEventRequest{ProjectId: project, BuildEvent: &buildpb.OrderedBuildEvent{
 		StreamId:       &buildpb.StreamId{BuildId: "b1", InvocationId: "i1"},
@@ -127,15 +117,15 @@ func TestBESKeysReloadWithoutRestart(t *testing.T) {
 		t.Fatalf("key B before it is added: %v", c)
 	}
 	replaceFile(t, keys, "bravo="+keyB+"\n")
-	poll(t, "key A refused", func() bool { return publish(keyA) == codes.Unauthenticated })
+	poll.Until(t, "key A refused", func() bool { return publish(keyA) == codes.Unauthenticated })
 	if c := publish(keyB); c != codes.OK {
 		t.Fatalf("key B after it was added: %v", c)
 	}
 	// A file that no longer parses, or holds no key, keeps B in force.
 	replaceFile(t, keys, "not a key line\n")
-	poll(t, "the bad file counted", func() bool { return counterValue(t, tel, "millrace_keyfile_reload_errors_total") >= 1 })
+	poll.Until(t, "the bad file counted", func() bool { return counterValue(t, tel, "millrace_keyfile_reload_errors_total") >= 1 })
 	replaceFile(t, keys, "# every key removed\n")
-	poll(t, "the empty file counted", func() bool { return counterValue(t, tel, "millrace_keyfile_reload_errors_total") >= 2 })
+	poll.Until(t, "the empty file counted", func() bool { return counterValue(t, tel, "millrace_keyfile_reload_errors_total") >= 2 })
 	if c := publish(keyB); c != codes.OK {
 		t.Fatalf("key B after a bad file: %v", c)
 	}
@@ -300,7 +290,7 @@ func TestCommitsKeysReloadWithoutRestart(t *testing.T) {
 		t.Fatalf("key B before it is added: %d", c)
 	}
 	replaceFile(t, keys, "*="+keyB+"\n")
-	poll(t, "key A refused", func() bool { return put(keyA) == http.StatusUnauthorized })
+	poll.Until(t, "key A refused", func() bool { return put(keyA) == http.StatusUnauthorized })
 	if c := put(keyB); c/100 != 2 {
 		t.Fatalf("key B after it was added: %d", c)
 	}
@@ -333,7 +323,7 @@ func TestJoinTokensAndReservationKeysReload(t *testing.T) {
 		t.Fatalf("at start: token A admits to %q, token B to %q", pool(tokA), pool(tokB))
 	}
 	replaceFile(t, tokens, tokB+"\n")
-	poll(t, "token A refused", func() bool { return pool(tokA) == "" })
+	poll.Until(t, "token A refused", func() bool { return pool(tokA) == "" })
 	if pool(tokB) != "prod" {
 		t.Fatal("token B not admitted after it was added")
 	}
@@ -348,5 +338,5 @@ func TestJoinTokensAndReservationKeysReload(t *testing.T) {
 		t.Fatalf("%d reservation keys at start", rc.Keys.Len())
 	}
 	replaceFile(t, keys, "ci=resv-key-b-0123456789\nops=resv-key-c-0123456789\n")
-	poll(t, "the reservation keys reloaded", func() bool { return rc.Keys.Len() == 2 })
+	poll.Until(t, "the reservation keys reloaded", func() bool { return rc.Keys.Len() == 2 })
 }

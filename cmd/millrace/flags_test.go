@@ -20,7 +20,7 @@ func TestRedactOptions(t *testing.T) {
 	if err := fs.Parse([]string{"--bes-redact-pattern", "x{2} y", "--bes-redact-allow", "PATH,ROLE"}); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := o.LoadConfig(context.Background(), newTelemetry().kf, slog.Default())
+	cfg, err := o.Load(context.Background(), newTelemetry().kf, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestRedactOptions(t *testing.T) {
 	var bad bes.Options
 	bad.RegisterFlags(fs)
 	fs.Parse([]string{"--bes-redact-pattern", "a*"})
-	if _, err := bad.LoadConfig(context.Background(), newTelemetry().kf, slog.Default()); err == nil || !strings.Contains(err.Error(), `"a*"`) {
+	if _, err := bad.Load(context.Background(), newTelemetry().kf, slog.Default()); err == nil || !strings.Contains(err.Error(), `"a*"`) {
 		t.Fatalf("a pattern matching the empty string: %v", err)
 	}
 }

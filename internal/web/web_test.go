@@ -12,12 +12,13 @@ import (
 	"path/filepath"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/poll"
 )
@@ -26,14 +27,7 @@ import (
 func options(t *testing.T, args ...string) Options {
 	t.Helper()
 	var o Options
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	o.RegisterFlags(fs, "", "")
-	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
-	}
-	if err := envflag.Errors(fs); err != nil {
-		t.Fatal(err)
-	}
+	envflagtest.Parse(t, func(fs *flag.FlagSet) { o.RegisterFlags(fs, "", "") }, args...)
 	return o
 }
 
@@ -101,7 +95,7 @@ func TestHTTPGuard(t *testing.T) {
 	}
 
 	o := options(t, "-http-listen", "0.0.0.0:0",
-		"-http-console-keys-file", consoleKeys, "-http-metrics-token-file", metricsToken, "-http-max-conns", "3")
+		"-http-console-keys-file", consoleKeys, "-http-metrics-token-file", metricsToken, "-http-max-conns", "3", "-http-idle-timeout", "7s")
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "console") })
 	mux.HandleFunc("GET /v1/reservations", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "api") })
@@ -143,8 +137,8 @@ func TestHTTPGuard(t *testing.T) {
 		t.Fatalf("key2 after rotation: %d", got)
 	}
 
-	if web.Server.IdleTimeout <= 0 || web.Server.ReadHeaderTimeout <= 0 {
-		t.Fatalf("idle timeout %v, read header timeout %v", web.Server.IdleTimeout, web.Server.ReadHeaderTimeout)
+	if web.Server.IdleTimeout != 7*time.Second || web.Server.ReadHeaderTimeout <= 0 {
+		t.Fatalf("idle timeout %v (want the flag's 7s), read header timeout %v", web.Server.IdleTimeout, web.Server.ReadHeaderTimeout)
 	}
 	// The connection cap: three held, a fourth is closed unanswered.
 	http.DefaultClient.CloseIdleConnections()
@@ -164,8 +158,9 @@ func TestHTTPGuard(t *testing.T) {
 	}
 	c.SetDeadline(time.Now().Add(10 * time.Second))
 	io.WriteString(c, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-	if n, _ := c.Read(make([]byte, 1)); n != 0 {
-		t.Fatal("a fourth connection was answered over --http-max-conns 3")
+	// Closed at once, not left unanswered until the deadline.
+	if n, err := c.Read(make([]byte, 1)); n != 0 || !errors.Is(err, io.EOF) && !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("a fourth connection over --http-max-conns 3: read %d bytes, %v; want it closed", n, err)
 	}
 	c.Close()
 	for _, c := range held {

@@ -1,17 +1,17 @@
 package fleet
 
 import (
-	"flag"
 	"testing"
 	"time"
+
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 )
 
 // The thresholds' flags set the fields they name, and their defaults are
 // the Config's.
 func TestRegisterFlags(t *testing.T) {
 	var c Config
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	c.RegisterFlags(fs)
+	fs := envflagtest.Parse(t, c.RegisterFlags)
 	if c.SuspectAfter != DefaultSuspectAfter || c.UnreachableAfter != DefaultUnreachableAfter || c.ClockSlack != DefaultClockSlack {
 		t.Fatalf("defaults %+v", c)
 	}

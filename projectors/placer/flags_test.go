@@ -1,17 +1,17 @@
 package placer
 
 import (
-	"flag"
 	"testing"
 	"time"
+
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 )
 
 // The release policies' flags set the fields they name, and their
 // defaults are the Config's.
 func TestRegisterFlags(t *testing.T) {
 	var c Config
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	c.RegisterFlags(fs)
+	fs := envflagtest.Parse(t, c.RegisterFlags)
 	if c.BindTimeout != DefaultBindTimeout || c.PendingTimeout != DefaultPendingTimeout || c.UnbindRetry != DefaultUnbindRetry {
 		t.Fatalf("defaults %+v", c)
 	}

@@ -69,11 +69,11 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	envflag.Duration(fs, &o.Config.IdleTimeout, "bes-idle-timeout", "MILLRACE_BES_IDLE_TIMEOUT", DefaultIdleTimeout, "a stream whose client sends nothing for this long is closed (Bazel resumes it)")
 }
 
-// LoadConfig is the edge's Config: o.Config with the API keys loaded (a
+// Load is the edge's Config: o.Config with the API keys loaded (a
 // keys file is kept current until ctx ends, its reloads counted in kf) and
 // the redactor built. A pattern the redactor refuses is an
 // envflag.UsageError. kf and log may be nil.
-func (o Options) LoadConfig(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Config, error) {
+func (o Options) Load(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Config, error) {
 	c := o.Config
 	src := keyfile.Source{Inline: o.APIKeys, File: o.APIKeysFile, What: "BES API keys"}
 	keys, err := keyfile.Load(ctx, src, keySyntax, kf, log)
@@ -96,7 +96,8 @@ func Start(ctx context.Context, o Options, bb *streams.Backbone, reg prometheus.
 	if log == nil {
 		log = slog.Default()
 	}
-	cfg, err := o.LoadConfig(ctx, kf, log)
+	log = log.With("component", "bes")
+	cfg, err := o.Load(ctx, kf, log)
 	if err != nil {
 		return nil, err
 	}
@@ -118,7 +119,7 @@ func Start(ctx context.Context, o Options, bb *streams.Backbone, reg prometheus.
 		return nil, err
 	}
 	m := NewMetrics(reg)
-	srv, err := New(cfg, bb.Publisher(), stream, m, log.With("component", "bes"))
+	srv, err := New(cfg, bb.Publisher(), stream, m, log)
 	if err != nil {
 		return nil, err
 	}

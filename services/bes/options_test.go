@@ -11,7 +11,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
-	"flag"
 	"log/slog"
 	"math/big"
 	"net"
@@ -30,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
 )
@@ -37,15 +37,8 @@ import (
 // parseOptions registers the edge's flags and parses args.
 func parseOptions(t *testing.T, args ...string) Options {
 	t.Helper()
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	var o Options
-	o.RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
-	}
-	if err := envflag.Errors(fs); err != nil {
-		t.Fatal(err)
-	}
+	envflagtest.Parse(t, o.RegisterFlags, args...)
 	return o
 }
 
