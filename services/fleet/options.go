@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -13,6 +14,7 @@ import (
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/streams"
 )
 
@@ -83,17 +85,23 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 
 // Load makes the gateway's Config: it loads the CA and the TLS material
 // and the join tokens, which stay current with their file until ctx ends
-// (keyfile.Load; kf counts the reloads). A half pair of CA files is an
-// envflag.UsageError.
+// (keyfile.Load; kf counts the reloads). A half pair of CA or TLS files
+// is an envflag.UsageError naming the pair's flags.
 func (o Options) Load(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Config, error) {
-	if (o.CACert == "") != (o.CAKey == "") {
-		return Config{}, envflag.Usage("--fleet-ca-cert and --fleet-ca-key go together")
-	}
 	hosts := envflag.SplitList(o.TLSHosts)
 	if h, _, err := net.SplitHostPort(o.Listen); err == nil && h != "" {
 		hosts = append(hosts, h)
 	}
 	ca, tc, err := Credentials{CACert: o.CACert, CAKey: o.CAKey, CADir: o.CADir, Cert: o.TLSCert, Key: o.TLSKey, Hosts: hosts}.Load()
+	if errors.Is(err, tlsfiles.ErrHalfPair) {
+		// Credentials names the files' roles, not the flags an operator
+		// set: the usage error says which pair to complete.
+		pair := "--fleet-tls-cert and --fleet-tls-key"
+		if (o.CACert == "") != (o.CAKey == "") {
+			pair = "--fleet-ca-cert and --fleet-ca-key"
+		}
+		return Config{}, envflag.Usage(pair + " go together")
+	}
 	if err != nil {
 		return Config{}, err
 	}
@@ -128,8 +136,11 @@ type Gateway struct {
 
 // Start loads o (Load), listens on o.Listen and serves the gateway on bb,
 // its loops running until Stop. reg gets the gateway's metrics, kf the
-// join tokens' reloads.
+// join tokens' reloads; a nil log is slog.Default.
 func Start(ctx context.Context, o Options, bb *streams.Backbone, reg prometheus.Registerer, kf *keyfile.Metrics, log *slog.Logger) (*Gateway, error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	log = log.With("component", "fleet")
 	cfg, err := o.Load(ctx, kf, log)
 	if err != nil {

@@ -37,7 +37,8 @@ func parseOptions(t *testing.T, args ...string) Options {
 
 // Load turns the operator's knobs into a Config: a rate sets its burst,
 // the listen port names the gateway, the listen host is in the issued
-// certificate, and a half pair of CA files is a usage error.
+// certificate, and a half pair of CA or TLS files is a usage error naming
+// its flags.
 func TestOptionsLoad(t *testing.T) {
 	dir := t.TempDir()
 	o := parseOptions(t, "-fleet-ca-dir", filepath.Join(dir, "ca"), "-fleet-listen", "127.0.0.2:4321",
@@ -78,6 +79,13 @@ func TestOptionsLoad(t *testing.T) {
 	var usage envflag.UsageError
 	if !errors.As(err, &usage) || usage.Msg != "--fleet-ca-cert and --fleet-ca-key go together" {
 		t.Fatalf("a CA certificate without its key: %v, want the usage error", err)
+	}
+	for _, half := range [][]string{{"-fleet-tls-cert", "x.pem"}, {"-fleet-tls-key", "x.key"}} {
+		o = parseOptions(t, append([]string{"-fleet-ca-dir", filepath.Join(dir, "ca")}, half...)...)
+		_, err = o.Load(t.Context(), nil, slog.Default())
+		if !errors.As(err, &usage) || usage.Msg != "--fleet-tls-cert and --fleet-tls-key go together" {
+			t.Fatalf("%v without the rest of its pair: %v, want the usage error", half, err)
+		}
 	}
 }
 
