@@ -17,10 +17,8 @@ import (
 )
 
 // commits serves the commits edge over gRPC and under /v1/worlds/ on the
-// process's mux, reading folded versions from the process's bucket;
-// devSecrets, when not empty, keeps a development key for every world.
-func (p *process) commits(o commits.Options, devSecrets string) supervise.Component {
-	o.DevSecrets = devSecrets
+// process's mux, reading folded versions from the process's bucket.
+func (p *process) commits(o commits.Options) supervise.Component {
 	return supervise.Serve("commits edge", func(ctx context.Context) (*commits.Edge, error) {
 		e, err := commits.Start(ctx, o, p.bb, p.bk, p.t.reg, p.t.kf, p.log)
 		if err == nil {
@@ -57,7 +55,7 @@ before the call.`,
 			co.RegisterFlags(fs)
 			bo.RegisterFlags(fs)
 			return po.run("serve commits", "millrace-commits", func(p *process) ([]supervise.Component, []supervise.Component, error) {
-				return []supervise.Component{p.openBucket(bo)}, []supervise.Component{p.commits(co, "")}, nil
+				return []supervise.Component{p.openBucket(bo)}, []supervise.Component{p.commits(co)}, nil
 			})
 		},
 	}

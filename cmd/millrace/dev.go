@@ -87,7 +87,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	if err != nil {
 		return nil, nil, err
 	}
-	fleetProj, err := o.fleetProj.projector(p.log, p.t.reg)
+	fleetProj, err := o.fleetProj.projector(p.t.reg, p.log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -102,7 +102,8 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	// The development join token and API keys that dev makes on first
 	// start when none is configured live beside the CA (var/fleet).
 	devSecrets := filepath.Dir(filepath.Clean(o.fleet.CADir))
-	resvAPI, resvGRPC := p.reservations(o.resv, devSecrets)
+	o.fleet.DevSecrets, o.resv.DevSecrets, o.commits.DevSecrets = devSecrets, devSecrets, devSecrets
+	resvAPI, resvGRPC := p.reservations(o.resv)
 	console.Register(p.mux, p.db.Pool)
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
 		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor}
@@ -114,6 +115,6 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 		}
 		before = append(before, k)
 	}
-	after = []supervise.Component{p.commits(o.commits, devSecrets), resvGRPC, p.gateway(o.fleet, devSecrets), p.bes(o.bes)}
+	after = []supervise.Component{p.commits(o.commits), resvGRPC, p.gateway(o.fleet), p.bes(o.bes)}
 	return before, after, nil
 }

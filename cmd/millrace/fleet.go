@@ -21,36 +21,28 @@ import (
 )
 
 // reservations serves the reservations API: over gRPC on its own listener
-// and under /v1/reservations on the process's mux at once, UNAVAILABLE
-// until the database is there (reservations.Late).
-func (p *process) reservations(o reservations.Options, devSecrets string) (api, grpc supervise.Component) {
-	o.DevSecrets = devSecrets
-	var late reservations.Late
-	late.Register(nil, p.mux)
-	var cfg reservations.Config
+// and under /v1/reservations on the process's mux, UNAVAILABLE until the
+// database is there. api loads the keys and listens, before the HTTP
+// server so that the mux answers from its first request, and hands the
+// edge the pool once there; grpc serves the calls, among the edges so
+// that they stop first.
+func (p *process) reservations(o reservations.Options) (api, grpc supervise.Component) {
+	var e *reservations.Edge
 	api = p.consumer("reservations API", func(ctx context.Context, pool *pgxpool.Pool) error {
-		s, err := reservations.New(cfg, pool, p.bb.JS, p.bb.Conn, reservations.NewMetrics(p.t.reg), p.log.With("component", "reservations"))
-		if err != nil {
-			return err
-		}
-		late.Set(s)
-		<-ctx.Done()
-		return nil
+		return e.Run(ctx, pool, p.bb.JS, p.bb.Conn)
 	})
 	api.Start = func(ctx context.Context) (err error) {
-		cfg, err = o.Load(ctx, p.t.kf, p.log)
+		if e, err = reservations.Start(ctx, o, p.t.reg, p.t.kf, p.log); err == nil {
+			e.Mount(p.mux)
+		}
 		return err
 	}
-	grpc = supervise.Serve("reservations gRPC", func(context.Context) (*reservations.GRPC, error) {
-		return reservations.StartGRPC(o, &late, p.log)
-	})
+	grpc = supervise.Serve("reservations gRPC", func(context.Context) (*reservations.Edge, error) { return e, nil })
 	return api, grpc
 }
 
-// gateway serves the fleet gateway; devSecrets, when not empty, is where
-// a development join token is kept if none is configured.
-func (p *process) gateway(o fleet.Options, devSecrets string) supervise.Component {
-	o.DevSecrets = devSecrets
+// gateway serves the fleet gateway.
+func (p *process) gateway(o fleet.Options) supervise.Component {
 	return supervise.Serve("fleet gateway", func(ctx context.Context) (*fleet.Gateway, error) {
 		return fleet.Start(ctx, o, p.bb, p.t.reg, p.t.kf, p.log)
 	})
@@ -70,7 +62,7 @@ func (o *fleetProjectorOptions) register(fs *flag.FlagSet) {
 
 // projector makes the liveness projector; reg (nil: none) gets its
 // counter of foreign allocation reports.
-func (o *fleetProjectorOptions) projector(log *slog.Logger, reg prometheus.Registerer) (*fleetproj.Projector, error) {
+func (o *fleetProjectorOptions) projector(reg prometheus.Registerer, log *slog.Logger) (*fleetproj.Projector, error) {
 	cfg := o.c
 	cfg.Logger, cfg.ForeignReports = log, fleetproj.NewForeignReportsCounter(reg)
 	if err := cfg.Validate(); err != nil {

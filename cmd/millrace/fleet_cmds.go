@@ -48,7 +48,7 @@ a node whose gateway goes away re-homes through any other.`,
 				if err := gatewayMemory(memLimit); err != nil {
 					return nil, nil, err
 				}
-				return nil, []supervise.Component{p.gateway(fo, "")}, nil
+				return nil, []supervise.Component{p.gateway(fo)}, nil
 			})
 		},
 	}
@@ -97,7 +97,7 @@ Every call needs an API key (authorization: Bearer KEY).`,
 			do.RegisterFlags(fs)
 			ro.RegisterFlags(fs)
 			return po.run("serve reservations", "millrace-reservations", func(p *process) ([]supervise.Component, []supervise.Component, error) {
-				api, grpc := p.reservations(ro, "")
+				api, grpc := p.reservations(ro)
 				return []supervise.Component{p.database(do), api}, []supervise.Component{grpc}, nil
 			})
 		},
@@ -121,7 +121,7 @@ instances may run: one applies, the others stand by.`,
 			do.RegisterFlags(fs)
 			fo.register(fs)
 			return po.run("project fleet", "millrace-project-fleet", func(p *process) ([]supervise.Component, []supervise.Component, error) {
-				proj, err := fo.projector(p.log, p.t.reg)
+				proj, err := fo.projector(p.t.reg, p.log)
 				if err != nil {
 					return nil, nil, err
 				}
@@ -190,7 +190,7 @@ left in its outbox before it starts.`,
 				if err != nil {
 					return err
 				}
-				proj, err := fo.projector(log, nil)
+				proj, err := fo.projector(nil, log)
 				if err != nil {
 					return err
 				}

@@ -24,35 +24,42 @@ import (
 // (RegisterFlags) are the edge's, so that every command that runs it takes
 // the same ones; Start turns them into a serving edge.
 type Options struct {
-	c                       Config
-	listen, tlsCert, tlsKey string
-	keys, keysFile          string
-	// DevSecrets, when not empty, is the directory where a development key
-	// for every world is made and kept if no key is configured (`millrace
-	// dev`, which must serve without any setup); empty in production,
-	// where an edge without keys refuses to start.
+	// Config holds the fields set straight from a flag; Load adds Keys.
+	Config Config
+	// Listen is the gRPC address.
+	Listen string
+	// TLSCert and TLSKey are the gRPC server's certificate; neither serves
+	// plaintext.
+	TLSCert, TLSKey string
+	// APIKeys (inline) and APIKeysFile (reloaded when it changes) are the
+	// API keys together.
+	APIKeys, APIKeysFile string
+	// DevSecrets, when not empty, is the directory where a development
+	// secret is made and kept if none is configured (keyfile.Source). It
+	// is no flag: a development process sets it.
 	DevSecrets string
 }
 
 // RegisterFlags registers the edge's flags on fs, each with its
 // MILLRACE_COMMITS_* variable.
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
-	envflag.String(fs, &o.listen, "commits-listen", "MILLRACE_COMMITS_LISTEN", "127.0.0.1:1987", "commits API gRPC address (JSON and raw bodies over HTTP are served under /v1/worlds/ on --http-listen)")
-	envflag.String(fs, &o.tlsCert, "commits-tls-cert", "MILLRACE_COMMITS_TLS_CERT", "", "PEM server certificate for the commits gRPC API (with --commits-tls-key); empty serves plaintext, for loopback and behind a TLS proxy")
-	envflag.String(fs, &o.tlsKey, "commits-tls-key", "MILLRACE_COMMITS_TLS_KEY", "", "PEM private key of --commits-tls-cert")
-	envflag.String(fs, &o.keys, "commits-api-keys", "MILLRACE_COMMITS_API_KEYS", "", "commits API keys as world=key (one world) or *=key (every world), comma-separated")
-	envflag.String(fs, &o.keysFile, "commits-api-keys-file", "MILLRACE_COMMITS_API_KEYS_FILE", "", "file of API key lines (added to --commits-api-keys)")
-	envflag.Size(fs, &o.c.MaxBodyBytes, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", DefaultMaxBodyBytes, "largest document body")
-	envflag.Size(fs, &o.c.CacheBytes, "commits-cache-bytes", "MILLRACE_COMMITS_CACHE_BYTES", DefaultCacheBytes, "memory for decoded checkpoint objects (shards, history segments) kept to answer reads of folded versions")
-	envflag.Int(fs, &o.c.IndexWorlds, "commits-index-worlds", "MILLRACE_COMMITS_INDEX_WORLDS", DefaultIndexWorlds, "worlds List keeps open in memory (about 100 bytes plus the id per document); the least recently listed closes first")
-	envflag.Duration(fs, &o.c.ListWait, "commits-list-wait", "MILLRACE_COMMITS_LIST_WAIT", DefaultListWait, "how long a List waits for an open world to catch up with the writes acknowledged before it")
+	envflag.String(fs, &o.Listen, "commits-listen", "MILLRACE_COMMITS_LISTEN", "127.0.0.1:1987", "commits API gRPC address (JSON and raw bodies over HTTP are served under /v1/worlds/ on --http-listen)")
+	envflag.String(fs, &o.TLSCert, "commits-tls-cert", "MILLRACE_COMMITS_TLS_CERT", "", "PEM server certificate for the commits gRPC API (with --commits-tls-key); empty serves plaintext, for loopback and behind a TLS proxy")
+	envflag.String(fs, &o.TLSKey, "commits-tls-key", "MILLRACE_COMMITS_TLS_KEY", "", "PEM private key of --commits-tls-cert")
+	envflag.String(fs, &o.APIKeys, "commits-api-keys", "MILLRACE_COMMITS_API_KEYS", "", "commits API keys as world=key (one world) or *=key (every world), comma-separated")
+	envflag.String(fs, &o.APIKeysFile, "commits-api-keys-file", "MILLRACE_COMMITS_API_KEYS_FILE", "", "file of API key lines (added to --commits-api-keys)")
+	envflag.Size(fs, &o.Config.MaxBodyBytes, "commits-max-body-bytes", "MILLRACE_COMMITS_MAX_BODY_BYTES", DefaultMaxBodyBytes, "largest document body")
+	envflag.Size(fs, &o.Config.CacheBytes, "commits-cache-bytes", "MILLRACE_COMMITS_CACHE_BYTES", DefaultCacheBytes, "memory for decoded checkpoint objects (shards, history segments) kept to answer reads of folded versions")
+	envflag.Int(fs, &o.Config.IndexWorlds, "commits-index-worlds", "MILLRACE_COMMITS_INDEX_WORLDS", DefaultIndexWorlds, "worlds List keeps open in memory (about 100 bytes plus the id per document); the least recently listed closes first")
+	envflag.Duration(fs, &o.Config.ListWait, "commits-list-wait", "MILLRACE_COMMITS_LIST_WAIT", DefaultListWait, "how long a List waits for an open world to catch up with the writes acknowledged before it")
 }
 
-// config reads the keys, and keeps them current while ctx lasts when they
-// come from a file: a key removed from it is refused without a restart.
-func (o Options) config(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Config, error) {
-	c := o.c
-	src := keyfile.Source{Inline: o.keys, File: o.keysFile, DevDir: o.DevSecrets, DevFile: "commits-api-keys", DevName: "*", What: "commits API keys"}
+// Load makes the edge's Config: it reads the keys, and keeps them current
+// with their file until ctx ends (keyfile.Load; kf counts the reloads), so
+// that a key removed from it is refused without a restart.
+func (o Options) Load(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Config, error) {
+	c := o.Config
+	src := keyfile.Source{Inline: o.APIKeys, File: o.APIKeysFile, DevDir: o.DevSecrets, DevFile: "commits-api-keys", DevName: "*", What: "commits API keys"}
 	keys, err := keyfile.Load(ctx, src, keySyntax, kf, log)
 	c.Keys = Keys{keys}
 	return c, err
@@ -69,20 +76,20 @@ type Edge struct {
 // for gRPC; bk is the bucket the compactor folds the log into (nil:
 // versions folded out of the stream cannot be read). A mistake in the
 // flags is an envflag.UsageError. The caller serves it (Serve) and stops
-// it (Stop).
+// it (Stop). A nil log is slog.Default.
 func Start(ctx context.Context, o Options, bb *streams.Backbone, bk *bucket.Bucket, reg prometheus.Registerer, kf *keyfile.Metrics, log *slog.Logger) (*Edge, error) {
 	if log == nil {
 		log = slog.Default()
 	}
 	log = log.With("component", "commits")
-	cfg, err := o.config(ctx, kf, log)
+	cfg, err := o.Load(ctx, kf, log)
 	if err != nil {
 		return nil, err
 	}
 	if bk != nil { // a nil *bucket.Bucket in the interface would not be a nil Store
 		cfg.Store = bk
 	}
-	tc, err := tlsfiles.ServerFlags(o.tlsCert, o.tlsKey, "--commits-tls-cert", "--commits-tls-key")
+	tc, err := tlsfiles.ServerFlags(o.TLSCert, o.TLSKey, "--commits-tls-cert", "--commits-tls-key")
 	if err != nil {
 		return nil, err
 	}
@@ -97,7 +104,7 @@ func Start(ctx context.Context, o Options, bb *streams.Backbone, bk *bucket.Buck
 	}
 	// A Put carries the body and its request: room for headers beside the
 	// largest body.
-	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.listen, TLS: tc, Options: append(opts, grpc.MaxRecvMsgSize(o.c.MaxBodyBytes+64<<10))})
+	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.Listen, TLS: tc, Options: append(opts, grpc.MaxRecvMsgSize(o.Config.MaxBodyBytes+64<<10))})
 	if err != nil {
 		srv.Close()
 		return nil, fmt.Errorf("commits listen: %w", err)

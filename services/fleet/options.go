@@ -45,8 +45,8 @@ type Options struct {
 	// its opposite: a flag that defaults to on reads better).
 	Resumption bool
 	// DevSecrets, when not empty, is the directory where a development
-	// join token is made and kept if none is configured (keyfile.Source).
-	// It is no flag: a development process sets it.
+	// secret is made and kept if none is configured (keyfile.Source). It
+	// is no flag: a development process sets it.
 	DevSecrets string
 }
 

@@ -14,9 +14,10 @@ import (
 )
 
 // Late serves the API before its Server exists: a process that starts its
-// edges before PostgreSQL answers (`millrace dev`, whose BES edge must
-// serve within seconds of a restart) registers a Late on its gRPC server
-// and HTTP mux at once and Sets the Server once the database is there.
+// edges before PostgreSQL answers (a development process, whose BES edge
+// must serve within seconds of a restart) registers a Late on its gRPC
+// server and HTTP mux at once and Sets the Server once the database is
+// there (Edge does: Start, Mount, Run).
 // Until then every call is UNAVAILABLE (HTTP 503 with Retry-After), which
 // clients retry. The zero value is ready and waiting.
 type Late struct {

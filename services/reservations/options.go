@@ -5,7 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/millrace/millrace/internal/envflag"
@@ -18,8 +23,8 @@ import (
 // Options are the API's knobs as an operator sets them: the Config fields
 // a flag sets as they are, the gRPC listener and its certificate, and the
 // API keys, inline or in a file, that Load turns into Config.Keys. A
-// process that serves the API registers them (RegisterFlags), Loads its
-// Config and starts the gRPC server (StartGRPC).
+// process that serves the API registers them (RegisterFlags) and Starts
+// it.
 type Options struct {
 	// Config holds the fields set straight from a flag; Load adds Keys.
 	Config Config
@@ -31,9 +36,9 @@ type Options struct {
 	// APIKeys (inline) and APIKeysFile (reloaded when it changes) are the
 	// API keys together (ParseKeys).
 	APIKeys, APIKeysFile string
-	// DevSecrets, when not empty, is the directory where a development API
-	// key is made and kept if none is configured (keyfile.Source). It is
-	// no flag: a development process sets it.
+	// DevSecrets, when not empty, is the directory where a development
+	// secret is made and kept if none is configured (keyfile.Source). It
+	// is no flag: a development process sets it.
 	DevSecrets string
 }
 
@@ -59,18 +64,54 @@ func (o Options) Load(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger
 	return c, err
 }
 
-// GRPC is the API's own gRPC server: its calls may wait up to a minute
-// for a placement, so they do not share the connections of a server whose
-// streams are few and short (the fleet gateway's).
-type GRPC struct {
+// Edge is a running API: its own gRPC server, and the same API for an
+// HTTP mux (Mount), which belongs to the process rather than to the edge.
+// Its calls may wait up to a minute for a placement, so they do not share
+// the connections of a server whose streams are few and short (the fleet
+// gateway's). Until Run hands it the database every call is UNAVAILABLE
+// (Late), so that a process may serve it before PostgreSQL answers.
+type Edge struct {
 	*supervise.GRPCServer
-	api *Late
+	late *Late
+	cfg  Config
+	m    *Metrics
+	log  *slog.Logger
 }
 
-// StartGRPC listens on o.Listen (with TLS when o names a certificate) and
-// serves api there. A half pair of certificate flags is an
-// envflag.UsageError.
-func StartGRPC(o Options, api *Late, log *slog.Logger) (*GRPC, error) {
+// Start loads o (Load) and listens on o.Listen (with TLS when o names a
+// certificate) for the API, which answers UNAVAILABLE until Run. reg gets
+// its metrics, kf the keys' reloads; a nil log is slog.Default. A half
+// pair of certificate flags is an envflag.UsageError. The caller serves it
+// (Serve) and stops it (Stop).
+func Start(ctx context.Context, o Options, reg prometheus.Registerer, kf *keyfile.Metrics, log *slog.Logger) (*Edge, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("component", "reservations")
+	cfg, err := o.Load(ctx, kf, log)
+	if err != nil {
+		return nil, err
+	}
+	e, err := listen(o, &Late{}, log)
+	if err != nil {
+		return nil, err
+	}
+	e.cfg, e.m = cfg, NewMetrics(reg)
+	return e, nil
+}
+
+// StartGRPC listens on o.Listen and serves api there.
+//
+// Deprecated: use Start, which loads the keys and serves its own Late.
+func StartGRPC(o Options, api *Late, log *slog.Logger) (*Edge, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	return listen(o, api, log)
+}
+
+// listen makes the gRPC server of o and registers late on it.
+func listen(o Options, late *Late, log *slog.Logger) (*Edge, error) {
 	tc, err := tlsfiles.ServerFlags(o.TLSCert, o.TLSKey, "--reservations-tls-cert", "--reservations-tls-key")
 	if err != nil {
 		return nil, err
@@ -83,15 +124,32 @@ func StartGRPC(o Options, api *Late, log *slog.Logger) (*GRPC, error) {
 	if err != nil {
 		return nil, fmt.Errorf("reservations listen: %w", err)
 	}
-	api.Register(g.Server, nil)
+	late.Register(g.Server, nil)
 	log.Info("reservations API serving", "addr", g.Addr().String(), "tls", tc != nil)
-	return &GRPC{GRPCServer: g, api: api}, nil
+	return &Edge{GRPCServer: g, late: late, log: log}, nil
+}
+
+// Mount serves the HTTP API under /v1/reservations on mux, UNAVAILABLE
+// (503 with Retry-After) until Run.
+func (e *Edge) Mount(mux *http.ServeMux) { e.late.Register(nil, mux) }
+
+// Run lets the calls through to a Server on the database pool and the
+// backbone (js, nc) until ctx ends; it returns nil then, or New's error.
+// A process calls it once PostgreSQL answers.
+func (e *Edge) Run(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStream, nc *nats.Conn) error {
+	s, err := New(e.cfg, pool, js, nc, e.m, e.log)
+	if err != nil {
+		return err
+	}
+	e.late.Set(s)
+	<-ctx.Done()
+	return nil
 }
 
 // Stop answers the calls waiting for a placement at once (over HTTP too:
 // Late.Close), so that the graceful stops do not sit out their waits, then
 // stops the server.
-func (r *GRPC) Stop(ctx context.Context) error {
-	r.api.Close()
-	return r.GRPCServer.Stop(ctx)
+func (e *Edge) Stop(ctx context.Context) error {
+	e.late.Close()
+	return e.GRPCServer.Stop(ctx)
 }
