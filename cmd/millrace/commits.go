@@ -79,7 +79,7 @@ func (o *compactorOptions) register(fs *flag.FlagSet) {
 // (its consumer of COMMITS holds deletions back by default).
 func (o *compactorOptions) config(drain time.Duration, k kafka.Options, log *slog.Logger) (commitlog.FoldRunnerConfig, compactor.Config, error) {
 	rc, err := o.fold.Config(drain, func() ([]string, error) {
-		return kafka.Holders(k.Brokers, k.Routes, subjects.StreamCommits, streams.StreamOf)
+		return k.Holders(subjects.StreamCommits, streams.StreamOf)
 	}, log)
 	if err == nil {
 		err = o.cc.CheckFlags()

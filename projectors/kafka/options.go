@@ -132,15 +132,15 @@ func HoldersHelp(stream string) string {
 }
 
 // Holders is the export's consumer of stream, Durable(stream), when
-// brokers names a broker (the export runs) and one of routes reads stream
+// Brokers names a broker (the export runs) and one of Routes reads stream
 // (streamOf as for ByStream); else nil. Whatever deletes from stream (the
 // compactor, from COMMITS) must not delete what that export has not sent.
 // Routes that do not parse are an envflag.UsageError.
-func Holders(brokers, routes, stream string, streamOf func(filter string) (string, bool)) ([]string, error) {
-	if strings.Trim(brokers, ", \t") == "" {
+func (o Options) Holders(stream string, streamOf func(filter string) (string, bool)) ([]string, error) {
+	if strings.Trim(o.Brokers, ", \t") == "" {
 		return nil, nil
 	}
-	rs, err := ParseRoutes(routes)
+	rs, err := ParseRoutes(o.Routes)
 	if err != nil {
 		return nil, envflag.Usage("--kafka-routes, which says whether the export holds the compactor back: " + err.Error())
 	}

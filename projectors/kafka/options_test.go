@@ -30,12 +30,12 @@ func TestHolders(t *testing.T) {
 		{"k1:9092", "bes.> -> builds", nil},
 		{"k1:9092", "bes.> -> builds, commits.w.> -> w", want},
 	} {
-		got, err := Holders(c.brokers, c.routes, subjects.StreamCommits, streams.StreamOf)
+		got, err := Options{Brokers: c.brokers, Routes: c.routes}.Holders(subjects.StreamCommits, streams.StreamOf)
 		if err != nil || !slices.Equal(got, c.want) || (got == nil) != (c.want == nil) {
 			t.Errorf("%q, %q: %#v, %v; want %#v", c.brokers, c.routes, got, err, c.want)
 		}
 	}
-	_, err := Holders("k1:9092", "nonsense", subjects.StreamCommits, streams.StreamOf)
+	_, err := Options{Brokers: "k1:9092", Routes: "nonsense"}.Holders(subjects.StreamCommits, streams.StreamOf)
 	if !errors.As(err, new(envflag.UsageError)) || !strings.HasPrefix(err.Error(), "--kafka-routes, which says whether the export holds the compactor back: ") {
 		t.Fatalf("routes that do not parse: %v", err)
 	}
