@@ -18,17 +18,15 @@ import (
 type Options struct {
 	rc   FoldRunnerConfig
 	hold string
-	// DefaultHoldHelp says, in --compactor-hold's help, who holds the
-	// deletions back when the flag is empty (what Config's defaultHold
-	// answers): the fold does not know which exports run beside it. Set
-	// it before RegisterFlags; empty: none.
-	DefaultHoldHelp string
 }
 
 // RegisterFlags registers the fold's flags on fs, each with its
-// MILLRACE_COMPACTOR_* variable.
-func (o *Options) RegisterFlags(fs *flag.FlagSet) {
-	envflag.String(fs, &o.rc.Durable, "compactor-durable", "MILLRACE_COMPACTOR_DURABLE", "compactor",
+// MILLRACE_COMPACTOR_* variable. defaultHoldHelp says, in
+// --compactor-hold's help, who holds the deletions back when the flag is
+// empty (what Config's defaultHold answers): the fold does not know which
+// exports run beside it; empty: none.
+func (o *Options) RegisterFlags(fs *flag.FlagSet, defaultHoldHelp string) {
+	envflag.String(fs, &o.rc.Durable, "compactor-durable", "MILLRACE_COMPACTOR_DURABLE", DefaultDurable,
 		"name of the compactor's discovery consumer on COMMITS and of its lease (fold.<name> in the millrace_leases bucket): one process per name folds, others stand by")
 	envflag.Int(fs, &o.rc.MinVersions, "compactor-min-versions", "MILLRACE_COMPACTOR_MIN_VERSIONS", DefaultMinVersions,
 		"fold a world as soon as this many of its versions wait")
@@ -42,8 +40,14 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 		"how long JetStream waits for the compactor to acknowledge a version before delivering it again; keep it well above --compactor-interval")
 	envflag.String(fs, &o.hold, "compactor-hold", "MILLRACE_COMPACTOR_HOLD", "",
 		`durable consumers on COMMITS, comma-separated, that hold deletions back: no version is deleted above their ack floor, none at all while one does not exist; empty: `+
-			cmp.Or(o.DefaultHoldHelp, "none")+`; "none": nothing holds`)
+			cmp.Or(defaultHoldHelp, "none")+`; "none": nothing holds`)
 }
+
+// Durable is the discovery consumer's name the flags ask for
+// (--compactor-durable; DefaultDurable when not registered): a process
+// keeps it, like every durable of its own, off the identities that only
+// read.
+func (o Options) Durable() string { return cmp.Or(o.rc.Durable, DefaultDurable) }
 
 // holdNone is the --compactor-hold that names no holder.
 const holdNone = "none"

@@ -14,7 +14,7 @@ import (
 func parseOptions(t *testing.T, args ...string) Options {
 	t.Helper()
 	for _, v := range []string{"MILLRACE_COMPACTOR_HOLD", "MILLRACE_COMPACTOR_MIN_VERSIONS", "MILLRACE_COMPACTOR_INTERVAL",
-		"MILLRACE_COMPACTOR_CONCURRENCY", "MILLRACE_COMPACTOR_MAX_ACK_PENDING", "MILLRACE_COMPACTOR_ACK_WAIT"} {
+		"MILLRACE_COMPACTOR_CONCURRENCY", "MILLRACE_COMPACTOR_MAX_ACK_PENDING", "MILLRACE_COMPACTOR_ACK_WAIT", "MILLRACE_COMPACTOR_DURABLE"} {
 		if _, ok := os.LookupEnv(v); ok {
 			t.Setenv(v, "") // restored after the test
 			os.Unsetenv(v)
@@ -22,7 +22,7 @@ func parseOptions(t *testing.T, args ...string) Options {
 	}
 	var o Options
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	o.RegisterFlags(fs)
+	o.RegisterFlags(fs, "")
 	if err := fs.Parse(args); err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,33 @@ func TestOptionsRefuse(t *testing.T) {
 		t.Errorf("max ack pending below two fetches: %v", err)
 	}
 	rc, err := parseOptions(t).Config(7, nil, nil)
-	if err != nil || rc.Drain != 7 || rc.Durable != "compactor" || rc.MinVersions != DefaultMinVersions || rc.AckWait != DefaultAckWait {
+	if err != nil || rc.Drain != 7 || rc.Durable != DefaultDurable || rc.MinVersions != DefaultMinVersions || rc.AckWait != DefaultAckWait {
 		t.Errorf("the defaults: %+v, %v", rc, err)
+	}
+}
+
+// Durable is the name the flags ask for, the default without one: the
+// name a process keeps off its read-only identities.
+func TestOptionsDurable(t *testing.T) {
+	if d := parseOptions(t).Durable(); d != DefaultDurable {
+		t.Errorf("no --compactor-durable: %q, want %q", d, DefaultDurable)
+	}
+	if d := parseOptions(t, "--compactor-durable", "folder").Durable(); d != "folder" {
+		t.Errorf("--compactor-durable folder: %q", d)
+	}
+	if d := (Options{}).Durable(); d != DefaultDurable {
+		t.Errorf("unregistered options: %q, want %q", d, DefaultDurable)
+	}
+}
+
+// --compactor-hold's help says what the caller's default holds back.
+func TestOptionsHoldHelp(t *testing.T) {
+	for help, want := range map[string]string{"": "empty: none;", "the export's": "empty: the export's;"} {
+		var o Options
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		o.RegisterFlags(fs, help)
+		if u := fs.Lookup("compactor-hold").Usage; !strings.Contains(u, want) {
+			t.Errorf("default help %q: the flag's help %q does not say %q", help, u, want)
+		}
 	}
 }

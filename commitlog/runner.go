@@ -26,7 +26,7 @@ import (
 type FoldRunnerConfig struct {
 	// Durable names the discovery consumer on COMMITS, and the fold's
 	// lease (FoldLeaseKey): one process leads each durable name, others
-	// stand by. Default "compactor".
+	// stand by. Default DefaultDurable.
 	Durable string
 	// MinVersions folds a world as soon as this many of its versions are
 	// waiting. Default 10,000.
@@ -96,9 +96,13 @@ const (
 	DefaultDrain         = 10 * time.Second
 )
 
+// DefaultDurable is the fold's discovery consumer and lease name when
+// FoldRunnerConfig.Durable is empty.
+const DefaultDurable = "compactor"
+
 func (c FoldRunnerConfig) withDefaults() FoldRunnerConfig {
 	if c.Durable == "" {
-		c.Durable = "compactor"
+		c.Durable = DefaultDurable
 	}
 	c.MinVersions = orDefault(c.MinVersions, DefaultMinVersions)
 	c.Interval = orDefault(c.Interval, DefaultInterval)

@@ -69,10 +69,14 @@ type compactorOptions struct {
 }
 
 func (o *compactorOptions) register(fs *flag.FlagSet) {
-	o.fold.DefaultHoldHelp = kafka.HoldersHelp(subjects.StreamCommits)
-	o.fold.RegisterFlags(fs)
+	o.fold.RegisterFlags(fs, kafka.HoldersHelp(subjects.StreamCommits))
 	o.cc.RegisterFlags(fs)
 }
+
+// durables are the fold's durable consumers, which a process keeps off
+// the backbone's reader as it does serviceConsumers: its discovery
+// consumer, whatever --compactor-durable names it.
+func (o *compactorOptions) durables() []string { return []string{o.fold.Durable()} }
 
 // config checks the options; drain is how long passes in flight may go
 // on once the compactor is told to stop, k the Kafka export's options
@@ -94,6 +98,7 @@ func (p *process) compactor(o compactorOptions, drain time.Duration, k kafka.Opt
 	if err != nil {
 		return supervise.Component{}, err
 	}
+	p.durables = append(p.durables, o.durables()...)
 	var r *commitlog.FoldRunner
 	return supervise.Component{
 		Name: "compactor",

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -19,9 +20,11 @@ import (
 // TestDevNATSIdentities: dev's embedded NATS server refuses anonymous
 // connections; the reader identity it made under var/nats/auth reads the
 // streams, and its publish of a forged build event is a permissions
-// violation.
+// violation, and so is its delete of the compactor's durable consumer
+// under the name --compactor-durable gives it.
 func TestDevNATSIdentities(t *testing.T) {
 	dev := newDev(t, testenv.Database(t))
+	dev.args = append(dev.args, "--compactor-durable=folder")
 	dev.start()
 	reader := filepath.Join(filepath.Dir(dev.natsNKey), streams.ReaderSeedFile)
 	waitUntil(t, "the reader identity", func() bool {
@@ -68,6 +71,17 @@ func TestDevNATSIdentities(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the reader's publish of a forged event was not refused")
+	}
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	js.DeleteConsumer(dctx, subjects.StreamCommits, "folder") // the request is refused: it times out
+	select {
+	case err := <-violations:
+		if !errors.Is(err, nats.ErrPermissionViolation) || !strings.Contains(err.Error(), "folder") {
+			t.Fatalf("reader's delete of the compactor's consumer: %v, want a permissions violation", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader's delete of the compactor's consumer (--compactor-durable) was not refused")
 	}
 	dev.stop()
 }

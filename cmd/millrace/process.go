@@ -62,7 +62,11 @@ type process struct {
 	// process has one (readiness waits for it).
 	db    database.Late
 	hasDB bool
-	up    atomic.Bool // every component started, none stopping yet
+	// durables are the durable consumers of the components that the flags
+	// name (the fold's): the backbone keeps them off its reader identity
+	// with serviceConsumers.
+	durables []string
+	up       atomic.Bool // every component started, none stopping yet
 }
 
 // run makes the body of a long-running command named cmd: its backbone
@@ -93,12 +97,13 @@ func (o *procOptions) run(cmd, client string, components func(p *process) (befor
 }
 
 // backbone opens the backbone as client (starting the embedded server when
-// no URL is set); its stop flushes what was published and closes it.
+// no URL is set), its reader kept off millrace's durables and the
+// components'; its stop flushes what was published and closes it.
 func (p *process) backbone(o streams.Options, client string) supervise.Component {
 	return supervise.Component{
 		Name: "backbone",
 		Start: func(ctx context.Context) (err error) {
-			if p.bb, _, err = openBackbone(ctx, o, client, p.t.sm); err != nil {
+			if p.bb, _, err = o.Open(ctx, client, append(serviceConsumers(), p.durables...), p.t.sm); err != nil {
 				return err
 			}
 			if p.bb.ReaderSeedFile != "" {
