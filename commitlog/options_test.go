@@ -3,23 +3,17 @@ package commitlog
 import (
 	"errors"
 	"flag"
-	"os"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 )
 
 func parseOptions(t *testing.T, args ...string) Options {
 	t.Helper()
-	for _, v := range []string{"MILLRACE_COMPACTOR_HOLD", "MILLRACE_COMPACTOR_MIN_VERSIONS", "MILLRACE_COMPACTOR_INTERVAL",
-		"MILLRACE_COMPACTOR_CONCURRENCY", "MILLRACE_COMPACTOR_MAX_ACK_PENDING", "MILLRACE_COMPACTOR_ACK_WAIT", "MILLRACE_COMPACTOR_DURABLE"} {
-		if _, ok := os.LookupEnv(v); ok {
-			t.Setenv(v, "") // restored after the test
-			os.Unsetenv(v)
-		}
-	}
+	envflagtest.Clean(t)
 	var o Options
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	o.RegisterFlags(fs, "")

@@ -30,7 +30,7 @@ func TestAPIServersCapStreamsPerConn(t *testing.T) {
 	}
 	var ro reservations.Options
 	parseFlags(t, ro.RegisterFlags, "-reservations-listen", "127.0.0.1:0")
-	rg, err := reservations.StartGRPC(ro, &reservations.Late{}, slog.Default())
+	rg, err := reservations.Start(ctx, ro, tel.reg, tel.kf, slog.Default())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
 )
@@ -46,12 +47,7 @@ func TestHolders(t *testing.T) {
 
 func parseOptions(t *testing.T, args ...string) Options {
 	t.Helper()
-	for _, v := range []string{"MILLRACE_KAFKA_BROKERS", "MILLRACE_KAFKA_ROUTES", "MILLRACE_KAFKA_PARTITIONS", "MILLRACE_KAFKA_SASL_PASSWORD_FILE"} {
-		if _, ok := os.LookupEnv(v); ok {
-			t.Setenv(v, "") // restored after the test
-			os.Unsetenv(v)
-		}
-	}
+	envflagtest.Clean(t)
 	var o Options
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	o.RegisterFlags(fs)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/internal/testenv"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 	"github.com/millrace/millrace/streams"
@@ -23,13 +24,7 @@ import (
 
 func parseOptions(t *testing.T, args ...string) Options {
 	t.Helper()
-	for _, v := range []string{"MILLRACE_COMMITS_LISTEN", "MILLRACE_COMMITS_API_KEYS", "MILLRACE_COMMITS_API_KEYS_FILE",
-		"MILLRACE_COMMITS_TLS_CERT", "MILLRACE_COMMITS_TLS_KEY"} {
-		if _, ok := os.LookupEnv(v); ok {
-			t.Setenv(v, "") // restored after the test
-			os.Unsetenv(v)
-		}
-	}
+	envflagtest.Clean(t)
 	var o Options
 	fs := flag.NewFlagSet("t", flag.ContinueOnError)
 	o.RegisterFlags(fs)

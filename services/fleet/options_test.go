@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/x509"
 	"errors"
-	"flag"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
 )
@@ -24,14 +24,7 @@ import (
 func parseOptions(t *testing.T, args ...string) Options {
 	t.Helper()
 	var o Options
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	o.RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
-	}
-	if err := envflag.Errors(fs); err != nil {
-		t.Fatal(err)
-	}
+	envflagtest.Parse(t, o.RegisterFlags, args...)
 	return o
 }
 

@@ -100,16 +100,6 @@ func Start(ctx context.Context, o Options, reg prometheus.Registerer, kf *keyfil
 	return e, nil
 }
 
-// StartGRPC listens on o.Listen and serves api there.
-//
-// Deprecated: use Start, which loads the keys and serves its own Late.
-func StartGRPC(o Options, api *Late, log *slog.Logger) (*Edge, error) {
-	if log == nil {
-		log = slog.Default()
-	}
-	return listen(o, api, log)
-}
-
 // listen makes the gRPC server of o and registers late on it.
 func listen(o Options, late *Late, log *slog.Logger) (*Edge, error) {
 	tc, err := tlsfiles.ServerFlags(o.TLSCert, o.TLSKey, "--reservations-tls-cert", "--reservations-tls-key")

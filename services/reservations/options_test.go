@@ -3,7 +3,6 @@ package reservations
 import (
 	"context"
 	"errors"
-	"flag"
 	"io"
 	"log/slog"
 	"net/http"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/internal/poll"
 	fleetpb "github.com/millrace/millrace/schemas/fleet"
 )
@@ -27,14 +27,7 @@ import (
 func parseOptions(t *testing.T, args ...string) Options {
 	t.Helper()
 	var o Options
-	fs := flag.NewFlagSet("t", flag.ContinueOnError)
-	o.RegisterFlags(fs)
-	if err := fs.Parse(args); err != nil {
-		t.Fatal(err)
-	}
-	if err := envflag.Errors(fs); err != nil {
-		t.Fatal(err)
-	}
+	envflagtest.Parse(t, o.RegisterFlags, args...)
 	return o
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 
+	"github.com/millrace/millrace/commitlog"
 	buildsproj "github.com/millrace/millrace/projectors/builds"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/kafka"
@@ -31,8 +32,11 @@ func withBackbone(ctx context.Context, o streams.Options, f func(*streams.Backbo
 // embedded server's reader identity may not touch them (streams/auth.go).
 func serviceConsumers() []string {
 	names := []string{buildsproj.ConsumerName, fleetproj.ConsumerName,
-		placer.ConsumerName, placer.RequestsConsumer, placer.DecisionsConsumer, "compactor"}
-	if d := os.Getenv("MILLRACE_COMPACTOR_DURABLE"); d != "" && d != "compactor" {
+		placer.ConsumerName, placer.RequestsConsumer, placer.DecisionsConsumer, commitlog.DefaultDurable}
+	// A tool that starts the embedded server knows the compactor's durable
+	// only from the environment; a process that runs the fold adds the one
+	// its flag names (process.durables).
+	if d := os.Getenv("MILLRACE_COMPACTOR_DURABLE"); d != "" && d != commitlog.DefaultDurable {
 		names = append(names, d)
 	}
 	for _, s := range streams.StreamSpecs(streams.Config{}) {
