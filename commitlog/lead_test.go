@@ -12,12 +12,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog"
 	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/internal/poll"
+	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/projectors/compactor"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
@@ -84,38 +84,8 @@ func take(t *testing.T, kv jetstream.KeyValue, durable string, every time.Durati
 	}
 }
 
-// gauge is the value of a metric of the registry, summed over the series
-// that have every label given (name="value").
-func gauge(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			have := map[string]bool{}
-			for _, l := range m.GetLabel() {
-				have[fmt.Sprintf("%s=%q", l.GetName(), l.GetValue())] = true
-			}
-			for _, l := range labels {
-				if !have[l] {
-					continue series
-				}
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
-}
-
 func active(t *testing.T, p foldProc) float64 {
-	return gauge(t, p.reg, "millrace_consumer_active", `kind="fold"`, `consumer="compactor"`)
+	return testenv.Metric(t, p.reg, "millrace_consumer_active", `kind="fold"`, `consumer="compactor"`)
 }
 
 // waitActive waits until p leads (1) or stands by (0).
@@ -219,7 +189,7 @@ func TestFoldRunnersOnOneDurable(t *testing.T) {
 func waitPass(t *testing.T, p foldProc) {
 	t.Helper()
 	poll.NoError(t, "the pass to end", func() error {
-		if n := gauge(t, p.reg, "millrace_compactor_passes_total"); n == 0 {
+		if n := testenv.Metric(t, p.reg, "millrace_compactor_passes_total"); n == 0 {
 			return errors.New("no pass ended")
 		}
 		return nil
@@ -452,7 +422,7 @@ func TestFoldRunnerWaitsForTheStreamSayingSoOnce(t *testing.T) {
 	e.log = slog.New(slog.NewTextHandler(&logs, nil))
 	p := e.start(e.js, compactor.MustNew(compactor.Config{}, e.store), leadConfig)
 	poll.NoError(t, "three attempts to attach", func() error {
-		if n := gauge(t, p.reg, "millrace_consumer_batches_total", `kind="fold"`, `result="attach_error"`); n < 3 {
+		if n := testenv.Metric(t, p.reg, "millrace_consumer_batches_total", `kind="fold"`, `result="attach_error"`); n < 3 {
 			return fmt.Errorf("%v attempts", n)
 		}
 		return nil

@@ -160,7 +160,7 @@ type instance struct {
 }
 
 func (i instance) active(t *testing.T) float64 {
-	return metric(t, i.reg, "millrace_consumer_active")
+	return testenv.Metric(t, i.reg, "millrace_consumer_active")
 }
 
 // faultUser is a user of the core as the suite drives it.

@@ -202,42 +202,12 @@ func TestOutboxFailsMidwayThenRecovers(t *testing.T) {
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d in outbox order", len(got), len(want))
 	}
-	if n := metric(t, reg, "millrace_consumer_batches_total", `kind="outbox"`, `result="error"`); n == 0 {
+	if n := testenv.Metric(t, reg, "millrace_consumer_batches_total", `kind="outbox"`, `result="error"`); n == 0 {
 		t.Error("no failed attempts counted")
 	}
-	if n := metric(t, reg, "millrace_outbox_reordered_total"); n != 0 {
+	if n := testenv.Metric(t, reg, "millrace_outbox_reordered_total"); n != 0 {
 		t.Errorf("%v messages stored out of order", n)
 	}
-}
-
-// metric sums a metric's samples, of those with every label given
-// (`name="value"`).
-func metric(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	samples:
-		for _, m := range mf.GetMetric() {
-			have := map[string]bool{}
-			for _, l := range m.GetLabel() {
-				have[fmt.Sprintf("%s=%q", l.GetName(), l.GetValue())] = true
-			}
-			for _, l := range labels {
-				if !have[l] {
-					continue samples
-				}
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
 }
 
 // TestOutboxBackboneRestarts: the server goes away in the middle and
@@ -319,7 +289,7 @@ func TestOutboxCrashBetweenPublishAndDelete(t *testing.T) {
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d once each, in order", len(got), len(want))
 	}
-	if n := metric(t, reg, "millrace_outbox_published_total"); n != 250 {
+	if n := testenv.Metric(t, reg, "millrace_outbox_published_total"); n != 250 {
 		t.Errorf("%v publishes, want 250", n)
 	}
 	mfs, _ := reg.Gather()
@@ -552,7 +522,7 @@ func TestOutboxResumesAfterTheDuplicateWindow(t *testing.T) {
 	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
 		t.Fatalf("stream holds %d messages, want %d once each, in order", len(got), len(want))
 	}
-	if n := metric(t, reg, "millrace_outbox_published_total"); n != 250 {
+	if n := testenv.Metric(t, reg, "millrace_outbox_published_total"); n != 250 {
 		t.Errorf("%v rows relayed, want 250", n)
 	}
 }

@@ -123,31 +123,12 @@ func TestBESKeysReloadWithoutRestart(t *testing.T) {
 	}
 	// A file that no longer parses, or holds no key, keeps B in force.
 	replaceFile(t, keys, "not a key line\n")
-	poll.Until(t, "the bad file counted", func() bool { return counterValue(t, tel, "millrace_keyfile_reload_errors_total") >= 1 })
+	poll.Until(t, "the bad file counted", func() bool { return testenv.Metric(t, tel.reg, "millrace_keyfile_reload_errors_total") >= 1 })
 	replaceFile(t, keys, "# every key removed\n")
-	poll.Until(t, "the empty file counted", func() bool { return counterValue(t, tel, "millrace_keyfile_reload_errors_total") >= 2 })
+	poll.Until(t, "the empty file counted", func() bool { return testenv.Metric(t, tel.reg, "millrace_keyfile_reload_errors_total") >= 2 })
 	if c := publish(keyB); c != codes.OK {
 		t.Fatalf("key B after a bad file: %v", c)
 	}
-}
-
-// counterValue sums a metric family's samples.
-func counterValue(t *testing.T, tel *telemetry, name string) float64 {
-	t.Helper()
-	mfs, err := tel.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sum := 0.0
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
 }
 
 // The real Bazel publishes to the edge over TLS (grpcs://, trusting the

@@ -14,6 +14,7 @@ import (
 
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog"
+	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/projectors/compactor"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 	"github.com/millrace/millrace/subjects"
@@ -108,7 +109,7 @@ func TestReadsFoldedVersions(t *testing.T) {
 	if fmt.Sprint(listed) != fmt.Sprint(versions) {
 		t.Fatalf("history of a: %v, want %v", listed, versions)
 	}
-	if counterValue(t, e, "millrace_commits_folded_reads_total") == 0 {
+	if testenv.Metric(t, e.reg, "millrace_commits_folded_reads_total") == 0 {
 		t.Fatal("no read counted as answered from the bucket")
 	}
 }

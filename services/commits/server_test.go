@@ -307,27 +307,9 @@ func TestConcurrentWritersThroughTheEdge(t *testing.T) {
 				t.Errorf("no writer ever conflicted: the test did not exercise compare-and-set")
 			}
 			t.Logf("%d increments, %d conflicts reported, %v false conflicts retried by the edge",
-				writers*increments, total, counterValue(t, e, "millrace_commits_false_conflicts_total"))
+				writers*increments, total, testenv.Metric(t, e.reg, "millrace_commits_false_conflicts_total"))
 		})
 	}
-}
-
-func counterValue(t *testing.T, e *edge, name string) float64 {
-	t.Helper()
-	fams, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, f := range fams {
-		if f.GetName() == name {
-			var sum float64
-			for _, m := range f.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-			return sum
-		}
-	}
-	return 0
 }
 
 func TestParseKeys(t *testing.T) {
