@@ -2,14 +2,19 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/loadtest/replay"
+	"github.com/millrace/millrace/services/bes"
 )
 
 // quietThreshold is how much of the machine other work may take before a
@@ -49,9 +54,75 @@ func selfCPU() time.Duration {
 	return t.self()
 }
 
+// pacedSpec is one paced run's load.
+type pacedSpec struct {
+	streams        int
+	rate           float64 // events/s over all streams
+	warmup, window time.Duration
+	warmupPhase    float64
+	edgeEnv        []string // added to the edge's environment
+}
+
+// edgeLimitsEnv lifts the edge's stream limits for n streams where its
+// defaults would refuse some: --bes-max-streams (2,000) to n and a quarter
+// (a stream that ends and the next that opens overlap for a moment), and
+// --bes-max-pending-per-addr (64) to n, since every stream of the bench
+// comes from 127.0.0.1 where n builds would come from many hosts, and
+// streams that open at once wait up to a pacing interval for their first
+// event. The per-project limit is half of the first, far above the
+// bench's 250 per project. paced-1000 keeps the defaults (its warm-up
+// spreads the streams' starts).
+func edgeLimitsEnv(n int) []string {
+	var env []string
+	if n+n/4 > bes.DefaultMaxStreams {
+		env = append(env, fmt.Sprintf("MILLRACE_BES_MAX_STREAMS=%d", n+n/4))
+	}
+	if n > bes.DefaultMaxPendingPerAddr {
+		env = append(env, fmt.Sprintf("MILLRACE_BES_MAX_PENDING_PER_ADDR=%d", n))
+	}
+	return env
+}
+
+// paced5000Config sizes paced-5000 (flags of the bench).
+type paced5000Config struct {
+	streams          int
+	rate             float64
+	warmup, duration time.Duration
+	warmupPhase      float64
+}
+
+func (c *paced5000Config) register(fs *flag.FlagSet) {
+	fs.IntVar(&c.streams, "paced-5000-streams", 5000, "paced-5000: concurrent streams, each on its own connection")
+	fs.Float64Var(&c.rate, "paced-5000-rate", 2500, "paced-5000: total events/s over all streams (paced-1000's: 0.5 per stream)")
+	fs.DurationVar(&c.duration, "paced-5000-duration", 60*time.Second, "paced-5000: measured time after the warm-up")
+	fs.DurationVar(&c.warmup, "paced-5000-warmup", 20*time.Second, "paced-5000: warm-up that spreads the invocations over their lives")
+	fs.Float64Var(&c.warmupPhase, "paced-5000-warmup-phase", 0.5, "paced-5000: as -warmup-phase, for its streams")
+}
+
+func (c *paced5000Config) validate() error {
+	errs := negatives(map[string]float64{"paced-5000-streams": float64(c.streams), "paced-5000-rate": c.rate,
+		"paced-5000-duration": c.duration.Seconds(), "paced-5000-warmup": c.warmup.Seconds()})
+	if c.warmupPhase < 0 || c.warmupPhase > 1 {
+		errs = append(errs, fmt.Errorf("-paced-5000-warmup-phase %v: want a fraction of the build, 0..1 (0: all of it)", c.warmupPhase))
+	}
+	return errors.Join(errs...)
+}
+
+// negatives names each flag whose value is negative.
+func negatives(vals map[string]float64) []error {
+	var errs []error
+	for _, name := range slices.Sorted(maps.Keys(vals)) {
+		if vals[name] < 0 {
+			errs = append(errs, fmt.Errorf("-%s is negative", name))
+		}
+	}
+	return errs
+}
+
 // pacedRun replays at a fixed rate into an edge (embedded JetStream) with
 // the projector running, and measures ack latency and projection lag.
-func (b *bench) pacedRun(ctx context.Context, scenario string, n int, rate float64, warmup, window time.Duration) (runReport, error) {
+func (b *bench) pacedRun(ctx context.Context, scenario string, sp pacedSpec) (runReport, error) {
+	n, rate, warmup, window := sp.streams, sp.rate, sp.warmup, sp.window
 	dir, err := mkdir(b.tmp, scenario)
 	if err != nil {
 		return runReport{}, err
@@ -67,7 +138,7 @@ func (b *bench) pacedRun(ctx context.Context, scenario string, n int, rate float
 	if err := b.migrate(ctx, dbURL); err != nil {
 		return runReport{}, err
 	}
-	e, err := b.startEdge(ctx, dir, "")
+	e, err := b.startEdge(ctx, dir, "", sp.edgeEnv...)
 	if err != nil {
 		return runReport{}, err
 	}
@@ -150,7 +221,7 @@ func (b *bench) pacedRun(ctx context.Context, scenario string, n int, rate float
 	fmt.Printf("  %d streams at %.0f events/s: %s warm-up, then %s measured\n", n, rate, warmup, window)
 	res, err := replay.Run(ctx, replay.Config{
 		Target: e.bes, Scripts: b.scripts, Streams: n, Projects: projectsFor(n),
-		Rate: rate, Warmup: warmup, WarmupPhase: b.cfg.warmupPhase, Duration: warmup + window, Seed: 1,
+		Rate: rate, Warmup: warmup, WarmupPhase: sp.warmupPhase, Duration: warmup + window, Seed: 1,
 		OnStreamDone: lag.done,
 	})
 	if err != nil {
