@@ -36,7 +36,7 @@ type bazelConfig struct {
 }
 
 func (c *bazelConfig) register(fs *flag.FlagSet) {
-	fs.IntVar(&c.targets, "bazel-targets", 500, "bazel-real: targets of the generated workspace (loadtest/bazelws; 500 make about 3,480 events per build)")
+	fs.IntVar(&c.targets, "bazel-targets", 500, "bazel-real: targets of the generated workspace (loadtest/bazelws; 500 make 4,126 events per build here)")
 	fs.IntVar(&c.builds, "bazel-builds", 3, "bazel-real: full `bazel test //...` builds, each from a fresh output base")
 	fs.DurationVar(&c.idleWindow, "bazel-idle-window", 30*time.Second, "bazel-real: the same dev's idle CPU is measured this long just before the builds (the \"less idle\" figures subtract it)")
 	fs.DurationVar(&c.timeout, "bazel-timeout", 10*time.Minute, "bazel-real: longest one build may take")
@@ -95,6 +95,7 @@ type bazelBuild struct {
 	WallS    float64 `json:"wall_s"`
 	CPUS     float64 `json:"bazel_cpu_s"`
 	Events   int64   `json:"events"`
+	log      string  // Bazel's output
 }
 
 // per1k is CPU-s per 1,000 events.
@@ -195,6 +196,13 @@ func (b *bench) bazelRun(ctx context.Context, s *fleetStack, db string, exp *baz
 			return runReport{}, err
 		}
 		bld.Events, prev = int64(msgs-prev), msgs
+		// Every target sends at least target_configured and
+		// target_completed: fewer events is a build that stopped early
+		// (and may still exit as the workspace's failures demand).
+		if least := 2 * int64(bc.targets); bld.Events < least {
+			return runReport{}, fmt.Errorf("build %d stored %d events, fewer than the %d of a full build of %d targets (log: %s)\n%s",
+				i+1, bld.Events, least, bc.targets, bld.log, tailFile(bld.log, 15))
+		}
 		fmt.Printf("  build %d: bazel exited %d after %.1f s, %.1f CPU-s; %d events stored\n", i+1, bld.ExitCode, bld.WallS, bld.CPUS, bld.Events)
 		br.Builds = append(br.Builds, bld)
 		bazelCPU += cpu
@@ -258,6 +266,11 @@ func (b *bench) runBazel(ctx context.Context, s *fleetStack, exp *bazelws.Expect
 	cmd, err := bazelws.Command(ctx, bazelws.RunOptions{
 		Dir: exp.Dir, BESBackend: s.bes, ProjectID: "bench",
 		OutputUserRoot: filepath.Join(exp.Dir, fmt.Sprintf("output_user_root.%d", i+1)),
+		// No convenience symlinks (bazel-ws, bazel-out, ...) in the
+		// workspace: the next build's //... would walk into the previous
+		// build's output base through them, which is not its own and so not
+		// ignored, and fail to load its external packages.
+		Extra: []string{"--symlink_prefix=/"},
 	})
 	if err != nil {
 		return bazelBuild{}, 0, err
@@ -277,7 +290,7 @@ func (b *bench) runBazel(ctx context.Context, s *fleetStack, exp *bazelws.Expect
 	}
 	ps := cmd.ProcessState
 	cpu := ps.UserTime() + ps.SystemTime()
-	bld := bazelBuild{ExitCode: ps.ExitCode(), WallS: round(time.Since(start).Seconds(), 2), CPUS: round(cpu.Seconds(), 2)}
+	bld := bazelBuild{ExitCode: ps.ExitCode(), WallS: round(time.Since(start).Seconds(), 2), CPUS: round(cpu.Seconds(), 2), log: logPath}
 	if want, name := exp.ExitCode("test"); bld.ExitCode != want {
 		return bld, cpu, fmt.Errorf("build %d: bazel exited %d, want %d (%s): the upload or the build failed (log: %s)\n%s",
 			i+1, bld.ExitCode, want, name, logPath, tailFile(logPath, 15))
@@ -285,12 +298,17 @@ func (b *bench) runBazel(ctx context.Context, s *fleetStack, exp *bazelws.Expect
 	return bld, cpu, nil
 }
 
+// bazelVersion is what `bazel --version` says, or, where that is
+// "bazel no_version" (Debian's bootstrap build), its package's version.
 func bazelVersion(ctx context.Context) string {
 	out, err := exec.CommandContext(ctx, "bazel", "--version").Output()
-	if err != nil {
-		return ""
+	v := strings.TrimSpace(string(out))
+	if err != nil || strings.Contains(v, "no_version") {
+		if pkg, err := exec.CommandContext(ctx, "dpkg-query", "-W", "-f=${Version}", "bazel-bootstrap").Output(); err == nil {
+			return "bazel-bootstrap " + strings.TrimSpace(string(pkg))
+		}
 	}
-	return strings.TrimSpace(string(out))
+	return v
 }
 
 // makeWritable lets a directory tree in which Bazel made outputs read-only
