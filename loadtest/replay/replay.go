@@ -62,6 +62,12 @@ type Config struct {
 	// the script (0 < WarmupPhase <= 1; default 1), which keeps the
 	// warm-up's burst smaller on a small machine.
 	WarmupPhase float64
+	// WarmupEvents, above 0, also bounds that point to the script's first
+	// WarmupEvents events. At thousands of streams it caps what the
+	// warm-up must send (a stream of a long build starts early in its
+	// life) while streams of builds shorter than the bound still start
+	// anywhere in theirs, so that some finish every second. 0: no bound.
+	WarmupEvents int
 	// Seed makes the phases and rates repeatable.
 	Seed uint64
 
@@ -91,6 +97,7 @@ func (c Config) Validate() error {
 		knob.NotNegative("replay", "Duration", c.Duration, "no limit"),
 		knob.NotNegative("replay", "Rate", c.Rate, "flat out"),
 		knob.NotNegative("replay", "Warmup", c.Warmup, "none"),
+		knob.NotNegative("replay", "WarmupEvents", c.WarmupEvents, "no bound"),
 	}
 	if c.WarmupPhase < 0 || c.WarmupPhase > 1 {
 		errs = append(errs, fmt.Errorf("replay: WarmupPhase %v is not in 0..1; set 0 for the default (1) or a fraction of the script", c.WarmupPhase))
@@ -298,7 +305,7 @@ func (r *runner) worker(ctx context.Context, i int) {
 			// so that the streams do not send in step.
 			steady := r.measureFrom.Add(time.Duration(w.rng.Float64() * float64(w.pace.interval)))
 			w.pace.next = steady
-			if phase := int(w.rng.Float64() * r.cfg.WarmupPhase * float64(n)); r.cfg.Warmup > 0 && phase > 0 {
+			if phase := warmupPoint(w.rng.Float64(), r.cfg.WarmupPhase, r.cfg.WarmupEvents, n); r.cfg.Warmup > 0 && phase > 0 {
 				// Send the first phase events of this invocation during
 				// the warm-up, then go on at the stream's own pace.
 				w.pace.warm = phase
@@ -313,6 +320,17 @@ func (r *runner) worker(ctx context.Context, i int) {
 			return
 		}
 	}
+}
+
+// warmupPoint is where, u (uniform in [0, 1)) of the way into its range, a
+// stream's first invocation of n events starts: within the first phase of
+// the script, and within its first maxEvents events when that is above 0.
+func warmupPoint(u, phase float64, maxEvents int, n int64) int {
+	p := u * phase * float64(n)
+	if maxEvents > 0 {
+		p = min(p, u*float64(maxEvents))
+	}
+	return int(p)
 }
 
 // backoff after a failed invocation, so that a refusing server is not

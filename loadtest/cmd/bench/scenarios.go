@@ -216,7 +216,7 @@ func (b *bench) liveScenario(ctx context.Context, name string, rep *scenarioRepo
 	case scPaced5000:
 		p := c.paced5000
 		sp = pacedSpec{streams: p.streams, rate: p.rate, warmup: p.warmup, window: p.duration, warmupPhase: p.warmupPhase,
-			edgeEnv: edgeLimitsEnv(p.streams)}
+			warmupEvents: p.warmupEvents, edgeEnv: edgeLimitsEnv(p.streams)}
 		rep.Description = "5,000 slow streams at the same total rate as paced-1000: `millrace serve bes` + `millrace project builds`; ack latency and projection lag"
 	}
 	run, err := b.pacedRun(ctx, name, sp)
