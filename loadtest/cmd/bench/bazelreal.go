@@ -160,15 +160,11 @@ func (b *bench) bazelScenario(ctx context.Context, rep *scenarioReport) error {
 // bazelRun runs the builds one after another and measures the window.
 func (b *bench) bazelRun(ctx context.Context, s *fleetStack, db string, exp *bazelws.Expected, idle runReport) (runReport, error) {
 	bc := b.cfg.bazel
-	conn, err := pgx.Connect(ctx, s.dbURL)
+	conn, connPID, err := connectPID(ctx, s.dbURL)
 	if err != nil {
 		return runReport{}, err
 	}
 	defer conn.Close(context.Background())
-	var connPID int
-	if err := conn.QueryRow(ctx, "select pg_backend_pid()").Scan(&connPID); err != nil {
-		return runReport{}, err
-	}
 	msgs0, _, _, err := streamState(ctx, s.natsURL)
 	if err != nil {
 		return runReport{}, err
@@ -185,27 +181,8 @@ func (b *bench) bazelRun(ctx context.Context, s *fleetStack, db string, exp *baz
 	}
 	br := &bazelReport{Version: bazelVersion(ctx), Targets: bc.targets}
 	var bazelCPU time.Duration
-	prev := msgs0
-	for i := range bc.builds {
-		bld, cpu, err := b.runBazel(ctx, s, exp, i)
-		if err != nil {
-			return runReport{}, err
-		}
-		msgs, _, _, err := streamState(ctx, s.natsURL)
-		if err != nil {
-			return runReport{}, err
-		}
-		bld.Events, prev = int64(msgs-prev), msgs
-		// Every target sends at least target_configured and
-		// target_completed: fewer events is a build that stopped early
-		// (and may still exit as the workspace's failures demand).
-		if least := 2 * int64(bc.targets); bld.Events < least {
-			return runReport{}, fmt.Errorf("build %d stored %d events, fewer than the %d of a full build of %d targets (log: %s)\n%s",
-				i+1, bld.Events, least, bc.targets, bld.log, tailFile(bld.log, 15))
-		}
-		fmt.Printf("  build %d: bazel exited %d after %.1f s, %.1f CPU-s; %d events stored\n", i+1, bld.ExitCode, bld.WallS, bld.CPUS, bld.Events)
-		br.Builds = append(br.Builds, bld)
-		bazelCPU += cpu
+	if br.Builds, bazelCPU, err = b.runBuilds(ctx, s, exp, msgs0); err != nil {
+		return runReport{}, err
 	}
 	built := time.Now()
 	msgs, last, _, err := streamState(ctx, s.natsURL)
@@ -240,6 +217,21 @@ func (b *bench) bazelRun(ctx context.Context, s *fleetStack, db string, exp *baz
 	return run, nil
 }
 
+// connectPID connects to the database and says which backend serves the
+// connection (the meters leave the bench's own out).
+func connectPID(ctx context.Context, url string) (*pgx.Conn, int, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, 0, err
+	}
+	var pid int
+	if err := conn.QueryRow(ctx, "select pg_backend_pid()").Scan(&pid); err != nil {
+		conn.Close(context.Background())
+		return nil, 0, err
+	}
+	return conn, pid, nil
+}
+
 // fill computes the per-1,000-event figures of the window from its CPU
 // and the idle run's rates.
 func (br *bazelReport) fill(run, idle runReport, bazelCPU time.Duration) {
@@ -256,6 +248,36 @@ func (br *bazelReport) fill(run, idle runReport, bazelCPU time.Duration) {
 	br.PostgresPer1k = round(cpuPer1kEvents(br.PostgresCPUS, e), 4)
 	br.PostgresPer1kLessIdle = round(cpuPer1kEvents(lessIdle(br.PostgresCPUS, br.IdlePostgresCPUSPerS, w), e), 4)
 	br.BazelPer1k = round(cpuPer1kEvents(br.BazelCPUS, e), 3)
+}
+
+// runBuilds runs the builds one after another; each must store the events
+// of a full build. It returns them and Bazel's CPU.
+func (b *bench) runBuilds(ctx context.Context, s *fleetStack, exp *bazelws.Expected, msgs0 uint64) ([]bazelBuild, time.Duration, error) {
+	var builds []bazelBuild
+	var bazelCPU time.Duration
+	prev := msgs0
+	for i := range b.cfg.bazel.builds {
+		bld, cpu, err := b.runBazel(ctx, s, exp, i)
+		if err != nil {
+			return nil, 0, err
+		}
+		msgs, _, _, err := streamState(ctx, s.natsURL)
+		if err != nil {
+			return nil, 0, err
+		}
+		bld.Events, prev = int64(msgs-prev), msgs
+		fmt.Printf("  build %d: bazel exited %d after %.1f s, %.1f CPU-s; %d events stored\n", i+1, bld.ExitCode, bld.WallS, bld.CPUS, bld.Events)
+		// Every target sends at least target_configured and
+		// target_completed: fewer events is a build that stopped early
+		// (and may still exit as the workspace's failures demand).
+		if least := 2 * int64(b.cfg.bazel.targets); bld.Events < least {
+			return nil, 0, fmt.Errorf("build %d stored %d events, fewer than the %d of a full build of %d targets (log: %s)\n%s",
+				i+1, bld.Events, least, b.cfg.bazel.targets, bld.log, tailFile(bld.log, 15))
+		}
+		builds = append(builds, bld)
+		bazelCPU += cpu
+	}
+	return builds, bazelCPU, nil
 }
 
 // runBazel runs build i from a fresh output base, so that it builds and
