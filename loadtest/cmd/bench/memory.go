@@ -29,6 +29,7 @@ type memoryConfig struct {
 	streamsList    string
 	streams        []int
 	rate           float64
+	ramp           time.Duration
 	duration       time.Duration
 	warmupStreams  int
 	warmupDuration time.Duration
@@ -39,7 +40,8 @@ type memoryConfig struct {
 func (c *memoryConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.streamsList, "memory-streams", "1000,5000", "edge-memory: open streams, comma-separated: one run per number, each on a fresh edge and natsd")
 	fs.Float64Var(&c.rate, "memory-rate", 2500, "edge-memory: total events/s of each run, whatever its number of streams (and of the warm-up)")
-	fs.DurationVar(&c.duration, "memory-duration", 40*time.Second, "edge-memory: how long the streams of a run stay open (RSS sampled throughout)")
+	fs.DurationVar(&c.ramp, "memory-ramp", 20*time.Second, "edge-memory: the streams of a run start evenly over this long (5,000 opening in the same second swamp the edge)")
+	fs.DurationVar(&c.duration, "memory-duration", 40*time.Second, "edge-memory: how long the streams of a run stay open after the ramp (RSS sampled throughout)")
 	fs.IntVar(&c.warmupStreams, "memory-warmup-streams", 8, "edge-memory: streams of the warm-up before the baseline (closed when it is read)")
 	fs.DurationVar(&c.warmupDuration, "memory-warmup-duration", 10*time.Second, "edge-memory: length of the warm-up at -memory-rate")
 	fs.DurationVar(&c.settle, "memory-settle", 5*time.Second, "edge-memory: wait after the warm-up's streams closed before the baseline RSS is read")
@@ -47,7 +49,7 @@ func (c *memoryConfig) register(fs *flag.FlagSet) {
 }
 
 func (c *memoryConfig) validate() error {
-	errs := negatives(map[string]float64{"memory-rate": c.rate, "memory-duration": c.duration.Seconds(),
+	errs := negatives(map[string]float64{"memory-rate": c.rate, "memory-duration": c.duration.Seconds(), "memory-ramp": c.ramp.Seconds(),
 		"memory-warmup-streams": float64(c.warmupStreams), "memory-warmup-duration": c.warmupDuration.Seconds(),
 		"memory-settle": c.settle.Seconds(), "memory-sample": c.sample.Seconds()})
 	c.streams = nil
@@ -271,7 +273,7 @@ func (b *bench) memoryRun(ctx context.Context, n int) (runReport, error) {
 	}
 
 	procs := map[string]*proc{"edge": e.p, "natsd": natsd}
-	fmt.Printf("  %d streams at %.0f events/s for %s\n", n, mc.rate, mc.duration)
+	fmt.Printf("  %d streams at %.0f events/s, starting over %s, then %s\n", n, mc.rate, mc.ramp, mc.duration)
 	sampler := startMemSampler(e.p.pid(), e.metrics, mc.sample)
 	before, err := takeSnapshot(procs)
 	if err != nil {
@@ -280,7 +282,7 @@ func (b *bench) memoryRun(ctx context.Context, n int) (runReport, error) {
 	}
 	promBefore := scrape(e.metrics)
 	res, err := replay.Run(ctx, replay.Config{
-		Target: e.bes, Scripts: b.scripts, Streams: n, Projects: projectsFor(n), Rate: mc.rate, Duration: mc.duration, Seed: 3,
+		Target: e.bes, Scripts: b.scripts, Streams: n, Projects: projectsFor(n), Rate: mc.rate, Ramp: mc.ramp, Duration: mc.ramp + mc.duration, Seed: 3,
 	})
 	sampler.stop()
 	if err != nil {
