@@ -79,10 +79,13 @@ type memoryReport struct {
 	// -memory-settle passed; BaselineHWMKiB the VmHWM then.
 	BaselineRSSKiB int64 `json:"baseline_rss_kib"`
 	BaselineHWMKiB int64 `json:"baseline_hwm_kib"`
-	// PeakRSSKiB is VmHWM at the end of the run; PeakFrom says whether it
-	// was reset at the baseline (then it is the run's own peak).
+	// PeakRSSKiB is VmHWM a second before the run stopped its streams;
+	// PeakFrom says whether it was reset at the baseline (then it is the
+	// run's own peak). EndHWMKiB is VmHWM after the stop, when every
+	// stream half-closed at once.
 	PeakRSSKiB       int64  `json:"peak_rss_kib"`
 	PeakFrom         string `json:"peak_from"`
+	EndHWMKiB        int64  `json:"end_hwm_kib"`
 	MaxSampledRSSKiB int64  `json:"max_sampled_rss_kib"`
 	// PerStreamKiB = (PeakRSSKiB - BaselineRSSKiB) / Streams: the target's
 	// figure; PerStreamSampledKiB the same from the largest sampled VmRSS.
@@ -160,7 +163,10 @@ func resetHWM(pid int) error {
 	return os.WriteFile("/proc/"+strconv.Itoa(pid)+"/clear_refs", []byte("5"), 0)
 }
 
-// memSampler reads the edge's RSS and open streams every interval.
+// memSampler reads the edge's RSS and open streams every interval until
+// a moment just before the run's stop, and then its VmHWM: the peak while
+// the streams were open. (At the stop every stream half-closes at once, a
+// burst of the bench's own making, not what N open streams hold.)
 type memSampler struct {
 	pid     int
 	metrics string
@@ -170,19 +176,30 @@ type memSampler struct {
 	samples int
 	maxOpen int
 	max     memPoint
+	hwm     int64 // VmHWM at the deadline; 0 when it was not reached
 	stopC   chan struct{}
 	wg      sync.WaitGroup
 }
 
-func startMemSampler(pid int, metrics string, every time.Duration) *memSampler {
+func startMemSampler(pid int, metrics string, every time.Duration, until time.Time) *memSampler {
 	s := &memSampler{pid: pid, metrics: metrics, every: every, stopC: make(chan struct{})}
 	s.wg.Go(func() {
 		t := time.NewTicker(every)
 		defer t.Stop()
+		deadline := time.NewTimer(time.Until(until))
+		defer deadline.Stop()
 		for {
 			s.sample()
 			select {
 			case <-s.stopC:
+				return
+			case <-deadline.C:
+				s.sample()
+				if st, err := readMemStatus(s.pid); err == nil {
+					s.mu.Lock()
+					s.hwm = st.hwm
+					s.mu.Unlock()
+				}
 				return
 			case <-t.C:
 			}
@@ -274,7 +291,9 @@ func (b *bench) memoryRun(ctx context.Context, n int) (runReport, error) {
 
 	procs := map[string]*proc{"edge": e.p, "natsd": natsd}
 	fmt.Printf("  %d streams at %.0f events/s, starting over %s, then %s\n", n, mc.rate, mc.ramp, mc.duration)
-	sampler := startMemSampler(e.p.pid(), e.metrics, mc.sample)
+	// The peak is read a second before the replay stops its streams.
+	until := time.Now().Add(mc.ramp + mc.duration - time.Second)
+	sampler := startMemSampler(e.p.pid(), e.metrics, mc.sample, until)
 	before, err := takeSnapshot(procs)
 	if err != nil {
 		sampler.stop()
@@ -340,7 +359,8 @@ func (b *bench) memoryBaseline(ctx context.Context, e *edge, n int) (*memoryRepo
 	return m, nil
 }
 
-// finish fills in the peak (VmHWM now) and the sampler's figures.
+// finish fills in the peak (the sampler's VmHWM, before the stop) and the
+// sampler's figures.
 func (m *memoryReport) finish(edgePID, natsdPID int, s *memSampler) error {
 	st, err := readMemStatus(edgePID)
 	if err != nil {
@@ -351,7 +371,12 @@ func (m *memoryReport) finish(edgePID, natsdPID int, s *memSampler) error {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	m.PeakRSSKiB = max(st.hwm, s.max.RSSKiB)
+	m.EndHWMKiB = st.hwm
+	if s.hwm == 0 {
+		s.hwm = st.hwm // the run ended before the deadline
+		m.PeakFrom += "; read at the end of the run, the stop included"
+	}
+	m.PeakRSSKiB = max(s.hwm, s.max.RSSKiB)
 	m.MaxSampledRSSKiB, m.AtMaxSample, m.OpenStreamsMax, m.Samples = s.max.RSSKiB, s.max, s.maxOpen, s.samples
 	m.PerStreamKiB = rssPerStreamKiB(m.PeakRSSKiB, m.BaselineRSSKiB, m.Streams)
 	m.PerStreamSampledKiB = rssPerStreamKiB(m.MaxSampledRSSKiB, m.BaselineRSSKiB, m.Streams)
