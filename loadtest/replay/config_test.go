@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRunRefusesNegatives: a negative count, rate or duration is refused
@@ -19,6 +20,10 @@ func TestRunRefusesNegatives(t *testing.T) {
 		"Warmup -1ns":         func(c *Config) { c.Warmup = -1 },
 		"WarmupPhase -0.5 is": func(c *Config) { c.WarmupPhase = -0.5 },
 		"WarmupPhase 1.5 is":  func(c *Config) { c.WarmupPhase = 1.5 },
+		"WarmupEvents -1":     func(c *Config) { c.WarmupEvents = -1 },
+		"Ramp -1ns":           func(c *Config) { c.Ramp = -1 },
+		"Ramp is for paced":   func(c *Config) { c.Ramp = time.Second },
+		"Ramp is for paced runs without a warm-up": func(c *Config) { c.Ramp, c.Rate, c.Warmup = time.Second, 100, time.Second },
 	} {
 		c := Config{Target: "127.0.0.1:1", Scripts: []*Script{{}}}
 		set(&c)
@@ -32,5 +37,50 @@ func TestRunRefusesNegatives(t *testing.T) {
 	d := Config{}.withDefaults()
 	if d.Streams != 1 || d.Conns != 1 || d.RateJitter != 0.2 || d.WarmupPhase != 1 {
 		t.Errorf("defaults %+v", d)
+	}
+}
+
+// TestWarmupPoint: the warm-up's starting point is within the first
+// WarmupPhase of the script and, when WarmupEvents is set, within that
+// many events, so that long builds start early and short ones anywhere.
+func TestWarmupPoint(t *testing.T) {
+	for _, c := range []struct {
+		u, phase  float64
+		maxEvents int
+		n         int64
+		want      int
+	}{
+		{0.5, 1, 0, 500, 250},   // no bound: halfway
+		{0.5, 0.5, 0, 500, 125}, // within the first half
+		{0.5, 1, 100, 500, 50},  // a long build: within its first 100 events
+		{0.5, 1, 100, 86, 43},   // a build shorter than the bound: anywhere in it
+		{0.99, 0.1, 100, 86, 8}, // the smaller bound wins
+		{0, 1, 100, 500, 0},
+	} {
+		if got := warmupPoint(c.u, c.phase, c.maxEvents, c.n); got != c.want {
+			t.Errorf("warmupPoint(%v, %v, %d, %d) = %d, want %d", c.u, c.phase, c.maxEvents, c.n, got, c.want)
+		}
+	}
+}
+
+// TestRampStart: workers start evenly over the ramp, the first at once.
+func TestRampStart(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	for _, c := range []struct {
+		ramp       time.Duration
+		i, streams int
+		want       time.Duration
+	}{
+		{20 * time.Second, 0, 5000, 0},
+		{20 * time.Second, 2500, 5000, 10 * time.Second},
+		{20 * time.Second, 4999, 5000, 20*time.Second - 4*time.Millisecond},
+		{0, 4999, 5000, 0},
+	} {
+		if got := rampStart(t0, c.ramp, c.i, c.streams).Sub(t0); got != c.want {
+			t.Errorf("rampStart(ramp %s, worker %d of %d) = +%s, want +%s", c.ramp, c.i, c.streams, got, c.want)
+		}
+	}
+	if err := (Config{Target: "x", Scripts: []*Script{{}}, Rate: 100, Ramp: time.Second}).Validate(); err != nil {
+		t.Errorf("a paced run with a ramp: %v", err)
 	}
 }

@@ -62,6 +62,18 @@ type Config struct {
 	// the script (0 < WarmupPhase <= 1; default 1), which keeps the
 	// warm-up's burst smaller on a small machine.
 	WarmupPhase float64
+	// WarmupEvents, above 0, also bounds that point to the script's first
+	// WarmupEvents events. At thousands of streams it caps what the
+	// warm-up must send (a stream of a long build starts early in its
+	// life) while streams of builds shorter than the bound still start
+	// anywhere in theirs, so that some finish every second. 0: no bound.
+	WarmupEvents int
+	// Ramp (paced, without a warm-up) starts worker i's first invocation
+	// i × Ramp / Streams after the start, so that thousands of streams do
+	// not dial, send their lifecycle calls and open their streams in the
+	// same second. The ramp is part of the measured window. 0: every
+	// worker starts within its first interval.
+	Ramp time.Duration
 	// Seed makes the phases and rates repeatable.
 	Seed uint64
 
@@ -91,6 +103,11 @@ func (c Config) Validate() error {
 		knob.NotNegative("replay", "Duration", c.Duration, "no limit"),
 		knob.NotNegative("replay", "Rate", c.Rate, "flat out"),
 		knob.NotNegative("replay", "Warmup", c.Warmup, "none"),
+		knob.NotNegative("replay", "WarmupEvents", c.WarmupEvents, "no bound"),
+		knob.NotNegative("replay", "Ramp", c.Ramp, "none"),
+	}
+	if c.Ramp > 0 && (c.Rate == 0 || c.Warmup > 0) {
+		errs = append(errs, errors.New("replay: Ramp is for paced runs without a warm-up (a warm-up spreads the streams' starts itself)"))
 	}
 	if c.WarmupPhase < 0 || c.WarmupPhase > 1 {
 		errs = append(errs, fmt.Errorf("replay: WarmupPhase %v is not in 0..1; set 0 for the default (1) or a fraction of the script", c.WarmupPhase))
@@ -296,9 +313,9 @@ func (r *runner) worker(ctx context.Context, i int) {
 			w.pace.interval = time.Duration(float64(time.Second) / rate)
 			// Each stream starts at its own offset within one interval,
 			// so that the streams do not send in step.
-			steady := r.measureFrom.Add(time.Duration(w.rng.Float64() * float64(w.pace.interval)))
+			steady := rampStart(r.measureFrom, r.cfg.Ramp, i, r.cfg.Streams).Add(time.Duration(w.rng.Float64() * float64(w.pace.interval)))
 			w.pace.next = steady
-			if phase := int(w.rng.Float64() * r.cfg.WarmupPhase * float64(n)); r.cfg.Warmup > 0 && phase > 0 {
+			if phase := warmupPoint(w.rng.Float64(), r.cfg.WarmupPhase, r.cfg.WarmupEvents, n); r.cfg.Warmup > 0 && phase > 0 {
 				// Send the first phase events of this invocation during
 				// the warm-up, then go on at the stream's own pace.
 				w.pace.warm = phase
@@ -313,6 +330,26 @@ func (r *runner) worker(ctx context.Context, i int) {
 			return
 		}
 	}
+}
+
+// rampStart is when worker i of streams starts its pace: from, plus its
+// share of the ramp.
+func rampStart(from time.Time, ramp time.Duration, i, streams int) time.Time {
+	if ramp <= 0 || streams <= 0 {
+		return from
+	}
+	return from.Add(ramp * time.Duration(i) / time.Duration(streams))
+}
+
+// warmupPoint is where, u (uniform in [0, 1)) of the way into its range, a
+// stream's first invocation of n events starts: within the first phase of
+// the script, and within its first maxEvents events when that is above 0.
+func warmupPoint(u, phase float64, maxEvents int, n int64) int {
+	p := u * phase * float64(n)
+	if maxEvents > 0 {
+		p = min(p, u*float64(maxEvents))
+	}
+	return int(p)
 }
 
 // backoff after a failed invocation, so that a refusing server is not

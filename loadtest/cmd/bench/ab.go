@@ -95,6 +95,8 @@ type abReport struct {
 	Outside     []string   `json:"outside_noise"`
 	// Errors are the failed runs; their figures are left out.
 	Errors []string `json:"errors,omitempty"`
+	// Skipped says why the scenario did not run (bazel-real without Bazel).
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // abSummary is ab-summary.json.
@@ -120,6 +122,7 @@ type abScenarioSummary struct {
 	Within   int      `json:"within_noise"`
 	Outside  []string `json:"outside_noise"`
 	Errors   []string `json:"errors,omitempty"`
+	Skipped  string   `json:"skipped,omitempty"`
 }
 
 // runAB is the A/B mode's main loop: scenario by scenario, all the rounds
@@ -144,7 +147,7 @@ func (b *bench) runAB(ctx context.Context, started time.Time) error {
 			return err
 		}
 		sum.Scenarios = append(sum.Scenarios, abScenarioSummary{Scenario: name, File: filepath.Base(file),
-			Figures: len(rep.Figures), Within: rep.Within, Outside: rep.Outside, Errors: rep.Errors})
+			Figures: len(rep.Figures), Within: rep.Within, Outside: rep.Outside, Errors: rep.Errors, Skipped: rep.Skipped})
 		printAB(os.Stdout, rep)
 		failed = append(failed, rep.Errors...)
 	}
@@ -191,6 +194,11 @@ func (b *bench) abScenario(ctx context.Context, name string, order []abSide, bin
 		}
 		rep.Description = sr.Description
 		rep.Runs = append(rep.Runs, run)
+		if sr.Skipped != "" {
+			rep.Skipped = sr.Skipped
+			fmt.Printf("bench: %s skipped: %s\n", name, sr.Skipped)
+			break // the other rounds would be skipped too
+		}
 		if sr.Error != "" {
 			msg := fmt.Sprintf("%s %s%d: %s", name, side, run.Round, sr.Error)
 			fmt.Printf("bench: %s\n", msg)

@@ -194,3 +194,45 @@ func TestABConfigValidate(t *testing.T) {
 		t.Errorf("without -a: A/B mode on or an error")
 	}
 }
+
+func TestABFiguresNewScenarios(t *testing.T) {
+	rep := &scenarioReport{Runs: []runReport{
+		{Name: "idle 1m0s", Mode: "idle", WindowS: 60, Postgres: &pgReport{WALBytes: 6000},
+			CPU: map[string]cpuFigure{"dev": {Cores: 0.045, CtxSwitchesPerS: 1400}, "postgres_all": {Cores: 0.01}}},
+		{Name: "1000 streams", Mode: "paced", EventsPerS: 2500, CPU: map[string]cpuFigure{"edge": {Per100kEvents: 20}},
+			Memory: &memoryReport{PerStreamKiB: 580, PerStreamSampledKiB: 570, BaselineRSSKiB: 80000, PeakRSSKiB: 660000}},
+		{Name: "3 bazel builds", Mode: "bazel", WindowEvents: 10440,
+			Bazel: &bazelReport{Events: 10440, DevPer1k: 0.5, DevPer1kLessIdle: 0.3, PostgresPer1k: 0.2, PostgresPer1kLessIdle: 0.15, BazelPer1k: 30}},
+	}}
+	got := map[string]float64{}
+	for _, v := range abFigures(rep) {
+		got[v.Name] = v.Value
+	}
+	for name, want := range map[string]float64{
+		"idle 1m0s: dev CPU-s per second":                                 0.045,
+		"idle 1m0s: dev context switches per second":                      1400,
+		"idle 1m0s: postgres_all CPU-s per second":                        0.01,
+		"idle 1m0s: WAL bytes per second":                                 100,
+		"1000 streams: edge RSS per open stream":                          580,
+		"1000 streams: edge RSS per open stream, from the largest sample": 570,
+		"1000 streams: edge baseline RSS":                                 80000,
+		"1000 streams: edge peak RSS":                                     660000,
+		"1000 streams: edge CPU-s per 100k events":                        20,
+		"3 bazel builds: dev CPU-s per 1,000 events":                      0.5,
+		"3 bazel builds: dev CPU-s per 1,000 events, less idle":           0.3,
+		"3 bazel builds: PostgreSQL CPU-s per 1,000 events":               0.2,
+		"3 bazel builds: PostgreSQL CPU-s per 1,000 events, less idle":    0.15,
+		"3 bazel builds: bazel CPU-s per 1,000 events":                    30,
+		"3 bazel builds: events":                                          10440,
+	} {
+		if v, ok := got[name]; !ok || !near(v, want) {
+			t.Errorf("%s = %v (present %v), want %v", name, v, ok, want)
+		}
+	}
+	// An idle run has no events: no per-event figures.
+	for name := range got {
+		if strings.HasPrefix(name, "idle 1m0s: ") && (strings.Contains(name, "per 100k") || strings.Contains(name, "events/s")) {
+			t.Errorf("idle run has per-event figure %q", name)
+		}
+	}
+}

@@ -57,6 +57,10 @@ func abFigures(rep *scenarioReport) []abValue {
 // runFigures: a BES (or placer) run, as printTable shows it and more.
 func runFigures(r runReport, add addFigure) {
 	p := r.Name + ": "
+	if r.Mode == "idle" {
+		idleFigures(p, r, add)
+		return
+	}
 	add(p+"events/s", "events/s", r.EventsPerS)
 	for _, k := range slices.Sorted(maps.Keys(r.CPU)) {
 		f := r.CPU[k]
@@ -75,11 +79,39 @@ func runFigures(r runReport, add addFigure) {
 	if r.Drain != nil {
 		add(p+"rows/s", "rows/s", r.Drain.RowsPerS)
 	}
+	if m := r.Memory; m != nil {
+		add(p+"edge RSS per open stream", "KiB", m.PerStreamKiB)
+		add(p+"edge RSS per open stream, from the largest sample", "KiB", m.PerStreamSampledKiB)
+		add(p+"edge baseline RSS", "KiB", float64(m.BaselineRSSKiB))
+		add(p+"edge peak RSS", "KiB", float64(m.PeakRSSKiB))
+	}
+	if br := r.Bazel; br != nil {
+		add(p+"dev CPU-s per 1,000 events", "CPU-s", br.DevPer1k)
+		add(p+"dev CPU-s per 1,000 events, less idle", "CPU-s", br.DevPer1kLessIdle)
+		add(p+"PostgreSQL CPU-s per 1,000 events", "CPU-s", br.PostgresPer1k)
+		add(p+"PostgreSQL CPU-s per 1,000 events, less idle", "CPU-s", br.PostgresPer1kLessIdle)
+		add(p+"bazel CPU-s per 1,000 events", "CPU-s", br.BazelPer1k)
+		add(p+"events", "events", float64(br.Events))
+	}
 	var errs int64
 	for _, n := range r.Errors {
 		errs += n
 	}
 	add(p+"errors", "errors", float64(errs))
+}
+
+// idleFigures: an idle run has no events; its figures are per second.
+func idleFigures(p string, r runReport, add addFigure) {
+	for _, k := range slices.Sorted(maps.Keys(r.CPU)) {
+		f := r.CPU[k]
+		add(p+k+" CPU-s per second", "CPU-s/s", f.Cores)
+		if f.CtxSwitchesPerS > 0 {
+			add(p+k+" context switches per second", "switches/s", f.CtxSwitchesPerS)
+		}
+	}
+	if r.Postgres != nil && r.WindowS > 0 {
+		add(p+"WAL bytes per second", "bytes/s", round(float64(r.Postgres.WALBytes)/r.WindowS, 1))
+	}
 }
 
 func latency(name string, s *replay.Summary, add addFigure) {

@@ -69,6 +69,7 @@ type fleetStack struct {
 	dir, dbURL, natsURL string
 	dev                 *proc
 	devGateway, resv    string
+	bes                 string // dev's BES edge
 	caDir, apiKey       string
 	gateways            []*proc
 	devEnv              []string
@@ -84,7 +85,7 @@ func (b *bench) startFleetStack(ctx context.Context, dir, dbURL string, extraEnv
 		}
 		addrs[i] = a
 	}
-	s := &fleetStack{dir: dir, dbURL: dbURL, natsURL: "nats://" + addrs[0], devGateway: addrs[2], resv: addrs[3],
+	s := &fleetStack{dir: dir, dbURL: dbURL, natsURL: "nats://" + addrs[0], devGateway: addrs[2], resv: addrs[3], bes: addrs[1],
 		caDir: filepath.Join(dir, "fleet", "ca")}
 	s.apiKey = "bench-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-key"
 	embeddedNATS(s.natsURL, filepath.Join(dir, "nats"))
@@ -97,6 +98,9 @@ func (b *bench) startFleetStack(ctx context.Context, dir, dbURL string, extraEnv
 		"MILLRACE_FLEET_LISTEN=" + addrs[2],
 		"MILLRACE_RESERVATIONS_LISTEN=" + addrs[3],
 		"MILLRACE_COMMITS_LISTEN=" + addrs[6],
+		// The compactor's bucket, in the scenario's directory (the
+		// default, var/bucket, is under the bench's working directory).
+		"MILLRACE_BUCKET_URL=" + filepath.Join(dir, "bucket"),
 		"MILLRACE_HTTP_LISTEN=" + addrs[4],
 		"MILLRACE_FLEET_CA_DIR=" + s.caDir,
 		"MILLRACE_FLEET_API_KEYS=bench=" + s.apiKey,

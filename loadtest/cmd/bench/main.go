@@ -27,9 +27,11 @@ const (
 	scProjector     = "projector"
 	scProjectorLive = "projector-live"
 	scPaced1000     = "paced-1000"
+	scPaced5000     = "paced-5000"
 )
 
-var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction)
+var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000, scPaced5000,
+	scEdgeMemory, scIdle, scBazelReal}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string
@@ -44,6 +46,8 @@ type config struct {
 	duration     time.Duration // paced-1000 measured window
 	warmup       time.Duration
 	warmupPhase  float64
+
+	paced5000 paced5000Config
 
 	liveStreams  int
 	liveRate     float64
@@ -62,6 +66,9 @@ type config struct {
 	commits   commitsConfig
 	kafka     kafkaConfig
 	redaction redactionConfig
+	memory    memoryConfig
+	idle      idleConfig
+	bazel     bazelConfig
 	ab        abConfig
 }
 
@@ -98,6 +105,10 @@ func main() {
 	c.commits.register(flag.CommandLine)
 	c.kafka.register(flag.CommandLine)
 	c.redaction.register(flag.CommandLine)
+	c.paced5000.register(flag.CommandLine)
+	c.memory.register(flag.CommandLine)
+	c.idle.register(flag.CommandLine)
+	c.bazel.register(flag.CommandLine)
 	c.ab.register(flag.CommandLine)
 	flag.Parse()
 	if err := c.parseLists(scenarios, streams); err != nil {
@@ -133,7 +144,7 @@ func (c *config) parseLists(scenarios, streams string) error {
 		}
 		c.streams = append(c.streams, n)
 	}
-	if err := c.checkNegatives(); err != nil {
+	if err := errors.Join(c.checkNegatives(), c.paced5000.validate(), c.memory.validate(), c.idle.validate(), c.bazel.validate()); err != nil {
 		return err
 	}
 	return c.ab.validate(c.bin)
@@ -213,7 +224,7 @@ func setup(ctx context.Context, c config) (b *bench, cleanup func(), err error) 
 			fmt.Printf("bench: state and logs kept in %s\n", b.tmp)
 		}
 	}
-	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scProjector] || anyOf(c.scenarios, commitsScenarios)) {
+	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || anyOf(c.scenarios, commitsScenarios)) {
 		if b.natsd, err = buildNATSD(ctx, b.tmp); err != nil {
 			removeTmp()
 			return nil, nil, err
@@ -259,10 +270,13 @@ func (b *bench) runAll(ctx context.Context, started time.Time) error {
 			return err
 		}
 		b.reports = append(b.reports, rep)
-		sum.Scenarios = append(sum.Scenarios, scenarioSummary{Scenario: name, File: filepath.Base(file), Error: rep.Error})
+		sum.Scenarios = append(sum.Scenarios, scenarioSummary{Scenario: name, File: filepath.Base(file), Error: rep.Error, Skipped: rep.Skipped})
 		sum.Checks = append(sum.Checks, rep.Checks...)
 		if rep.Error != "" {
 			fmt.Printf("bench: %s failed: %s\n", name, rep.Error)
+		}
+		if rep.Skipped != "" {
+			fmt.Printf("bench: %s skipped: %s\n", name, rep.Skipped)
 		}
 	}
 	sum.Finished = time.Now()

@@ -8,11 +8,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 
@@ -35,6 +37,9 @@ type scenarioReport struct {
 	Kafka  *kafkaReport `json:"kafka,omitempty"`
 	Checks []check      `json:"checks"`
 	Error  string       `json:"error,omitempty"`
+	// Skipped says why a scenario did not run (e.g. bazel-real without
+	// Bazel); it has no checks then, and is not a failure.
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // runReport is one load run within a scenario.
@@ -75,16 +80,23 @@ type runReport struct {
 	Drain    *drainReport         `json:"drain,omitempty"`
 	// Server is what the edge and projector report in their /metrics.
 	Server *serverFigures `json:"server_metrics,omitempty"`
+	// Memory is edge-memory's RSS per open stream.
+	Memory *memoryReport `json:"memory,omitempty"`
+	// Bazel is bazel-real's builds and CPU per 1,000 events.
+	Bazel *bazelReport `json:"bazel,omitempty"`
 }
 
 type cpuFigure struct {
 	CPUSeconds    float64 `json:"cpu_s"`
 	Per100kEvents float64 `json:"cpu_s_per_100k_events"`
 	EventsPerCPUS float64 `json:"events_per_cpu_s"`
-	Cores         float64 `json:"cores"` // CPU seconds per wall second
+	// Cores is CPU seconds per wall second (to 4 decimals: an idle
+	// process's share is a few thousandths).
+	Cores float64 `json:"cores"`
 	// CtxSwitchesPerEvent counts the process's threads' context switches
-	// (voluntary and involuntary) per event.
+	// (voluntary and involuntary) per event, CtxSwitchesPerS per second.
 	CtxSwitchesPerEvent float64 `json:"ctx_switches_per_event,omitempty"`
+	CtxSwitchesPerS     float64 `json:"ctx_switches_per_s,omitempty"`
 }
 
 func figure(cpu time.Duration, events int64, wall time.Duration) cpuFigure {
@@ -96,7 +108,7 @@ func figure(cpu time.Duration, events int64, wall time.Duration) cpuFigure {
 		f.EventsPerCPUS = math.Round(float64(events) / cpu.Seconds())
 	}
 	if wall > 0 {
-		f.Cores = round(cpu.Seconds()/wall.Seconds(), 2)
+		f.Cores = round(cpu.Seconds()/wall.Seconds(), 4)
 	}
 	return f
 }
@@ -166,15 +178,25 @@ func (c check) verdict() string {
 }
 
 func atLeast(name string, v, target float64, unit, note string) check {
-	return check{Name: name, Value: round(v, 1), Unit: unit, Target: fmt.Sprintf(">= %s", num(target)), Pass: v >= target, Note: note}
+	return check{Name: name, Value: roundFigure(v, 1), Unit: unit, Target: fmt.Sprintf(">= %s", num(target)), Pass: v >= target, Note: note}
 }
 
 func atMost(name string, v, target float64, unit, note string) check {
-	return check{Name: name, Value: round(v, 2), Unit: unit, Target: fmt.Sprintf("<= %s", num(target)), Pass: v <= target, Note: note}
+	return check{Name: name, Value: roundFigure(v, 2), Unit: unit, Target: fmt.Sprintf("<= %s", num(target)), Pass: v <= target, Note: note}
 }
 
 func below(name string, v, target float64, unit, note string) check {
-	return check{Name: name, Value: round(v, 2), Unit: unit, Target: fmt.Sprintf("< %s", num(target)), Pass: v < target, Note: note}
+	return check{Name: name, Value: roundFigure(v, 2), Unit: unit, Target: fmt.Sprintf("< %s", num(target)), Pass: v < target, Note: note}
+}
+
+// roundFigure rounds v to digits decimals, or to 3 significant digits
+// when it is below 1 (CPU-s per second of an idle process, CPU-s per
+// 1,000 events), so that a value near a small target does not print as 0.
+func roundFigure(v float64, digits int) float64 {
+	if a := math.Abs(v); a > 0 && a < 1 {
+		return round(v, max(digits, 2-int(math.Floor(math.Log10(a)))))
+	}
+	return round(v, digits)
 }
 
 // summary is summary.json.
@@ -195,6 +217,7 @@ type scenarioSummary struct {
 	Scenario string `json:"scenario"`
 	File     string `json:"file"`
 	Error    string `json:"error,omitempty"`
+	Skipped  string `json:"skipped,omitempty"`
 }
 
 type fixtureInfo struct {
@@ -294,6 +317,10 @@ func printTable(w io.Writer, reports []*scenarioReport) {
 		"", "", "", "", "CPU/100k", "CPU/100k", "CPU/100k", "CPU/100k", "ms", "ms", "")
 	for _, r := range reports {
 		for _, run := range r.Runs {
+			if run.Mode == "idle" {
+				printIdleRow(w, r.Scenario, run)
+				continue
+			}
 			cpu := func(k string) string {
 				if f, ok := run.CPU[k]; ok {
 					return fmt.Sprintf("%.2f", f.Per100kEvents)
@@ -322,6 +349,14 @@ func printTable(w io.Writer, reports []*scenarioReport) {
 				fmt.Fprintf(w, "%-16s %-24s projection lag p50 %.0f ms, p99 %.0f ms over %d invocations (%d not projected)\n",
 					"", "", run.Lag.Lag.P50MS, run.Lag.Lag.P99MS, run.Lag.Measured, run.Lag.NotProjected)
 			}
+			if m := run.Memory; m != nil {
+				fmt.Fprintf(w, "%-16s %-24s edge RSS %d KiB at the peak, %d KiB baseline: %.1f KiB per open stream (%d open at most)\n",
+					"", "", m.PeakRSSKiB, m.BaselineRSSKiB, m.PerStreamKiB, m.OpenStreamsMax)
+			}
+			if br := run.Bazel; br != nil {
+				fmt.Fprintf(w, "%-16s %-24s CPU-s per 1,000 events: dev %.3f (%.3f less idle), PostgreSQL %.3f (%.3f less idle), bazel %.1f\n",
+					"", "", br.DevPer1k, br.DevPer1kLessIdle, br.PostgresPer1k, br.PostgresPer1kLessIdle, br.BazelPer1k)
+			}
 			if d := run.Drain; d != nil {
 				fmt.Fprintf(w, "%-16s %-24s drained %d messages in %.1f s (%.0f events/s), %d rows (%.0f rows/s)",
 					"", "", d.StreamMessages, d.DrainS, d.EventsPerS, d.RowsTotal, d.RowsPerS)
@@ -332,6 +367,21 @@ func printTable(w io.Writer, reports []*scenarioReport) {
 			}
 		}
 	}
+}
+
+// printIdleRow: an idle run's figures are per second, not per event.
+func printIdleRow(w io.Writer, scenario string, run runReport) {
+	fmt.Fprintf(w, "%-16s %-24s", scenario, run.Name)
+	for _, k := range slices.Sorted(maps.Keys(run.CPU)) {
+		if f := run.CPU[k]; k != "bench_client" {
+			fmt.Fprintf(w, " %s %s CPU-s/s", k, num(f.Cores))
+			if f.CtxSwitchesPerS > 0 {
+				fmt.Fprintf(w, " (%.0f switches/s)", f.CtxSwitchesPerS)
+			}
+			fmt.Fprint(w, ";")
+		}
+	}
+	fmt.Fprintln(w)
 }
 
 func printChecks(w io.Writer, checks []check) {
@@ -350,6 +400,9 @@ func round(v float64, digits int) float64 {
 }
 
 func num(v float64) string {
+	if a := math.Abs(v); a > 0 && a < 0.1 {
+		return fmt.Sprintf("%.3g", v)
+	}
 	if v == math.Trunc(v) && math.Abs(v) >= 1000 {
 		s := fmt.Sprintf("%.0f", v)
 		var b strings.Builder
