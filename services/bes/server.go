@@ -344,13 +344,13 @@ func (s *Server) PublishBuildToolEventStream(stream buildpb.PublishBuildEvent_Pu
 		return err
 	}
 
-	acks := make(chan inflight, s.cfg.MaxInFlight)
+	acks := newAckQueue(s.cfg.MaxInFlight)
 	ackDone := make(chan error, 1)
 	go func() { ackDone <- s.sendAcks(ctx, stream, acks) }()
 
 	recvDone := make(chan error, 1)
 	go func() {
-		defer close(acks)
+		defer acks.close()
 		recvDone <- ts.receive(ctx, stream, first, acks)
 	}()
 
@@ -436,17 +436,14 @@ func (s *Server) recvFirst(stream buildpb.PublishBuildEvent_PublishBuildToolEven
 }
 
 // sendAcks waits for each event to be stored, in order, and acks it.
-func (s *Server) sendAcks(ctx context.Context, stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer, acks <-chan inflight) error {
+func (s *Server) sendAcks(ctx context.Context, stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer, acks *ackQueue) error {
 	for {
-		var in inflight
-		select {
-		case i, ok := <-acks:
-			if !ok {
-				return nil
+		in, ok := acks.pop(ctx)
+		if !ok {
+			if ctx.Err() != nil {
+				return status.FromContextError(ctx.Err()).Err()
 			}
-			in = i
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+			return nil
 		}
 		if _, err := in.future.Wait(ctx); err != nil {
 			if ctx.Err() != nil {
@@ -547,7 +544,7 @@ func (t *toolStream) lastStored(ctx context.Context) (int64, error) {
 // receive reads, checks and publishes requests until the client
 // half-closes (nil) or a request is refused (a status error).
 func (t *toolStream) receive(ctx context.Context, stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer,
-	req *buildpb.PublishBuildToolEventStreamRequest, acks chan<- inflight) error {
+	req *buildpb.PublishBuildToolEventStreamRequest, acks *ackQueue) error {
 	for {
 		received := time.Now()
 		if err := t.check(req); err != nil {
@@ -565,10 +562,8 @@ func (t *toolStream) receive(ctx context.Context, stream buildpb.PublishBuildEve
 		}
 		t.s.m.events.WithLabelValues("tool").Inc()
 		t.s.m.bytes.Add(float64(len(msg.Data)))
-		select {
-		case acks <- inflight{future: f, streamID: obe.GetStreamId(), seq: obe.GetSequenceNumber(), received: received}:
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+		if err := acks.push(ctx, inflight{future: f, streamID: obe.GetStreamId(), seq: obe.GetSequenceNumber(), received: received}); err != nil {
+			return status.FromContextError(err).Err()
 		}
 		t.waitingSince.Store(time.Now().UnixNano())
 		req, err = stream.Recv()
