@@ -15,7 +15,7 @@ import (
 // stream has one or two events in flight.
 type ackQueue struct {
 	max   int
-	ready chan struct{} // capacity 1: an event was pushed, or the queue closed
+	ready chan struct{} // capacity 1: an event was pushed, or the queue closed (tryPop)
 	room  chan struct{} // capacity 1: the acker took an event
 
 	mu     sync.Mutex
@@ -68,37 +68,27 @@ func (a *ackQueue) close() {
 	signal(a.ready)
 }
 
-// pop takes the oldest event, waiting for one. It returns false once the
-// queue is closed and empty, or ctx ended.
-func (a *ackQueue) pop(ctx context.Context) (inflight, bool) {
-	for {
-		a.mu.Lock()
-		if a.head < len(a.q) {
-			in := a.q[a.head]
-			a.q[a.head] = inflight{} // drop the references
-			a.head++
-			if a.head == len(a.q) {
-				a.head = 0
-				a.q = a.q[:0]
-				if cap(a.q) > keepCap {
-					a.q = nil
-				}
-			}
-			a.mu.Unlock()
-			signal(a.room)
-			return in, true
-		}
-		closed := a.closed
-		a.mu.Unlock()
-		if closed {
-			return inflight{}, false
-		}
-		select {
-		case <-a.ready:
-		case <-ctx.Done():
-			return inflight{}, false
+// tryPop takes the oldest event without waiting. With none, done tells
+// whether one may still come: false until the queue is closed; the caller
+// then waits on ready.
+func (a *ackQueue) tryPop() (in inflight, ok, done bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.head == len(a.q) {
+		return inflight{}, false, a.closed
+	}
+	in = a.q[a.head]
+	a.q[a.head] = inflight{} // drop the references
+	a.head++
+	if a.head == len(a.q) {
+		a.head = 0
+		a.q = a.q[:0]
+		if cap(a.q) > keepCap {
+			a.q = nil
 		}
 	}
+	signal(a.room)
+	return in, true, false
 }
 
 // signal wakes the waiter on c, if any, without blocking.

@@ -6,6 +6,22 @@ import (
 	"time"
 )
 
+// pop waits for the queue's next event as the stream's acker does; false
+// once the queue is closed and empty, or ctx ended.
+func (a *ackQueue) pop(ctx context.Context) (inflight, bool) {
+	for {
+		in, ok, done := a.tryPop()
+		if ok || done {
+			return in, ok
+		}
+		select {
+		case <-a.ready:
+		case <-ctx.Done():
+			return inflight{}, false
+		}
+	}
+}
+
 func TestAckQueueKeepsOrderAndBound(t *testing.T) {
 	ctx := t.Context()
 	a := newAckQueue(3)
