@@ -1,7 +1,7 @@
 // Package gcpace paces Go's garbage collector by a headroom in bytes: after
 // every collection it sets GOGC so that the heap may grow by about
 // Headroom over the live data before the next one, instead of by a fixed
-// multiple of it.
+// multiple of it (within MinPercent and MaxPercent).
 //
 // Why: the event edges allocate per event, and a small heap collected
 // often costs CPU (the edge once spent a third of its CPU in the collector
@@ -52,13 +52,14 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Percent is the GOGC that gives live bytes of live data c's headroom.
-func (c Config) Percent(live uint64) int {
+// Percent is the GOGC that gives c's headroom over base bytes: the live
+// heap, stacks and globals the collector's goal is a multiple of.
+func (c Config) Percent(base uint64) int {
 	c = c.withDefaults()
-	if live == 0 {
+	if base == 0 {
 		return c.MaxPercent
 	}
-	p := math.Round(float64(c.Headroom) * 100 / float64(live))
+	p := math.Round(float64(c.Headroom) * 100 / float64(base))
 	return int(min(max(p, float64(c.MinPercent)), float64(c.MaxPercent)))
 }
 
@@ -78,7 +79,9 @@ func Start(c Config) {
 		running.tune()
 		return
 	}
-	running = &pacer{cfg: c.withDefaults(), sample: []metrics.Sample{{Name: "/gc/heap/live:bytes"}}}
+	running = &pacer{cfg: c.withDefaults(), sample: []metrics.Sample{
+		{Name: "/gc/heap/live:bytes"}, {Name: "/gc/scan/stack:bytes"}, {Name: "/gc/scan/globals:bytes"},
+	}}
 	running.tune()
 	running.arm()
 }
@@ -130,11 +133,18 @@ func afterGC(p *pacer) {
 	p.arm()
 }
 
-// tune sets GOGC from the live heap of the last collection. Callers hold mu.
+// tune sets GOGC from the last collection. Callers hold mu.
 func (p *pacer) tune() {
 	metrics.Read(p.sample)
-	live := p.sample[0].Value.Uint64()
-	want := p.cfg.Percent(live)
+	// The collector's goal is live heap + (live heap + stacks + globals) x
+	// GOGC/100: with thousands of goroutines the stacks are a good part of
+	// the base, and leaving them out gave a larger process a larger
+	// headroom.
+	var base uint64
+	for _, s := range p.sample {
+		base += s.Value.Uint64()
+	}
+	want := p.cfg.Percent(base)
 	// SetGCPercent recomputes the collector's goal: skip changes of less
 	// than a tenth, which move the goal by little.
 	if p.percent != 0 && math.Abs(float64(want-p.percent)) < float64(p.percent)/10 {

@@ -61,9 +61,9 @@ func TestStartFollowsTheLiveHeap(t *testing.T) {
 		hold = append(hold, make([]byte, 1<<16))
 	}
 	want := func() int {
-		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/scan/stack:bytes"}, {Name: "/gc/scan/globals:bytes"}}
 		metrics.Read(s)
-		return c.Percent(s[0].Value.Uint64())
+		return c.Percent(s[0].Value.Uint64() + s[1].Value.Uint64() + s[2].Value.Uint64())
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -81,7 +81,7 @@ func New(cfg Config, pub *streams.Publisher, stream jetstream.Stream, m *Metrics
 	}
 	return &Server{cfg: cfg, pub: pub, stream: stream, m: m, log: log, perProject: map[string]int{},
 		opts: append(opts, grpc.MaxRecvMsgSize(cfg.MaxEventBytes+64<<10),
-			grpc.ReadBufferSize(readBufferBytes), grpc.SharedWriteBuffer(true),
+			grpc.ReadBufferSize(bufferBytes), grpc.WriteBufferSize(bufferBytes), grpc.SharedWriteBuffer(true),
 			grpc.StaticStreamWindowSize(windowBytes), grpc.StaticConnWindowSize(windowBytes))}, nil
 }
 
@@ -99,11 +99,13 @@ func (s *Server) ServerOptions() []grpc.ServerOption { return slices.Clone(s.opt
 
 // Each Bazel client holds its own connection, mostly idle (an event every
 // few hundred milliseconds), so the edge holds thousands of them.
-//   - readBufferBytes: gRPC's default read buffer is 32 KiB per connection,
-//     live for the connection's life; a Bazel event is a few hundred bytes
-//     to a few KiB, and a larger one is read straight into its message.
-//   - SharedWriteBuffer: a connection's 32 KiB write buffer goes back to a
-//     pool after each flush instead of staying with the connection.
+//   - bufferBytes: gRPC's default read buffer is 32 KiB per connection,
+//     live for the connection's life, and so is its write buffer; a
+//     Bazel event is a few hundred bytes to a few KiB (a larger one is read
+//     straight into its message) and an ack some forty bytes, so 4 KiB
+//     holds a hundred acks per write.
+//   - SharedWriteBuffer: the write buffer goes back to a pool after each
+//     flush instead of staying with the connection.
 //   - windowBytes: a static window turns off gRPC's bandwidth estimation,
 //     which on a paced stream sent a PING (and read its ack) after nearly
 //     every event received. 1 MiB per stream is far above what a stream on
@@ -111,8 +113,8 @@ func (s *Server) ServerOptions() []grpc.ServerOption { return slices.Clone(s.opt
 //     still arrives whole (gRPC widens the window for a message that
 //     exceeds it).
 const (
-	readBufferBytes = 8 << 10
-	windowBytes     = 1 << 20
+	bufferBytes = 4 << 10
+	windowBytes = 1 << 20
 )
 
 // MaxIDBytes bounds project, build and invocation ids: they become subject
