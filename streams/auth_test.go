@@ -46,6 +46,21 @@ func TestEmbeddedServerAuth(t *testing.T) {
 		Header: nats.Header{jetstream.MsgIDHeader: {"default/inv-1/1"}}}); err != nil {
 		t.Fatalf("the service identity's publish: %v", err)
 	}
+	// The process's own connection is in-process (no loopback socket per
+	// message), still as the service identity; other processes on the
+	// host reach the same server over TCP with its seed file.
+	if addr := bb.Conn.ConnectedAddr(); addr != "pipe" {
+		t.Fatalf("Open connected to the embedded server over %q, want in-process", addr)
+	}
+	svcSeed, err := nats.NkeyOptionFromSeed(bb.ServiceSeedFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := nats.Connect(bb.URL, svcSeed)
+	if err != nil {
+		t.Fatalf("the service identity over TCP: %v", err)
+	}
+	other.Close()
 
 	if nc, err := nats.Connect(bb.URL); err == nil {
 		nc.Close()

@@ -71,17 +71,35 @@ func (f *Future) Wait(ctx context.Context) (duplicate bool, err error) {
 // a caller whose resend may differ from the first (a reused request id)
 // reads that message to see what was stored.
 func (f *Future) WaitAck(ctx context.Context) (*jetstream.PubAck, error) {
-	subject := f.f.Msg().Subject
 	select {
 	case ack := <-f.f.Ok():
-		f.p.m.published(subject, outcome(ack.Duplicate), time.Since(f.start))
-		return ack, nil
+		return f.Stored(ack), nil
 	case err := <-f.f.Err():
-		f.p.m.published(subject, "error", time.Since(f.start))
-		return nil, fmt.Errorf("%w: store %s: %v", ErrBackbone, subject, err)
+		return nil, f.Failed(err)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
+}
+
+// Ok and Err are the channels WaitAck selects on, for a caller that waits
+// for other things in the same select; it then passes what it received to
+// Stored or Failed.
+func (f *Future) Ok() <-chan *jetstream.PubAck { return f.f.Ok() }
+
+// Err: see Ok.
+func (f *Future) Err() <-chan error { return f.f.Err() }
+
+// Stored records ack, received from Ok, as WaitAck does, and returns it.
+func (f *Future) Stored(ack *jetstream.PubAck) *jetstream.PubAck {
+	f.p.m.published(f.f.Msg().Subject, outcome(ack.Duplicate), time.Since(f.start))
+	return ack
+}
+
+// Failed records err, received from Err, and returns it as WaitAck would.
+func (f *Future) Failed(err error) error {
+	subject := f.f.Msg().Subject
+	f.p.m.published(subject, "error", time.Since(f.start))
+	return fmt.Errorf("%w: store %s: %v", ErrBackbone, subject, err)
 }
 
 func outcome(dup bool) string {

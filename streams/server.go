@@ -149,6 +149,13 @@ func Open(ctx context.Context, c Config, name string, m *Metrics) (*Backbone, er
 		b.Close()
 		return nil, err
 	}
+	if b.server != nil {
+		// In-process: this process's messages to its own server go through
+		// memory, not a loopback socket. Each paced event is a publish and
+		// an ack, and over TCP each was a write and a read on both sides,
+		// with a wakeup of the network poller for each read.
+		opts = append(opts, nats.InProcessServer(b.server))
+	}
 	nc, err := Connect(b.URL, name, opts...)
 	if err != nil {
 		b.Close()

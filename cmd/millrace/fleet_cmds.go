@@ -15,6 +15,7 @@ import (
 	"github.com/millrace/millrace/internal/cli"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/gcpace"
 	"github.com/millrace/millrace/internal/logs"
 	"github.com/millrace/millrace/internal/supervise"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
@@ -57,9 +58,10 @@ a node whose gateway goes away re-homes through any other.`,
 // gatewayMemory sets the garbage collector for a gateway, whose memory is
 // its sessions' live data.
 func gatewayMemory(limit string) error {
-	// main's GOGC=400 (set for the event edges' CPU) would let the heap
-	// grow to five times the live data. GOGC in the environment still wins.
+	// main's pacing (set for the event edges' CPU) would let a small heap
+	// grow to nine times the live data. GOGC in the environment still wins.
 	if os.Getenv("GOGC") == "" {
+		gcpace.Stop()
 		debug.SetGCPercent(100)
 	}
 	// At GOGC=100 alone a gateway holds about 63 KiB per session, mostly

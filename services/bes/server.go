@@ -80,7 +80,9 @@ func New(cfg Config, pub *streams.Publisher, stream jetstream.Stream, m *Metrics
 		log = slog.Default()
 	}
 	return &Server{cfg: cfg, pub: pub, stream: stream, m: m, log: log, perProject: map[string]int{},
-		opts: append(opts, grpc.MaxRecvMsgSize(cfg.MaxEventBytes+64<<10))}, nil
+		opts: append(opts, grpc.MaxRecvMsgSize(cfg.MaxEventBytes+64<<10),
+			grpc.ReadBufferSize(bufferBytes), grpc.WriteBufferSize(bufferBytes), grpc.SharedWriteBuffer(true),
+			grpc.StaticStreamWindowSize(windowBytes), grpc.StaticConnWindowSize(windowBytes))}, nil
 }
 
 // Register adds the service to a gRPC server.
@@ -91,8 +93,29 @@ func (s *Server) Register(g *grpc.Server) { buildpb.RegisterPublishBuildEventSer
 // handler and gets a clear INVALID_ARGUMENT rather than a transport error;
 // the streams one connection may hold; the handshake deadline and the
 // keepalive every millrace server has (which finds clients that vanished
-// without closing their streams).
+// without closing their streams); and the buffers and flow-control windows
+// below.
 func (s *Server) ServerOptions() []grpc.ServerOption { return slices.Clone(s.opts) }
+
+// Each Bazel client holds its own connection, mostly idle (an event every
+// few hundred milliseconds), so the edge holds thousands of them.
+//   - bufferBytes: gRPC's default read buffer is 32 KiB per connection,
+//     live for the connection's life, and so is its write buffer; a
+//     Bazel event is a few hundred bytes to a few KiB (a larger one is read
+//     straight into its message) and an ack some forty bytes, so 4 KiB
+//     holds a hundred acks per write.
+//   - SharedWriteBuffer: the write buffer goes back to a pool after each
+//     flush instead of staying with the connection.
+//   - windowBytes: a static window turns off gRPC's bandwidth estimation,
+//     which on a paced stream sent a PING (and read its ack) after nearly
+//     every event received. 1 MiB per stream is far above what a stream on
+//     loopback or a LAN needs to be read at full speed, and a larger event
+//     still arrives whole (gRPC widens the window for a message that
+//     exceeds it).
+const (
+	bufferBytes = 4 << 10
+	windowBytes = 1 << 20
+)
 
 // MaxIDBytes bounds project, build and invocation ids: they become subject
 // tokens, and a subject beyond NATS's 4 KiB control line would cost the
@@ -344,56 +367,103 @@ func (s *Server) PublishBuildToolEventStream(stream buildpb.PublishBuildEvent_Pu
 		return err
 	}
 
-	acks := make(chan inflight, s.cfg.MaxInFlight)
-	ackDone := make(chan error, 1)
-	go func() { ackDone <- s.sendAcks(ctx, stream, acks) }()
-
+	acks := newAckQueue(s.cfg.MaxInFlight)
 	recvDone := make(chan error, 1)
 	go func() {
-		defer close(acks)
-		recvDone <- ts.receive(ctx, stream, first, acks)
+		err := ts.receive(ctx, stream, first, acks)
+		acks.close()
+		recvDone <- err
 	}()
+	return s.ack(ctx, cancel, stream, ts, acks, recvDone)
+}
 
+// ack runs in the stream's handler while another goroutine receives (a
+// Recv ends only when the handler returns): it acks each event once
+// stored, in order, and watches the receiver and the client's silence. It
+// returns nil when the client half-closed and all it sent is acked, or the
+// error that ends the stream. Acking here rather than in a goroutine of its
+// own saves each open stream a goroutine's stack.
+func (s *Server) ack(ctx context.Context, cancel context.CancelFunc, stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer,
+	ts *toolStream, acks *ackQueue, recvDone <-chan error) error {
 	idle := time.NewTimer(s.cfg.IdleTimeout)
 	defer idle.Stop()
+	var head inflight // the oldest event not acked, while storing is true
+	storing := false
 	for {
+		if !storing {
+			in, ok, done := acks.tryPop()
+			if done {
+				if recvDone == nil {
+					return nil // the client half-closed and everything is acked
+				}
+				return s.received(<-recvDone)
+			}
+			head, storing = in, ok
+		}
+		var more <-chan struct{}
+		var stored <-chan *jetstream.PubAck
+		var failed <-chan error
+		if storing {
+			stored, failed = head.future.Ok(), head.future.Err()
+		} else {
+			more = acks.ready
+		}
 		select {
+		case <-more:
+		case ack := <-stored:
+			head.future.Stored(ack)
+			if err := stream.Send(&buildpb.PublishBuildToolEventStreamResponse{StreamId: head.streamID, SequenceNumber: head.seq}); err != nil {
+				return err
+			}
+			s.m.ackSeconds.Observe(time.Since(head.received).Seconds())
+			head, storing = inflight{}, false
+		case err := <-failed:
+			// Returning ends the stream, and with it the receiver's Recv.
+			err = head.future.Failed(err)
+			s.log.Warn("event not stored; client will retry", "invocation", head.streamID.GetInvocationId(), "seq", head.seq, "err", err)
+			return unavailable(err)
 		case err := <-recvDone:
 			if err != nil {
 				cancel()
-				<-ackDone
-				s.m.rejected("stream", status.Code(err))
-				return err
+				return s.received(err)
 			}
-			// The client half-closed: finish acking what it sent.
-			return <-ackDone
-		case err := <-ackDone:
-			if err == nil {
-				err = <-recvDone
-			}
-			// A failed store ends the stream; the receiving goroutine sees the
-			// cancelled context and exits.
-			return err
+			recvDone = nil // half-closed: ack the rest
 		case <-idle.C:
-			waiting := ts.waitingSince.Load()
-			if waiting == 0 || time.Since(time.Unix(0, waiting)) < s.cfg.IdleTimeout {
-				// Busy, or the client sent meanwhile: look again one timeout
-				// after the edge last began to wait.
-				next := s.cfg.IdleTimeout
-				if waiting != 0 {
-					next -= time.Since(time.Unix(0, waiting))
-				}
-				idle.Reset(max(next, time.Millisecond))
+			if !s.silent(ts, idle) {
 				continue
 			}
-			// Returning ends the stream, which unblocks the receiver.
 			cancel()
-			<-ackDone
 			s.m.rejected("stream", codes.DeadlineExceeded)
 			return status.Errorf(codes.DeadlineExceeded,
 				"millrace: the stream of invocation %s sent nothing for %s; closed (the client may resume it)", ts.streamID.GetInvocationId(), s.cfg.IdleTimeout)
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
 		}
 	}
+}
+
+// received is how the stream ends once its receiver returned err.
+func (s *Server) received(err error) error {
+	if err != nil {
+		s.m.rejected("stream", status.Code(err))
+	}
+	return err
+}
+
+// silent reports whether the client has sent nothing for IdleTimeout; if
+// not (the edge is busy with a request, or the client sent meanwhile), it
+// sets idle to look again one timeout after the edge last began to wait.
+func (s *Server) silent(ts *toolStream, idle *time.Timer) bool {
+	waiting := ts.waitingSince.Load()
+	if waiting != 0 && time.Since(time.Unix(0, waiting)) >= s.cfg.IdleTimeout {
+		return true
+	}
+	next := s.cfg.IdleTimeout
+	if waiting != 0 {
+		next -= time.Since(time.Unix(0, waiting))
+	}
+	idle.Reset(max(next, time.Millisecond))
+	return false
 }
 
 // preauthorize refuses a stream whose headers carry a key that is not
@@ -432,34 +502,6 @@ func (s *Server) recvFirst(stream buildpb.PublishBuildEvent_PublishBuildToolEven
 		return r.req, r.err
 	case <-t.C:
 		return nil, status.Errorf(codes.DeadlineExceeded, "millrace: no build event within %s of opening the stream", s.cfg.FirstMessageTimeout)
-	}
-}
-
-// sendAcks waits for each event to be stored, in order, and acks it.
-func (s *Server) sendAcks(ctx context.Context, stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer, acks <-chan inflight) error {
-	for {
-		var in inflight
-		select {
-		case i, ok := <-acks:
-			if !ok {
-				return nil
-			}
-			in = i
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
-		}
-		if _, err := in.future.Wait(ctx); err != nil {
-			if ctx.Err() != nil {
-				return status.FromContextError(ctx.Err()).Err()
-			}
-			s.log.Warn("event not stored; client will retry", "invocation", in.streamID.GetInvocationId(), "seq", in.seq, "err", err)
-			return unavailable(err)
-		}
-		err := stream.Send(&buildpb.PublishBuildToolEventStreamResponse{StreamId: in.streamID, SequenceNumber: in.seq})
-		if err != nil {
-			return err
-		}
-		s.m.ackSeconds.Observe(time.Since(in.received).Seconds())
 	}
 }
 
@@ -547,7 +589,7 @@ func (t *toolStream) lastStored(ctx context.Context) (int64, error) {
 // receive reads, checks and publishes requests until the client
 // half-closes (nil) or a request is refused (a status error).
 func (t *toolStream) receive(ctx context.Context, stream buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer,
-	req *buildpb.PublishBuildToolEventStreamRequest, acks chan<- inflight) error {
+	req *buildpb.PublishBuildToolEventStreamRequest, acks *ackQueue) error {
 	for {
 		received := time.Now()
 		if err := t.check(req); err != nil {
@@ -565,10 +607,8 @@ func (t *toolStream) receive(ctx context.Context, stream buildpb.PublishBuildEve
 		}
 		t.s.m.events.WithLabelValues("tool").Inc()
 		t.s.m.bytes.Add(float64(len(msg.Data)))
-		select {
-		case acks <- inflight{future: f, streamID: obe.GetStreamId(), seq: obe.GetSequenceNumber(), received: received}:
-		case <-ctx.Done():
-			return status.FromContextError(ctx.Err()).Err()
+		if err := acks.push(ctx, inflight{future: f, streamID: obe.GetStreamId(), seq: obe.GetSequenceNumber(), received: received}); err != nil {
+			return status.FromContextError(err).Err()
 		}
 		t.waitingSince.Store(time.Now().UnixNano())
 		req, err = stream.Recv()
