@@ -123,7 +123,7 @@ func TestConsumerConfigDefaults(t *testing.T) {
 		SweepEvery: 30 * time.Second, Logger: log}); !reflect.DeepEqual(got, want) {
 		t.Errorf("RunnerConfig defaults: %+v, want %+v", got, want)
 	}
-	if got, want := (OutboxConfig{}).withDefaults(), (OutboxConfig{Batch: 500, PollEvery: 50 * time.Millisecond,
+	if got, want := (OutboxConfig{}).withDefaults(), (OutboxConfig{Batch: 500, PollEvery: 5 * time.Second,
 		RetryMin: 100 * time.Millisecond, RetryMax: 5 * time.Second, StandbyEvery: 2 * time.Second, Logger: log}); !reflect.DeepEqual(got, want) {
 		t.Errorf("OutboxConfig defaults: %+v, want %+v", got, want)
 	}
