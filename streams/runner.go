@@ -45,6 +45,10 @@ type RunnerConfig struct {
 	// (idle, or fetching less than a full batch) calls the projector's
 	// Sweep. Default 30s.
 	SweepEvery time.Duration
+	// IdleSweepEvery replaces SweepEvery, when it is longer, while the
+	// projector says its sweeps have nothing to do (projection.Idler):
+	// a safety net, since the next batch applied ends that. Default 30s.
+	IdleSweepEvery time.Duration
 	// StandbyEvery is how often a runner on standby (another process
 	// holds the projector's lock) tries to take the lead. Default 2s.
 	StandbyEvery time.Duration
@@ -62,12 +66,13 @@ type Progress struct {
 
 // RunnerConfig's defaults.
 const (
-	DefaultRunnerBatch      = 1000
-	DefaultRunnerMaxWait    = 250 * time.Millisecond
-	DefaultRunnerAckWait    = 60 * time.Second
-	DefaultRunnerRetryMin   = 100 * time.Millisecond
-	DefaultRunnerRetryMax   = 5 * time.Second
-	DefaultRunnerSweepEvery = 30 * time.Second
+	DefaultRunnerBatch          = 1000
+	DefaultRunnerMaxWait        = 250 * time.Millisecond
+	DefaultRunnerAckWait        = 60 * time.Second
+	DefaultRunnerRetryMin       = 100 * time.Millisecond
+	DefaultRunnerRetryMax       = 5 * time.Second
+	DefaultRunnerSweepEvery     = 30 * time.Second
+	DefaultRunnerIdleSweepEvery = 30 * time.Second
 )
 
 func (c RunnerConfig) withDefaults() RunnerConfig {
@@ -89,6 +94,9 @@ func (c RunnerConfig) withDefaults() RunnerConfig {
 	if c.SweepEvery == 0 {
 		c.SweepEvery = DefaultRunnerSweepEvery
 	}
+	if c.IdleSweepEvery == 0 {
+		c.IdleSweepEvery = DefaultRunnerIdleSweepEvery
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -105,6 +113,7 @@ func (c RunnerConfig) Validate() error {
 		knob.NotNegative("runner", "RetryMin", c.RetryMin, DefaultRunnerRetryMin),
 		knob.NotNegative("runner", "RetryMax", c.RetryMax, DefaultRunnerRetryMax),
 		knob.NotNegative("runner", "SweepEvery", c.SweepEvery, DefaultRunnerSweepEvery),
+		knob.NotNegative("runner", "IdleSweepEvery", c.IdleSweepEvery, DefaultRunnerIdleSweepEvery),
 		knob.NotNegative("runner", "StandbyEvery", c.StandbyEvery, DefaultStandbyEvery),
 	)
 }
@@ -306,7 +315,13 @@ func (r *Runner) gather(ctx context.Context) ([]*message, error) {
 }
 
 // sweepDue is when the runner sweeps next, once it has caught up.
-func (r *Runner) sweepDue() time.Time { return r.lastSweep.Add(r.cfg.SweepEvery) }
+func (r *Runner) sweepDue() time.Time {
+	every := r.cfg.SweepEvery
+	if i, ok := r.p.(projection.Idler); ok && i.Idle() {
+		every = max(every, r.cfg.IdleSweepEvery)
+	}
+	return r.lastSweep.Add(every)
+}
 
 // await waits at the server for one message, until a sweep is due (MaxWait
 // at the least), ctx ends, or the connection to the server drops. It says

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/streams/projection"
 	"github.com/millrace/millrace/subjects"
 )
 
@@ -195,4 +197,52 @@ func (px *proxy) cut() {
 		c.Close()
 	}
 	px.conns = nil
+}
+
+// idleSweeper is a sweepCounter that says its sweeps have nothing to do
+// until a batch is applied, and again after its next sweep, as the placer
+// does when it holds nothing.
+type idleSweeper struct {
+	sweepCounter
+	idle atomic.Bool
+}
+
+func (p *idleSweeper) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Message) error {
+	p.idle.Store(false)
+	return p.sweepCounter.Apply(ctx, tx, batch)
+}
+
+func (p *idleSweeper) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
+	p.idle.Store(true)
+	return p.sweepCounter.Sweep(ctx, tx, now)
+}
+
+func (p *idleSweeper) Idle() bool { return p.idle.Load() }
+
+// A projector whose sweeps have nothing to do is swept every
+// IdleSweepEvery, not every SweepEvery, until a batch is applied.
+func TestRunnerSweepsAnIdlerSeldom(t *testing.T) {
+	e := setup(t)
+	p := &idleSweeper{sweepCounter: sweepCounter{rowsProjector: rowsProjector{name: "idler"}}}
+	cfg := runnerConfig()
+	cfg.SweepEvery = 20 * time.Millisecond
+	cfg.IdleSweepEvery = time.Hour
+	pulls := countPulls(t, e.nc, cfg.Stream, p.name)
+	start(t, e, p, cfg)
+	poll.Until(t, "a first sweep", func() bool { return p.sweeps.Load() >= 1 }, waitWithin)
+	swept, pulled := p.sweeps.Load(), pulls.Load()
+	// A window: swept every SweepEvery, it would be swept about 25 times.
+	time.Sleep(500 * time.Millisecond)
+	if n := p.sweeps.Load() - swept; n > 0 {
+		t.Fatalf("an idle projector was swept %d times in 500ms", n)
+	}
+	if n := pulls.Load() - pulled; n > 1 {
+		t.Fatalf("an idle runner pulled %d times in 500ms", n)
+	}
+	// A batch ends it: the next sweep comes SweepEvery after the last.
+	e.publish(t, "a")
+	poll.Until(t, "a sweep after the batch", func() bool { return p.sweeps.Load() > swept }, waitWithin)
+	if got := e.rows(t, p.name); len(got) != 1 {
+		t.Fatalf("rows %v", got)
+	}
 }
