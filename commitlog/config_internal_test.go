@@ -38,7 +38,7 @@ func TestFoldRunnerConfigNegative(t *testing.T) {
 func TestFoldRunnerConfigDefaults(t *testing.T) {
 	got := FoldRunnerConfig{}.withDefaults()
 	want := FoldRunnerConfig{Durable: "compactor", MinVersions: 10000, Interval: 30 * time.Second, Concurrency: 2,
-		MaxAckPending: 200000, AckWait: 5 * time.Minute, Fetch: 1000, FetchWait: time.Second,
+		MaxAckPending: 200000, AckWait: 5 * time.Minute, Fetch: 1000, FetchWait: 30 * time.Second,
 		RetryMin: time.Second, RetryMax: time.Minute, Drain: 10 * time.Second, Logger: slog.Default()}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("defaults: %+v, want %+v", got, want)

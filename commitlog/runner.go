@@ -50,7 +50,10 @@ type FoldRunnerConfig struct {
 	AckWait time.Duration
 	// Fetch is how many message headers one pull asks for. Default 1000.
 	Fetch int
-	// FetchWait is how long a pull waits for messages. Default 1s.
+	// FetchWait is how long a pull waits for messages. What a pull brings
+	// is handed over as it comes, so this is only how often an idle fold
+	// asks again (with the server's heartbeats every 5s on a pull this
+	// long, which tell a pull lost with its connection). Default 30s.
 	FetchWait time.Duration
 	// RetryMin and RetryMax bound the backoff of a world whose pass
 	// failed (doubling from RetryMin), and the pause before a runner that
@@ -90,7 +93,7 @@ const (
 	DefaultMaxAckPending = 200000
 	DefaultAckWait       = 5 * time.Minute
 	DefaultFetch         = 1000
-	DefaultFetchWait     = time.Second
+	DefaultFetchWait     = 30 * time.Second
 	DefaultRetryMin      = time.Second
 	DefaultRetryMax      = time.Minute
 	DefaultDrain         = 10 * time.Second
@@ -433,10 +436,11 @@ func (r *FoldRunner) lead(stop, held context.Context) {
 	defer cancelPasses()
 	l := &leadLoop{done: make(chan passDone, r.cfg.Concurrency), pulls: make(chan fetched, 1)}
 	defer l.stopFetcher()
-	tick := time.NewTicker(max(10*time.Millisecond, min(time.Second, r.cfg.Interval/4)))
-	defer tick.Stop()
+	tick := newTick(max(10*time.Millisecond, min(time.Second, r.cfg.Interval/4)), quietTick)
+	defer tick.stop()
 	over := func() bool { return stop.Err() != nil || held.Err() != nil }
 	for !over() {
+		tick.next(r.quiet(l))
 		now := time.Now()
 		if r.cons == nil && !now.Before(r.attachAt) {
 			r.attach(held)
@@ -457,7 +461,8 @@ func (r *FoldRunner) lead(stop, held context.Context) {
 		case d := <-l.done:
 			r.finish(d, false)
 			sched = true
-		case <-tick.C:
+		case <-tick.C():
+			tick.fired()
 			r.tidy(time.Now())
 			sched = true
 		}
@@ -468,6 +473,51 @@ func (r *FoldRunner) lead(stop, held context.Context) {
 	}
 	l.stopFetcher()
 	r.drain(held, l.done, cancelPasses)
+}
+
+// quiet says that nothing of the lead waits on the clock: no world has
+// versions waiting or a pass in flight, and the consumer is attached and
+// pulled from (attaching and pulling again after a failure are retried on
+// the tick). A version that comes ends it (pulled).
+func (r *FoldRunner) quiet(l *leadLoop) bool {
+	return len(r.worlds) == 0 && r.inFlight == 0 && r.cons != nil && l.fetcher != nil
+}
+
+// quietTick is how often the lead loop looks when nothing waits on the
+// clock (quiet): only a pull or a pass can change that, and each wakes the
+// loop, so this is a safety net.
+const quietTick = time.Minute
+
+// tick is the lead loop's clock: every `every` while something waits on
+// it, every `idle` while nothing does (an idle fold need not wake each
+// second to find nothing due), and back to `every` at once when something
+// comes.
+type tick struct {
+	every, idle time.Duration
+	t           *time.Timer
+	due         time.Time // when t fires; zero once it has
+}
+
+func newTick(every, idle time.Duration) *tick {
+	return &tick{every: every, idle: max(every, idle), t: time.NewTimer(every), due: time.Now().Add(every)}
+}
+
+func (k *tick) C() <-chan time.Time { return k.t.C }
+func (k *tick) fired()              { k.due = time.Time{} }
+func (k *tick) stop()               { k.t.Stop() }
+
+// next sets the timer to fire within every, or within idle when quiet,
+// unless it fires sooner already.
+func (k *tick) next(quiet bool) {
+	d := k.every
+	if quiet {
+		d = k.idle
+	}
+	at := time.Now().Add(d)
+	if k.due.IsZero() || at.Before(k.due) {
+		k.due = at
+		k.t.Reset(d)
+	}
 }
 
 // pulled takes what a pull brought, and says whether to schedule now.

@@ -43,6 +43,7 @@ func TestRunnerConfigNegative(t *testing.T) {
 		{"runner: RetryMin -1ns is negative", refused(func(c *RunnerConfig) { c.RetryMin = -1 })},
 		{"runner: RetryMax -1ns is negative", refused(func(c *RunnerConfig) { c.RetryMax = -1 })},
 		{"runner: SweepEvery -1ns is negative", refused(func(c *RunnerConfig) { c.SweepEvery = -1 })},
+		{"runner: IdleSweepEvery -1ns is negative", refused(func(c *RunnerConfig) { c.IdleSweepEvery = -1 })},
 		{"runner: StandbyEvery -1ns is negative", refused(func(c *RunnerConfig) { c.StandbyEvery = -1 })},
 	})
 }
@@ -120,10 +121,10 @@ func TestConsumerConfigDefaults(t *testing.T) {
 	log := slog.Default()
 	if got, want := (RunnerConfig{}).withDefaults(), (RunnerConfig{Batch: 1000, MaxWait: 250 * time.Millisecond,
 		AckWait: 60 * time.Second, RetryMin: 100 * time.Millisecond, RetryMax: 5 * time.Second,
-		SweepEvery: 30 * time.Second, Logger: log}); !reflect.DeepEqual(got, want) {
+		SweepEvery: 30 * time.Second, IdleSweepEvery: 30 * time.Second, Logger: log}); !reflect.DeepEqual(got, want) {
 		t.Errorf("RunnerConfig defaults: %+v, want %+v", got, want)
 	}
-	if got, want := (OutboxConfig{}).withDefaults(), (OutboxConfig{Batch: 500, PollEvery: 50 * time.Millisecond,
+	if got, want := (OutboxConfig{}).withDefaults(), (OutboxConfig{Batch: 500, PollEvery: 5 * time.Second,
 		RetryMin: 100 * time.Millisecond, RetryMax: 5 * time.Second, StandbyEvery: 2 * time.Second, Logger: log}); !reflect.DeepEqual(got, want) {
 		t.Errorf("OutboxConfig defaults: %+v, want %+v", got, want)
 	}

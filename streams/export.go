@@ -221,19 +221,7 @@ func (r *ExportRunner) session(ctx context.Context) error {
 	a := &acker{r: r, mu: &mu, window: &window, pending: &pending}
 	go func() {
 		defer close(ackerDone)
-		t := time.NewTicker(r.cfg.AckEvery)
-		defer t.Stop()
-		for {
-			select {
-			case <-t.C:
-			case <-wake:
-			case <-sctx.Done():
-			}
-			a.ack(sctx)
-			if sctx.Err() != nil {
-				return
-			}
-		}
+		ackLoop(sctx, r.cfg.AckEvery, wake, a.busy, func() { a.ack(sctx) })
 	}()
 	defer func() {
 		it.Stop()
@@ -278,8 +266,15 @@ func (r *ExportRunner) session(ctx context.Context) error {
 		pending.Store(int64(meta.NumPending))
 		f := &inFlight{seq: seq, msg: msg, stored: meta.Timestamp}
 		mu.Lock()
+		first := len(window) == 0
 		window = append(window, f)
 		mu.Unlock()
+		if first { // the acker ticks again, for the lag of what is in flight
+			select {
+			case wake <- struct{}{}:
+			default:
+			}
+		}
 		hdr := msg.Headers()
 		rec := &projection.Record{Stream: r.cfg.Stream, Subject: msg.Subject(), Seq: seq, Time: meta.Timestamp,
 			MsgID: hdr.Get(envelope.MsgID), Headers: hdr, Data: msg.Data()}
@@ -306,12 +301,45 @@ func (r *ExportRunner) session(ctx context.Context) error {
 	}
 }
 
+// ackLoop calls ack at once on wake (something was acknowledged by the
+// other system, or the window was empty and is not), every `every` while
+// busy says something is in flight (its lag grows, a fence that could not
+// be read is tried again), and once more when ctx ends. An export with
+// nothing in flight does not tick: a wakeup every 20 ms per export was
+// most of what an idle process with exports did.
+func ackLoop(ctx context.Context, every time.Duration, wake <-chan struct{}, busy func() bool, ack func()) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		var tick <-chan time.Time // a ticker no one waits on costs nothing
+		if busy() {
+			tick = t.C
+		}
+		select {
+		case <-tick:
+		case <-wake:
+		case <-ctx.Done():
+		}
+		ack()
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
 // acker acks the acknowledged prefix of a session's window.
 type acker struct {
 	r       *ExportRunner
 	mu      *sync.Mutex
 	window  *[]*inFlight // delivered and not yet acked, in stream order
 	pending *atomic.Int64
+}
+
+// busy says whether anything is in flight.
+func (a *acker) busy() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return len(*a.window) > 0
 }
 
 // ack acks the longest prefix of the window the other system has

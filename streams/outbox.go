@@ -37,8 +37,13 @@ type OutboxConfig struct {
 	// Default 500.
 	Batch int
 	// PollEvery is how often an idle relay looks at the table when no
-	// notification (NOTIFY on OutboxChannel, or Notify) wakes it.
-	// Default 50ms.
+	// notification (NOTIFY on OutboxChannel, or Notify) wakes it: a
+	// safety net, not how rows are found. Writers notify in the
+	// transaction that writes rows, and the relay receives every
+	// notification while it leads: it LISTENs on the connection that holds
+	// its lease, and reads the table after it LISTENs, so a relay that lost
+	// the connection lost the lead, and the next to lead reads what it
+	// missed. Default 5s.
 	PollEvery time.Duration
 	// RetryMin and RetryMax bound the backoff after a failed publish or
 	// database error. Defaults 100ms and 5s.
@@ -58,7 +63,7 @@ type OutboxConfig struct {
 // OutboxConfig's defaults.
 const (
 	DefaultOutboxBatch     = 500
-	DefaultOutboxPollEvery = 50 * time.Millisecond
+	DefaultOutboxPollEvery = 5 * time.Second
 	DefaultOutboxRetryMin  = 100 * time.Millisecond
 	DefaultOutboxRetryMax  = 5 * time.Second
 )
@@ -163,8 +168,9 @@ func (p *Publisher) LastMsgID(ctx context.Context, subject string) (stream, msgI
 //     order, so writers must commit in id order: the placer writes from
 //     one process (its consumer's lock), one transaction at a time.
 //
-// Waking: the relay LISTENs on OutboxChannel and polls every PollEvery;
-// Notify wakes it from inside the process.
+// Waking: the relay LISTENs on OutboxChannel, and Notify wakes it from
+// inside the process; it also looks every PollEvery, in case a writer
+// does not notify.
 type Outbox struct {
 	pool  *pgxpool.Pool
 	pub   OutboxPublisher
@@ -516,6 +522,11 @@ func (o *Outbox) published(ctx context.Context, conn *pgx.Conn, last outboxRow, 
 	o.m.Lag(time.Since(last.created), uint64(left))
 }
 
+// flushEvery is how often Flush looks whether the relay that leads has
+// drained the rows: a replay waits on it, so it is short, unlike the
+// relay's own PollEvery, which notifications make a safety net.
+const flushEvery = 50 * time.Millisecond
+
 // Flush publishes every row in the outbox when it is called and returns
 // once they are all stored (replay calls it before it resets the tables
 // the rows describe). When another relay leads, Flush waits for it to
@@ -539,7 +550,7 @@ func (o *Outbox) Flush(ctx context.Context) error {
 		h, err := o.lease.AcquirePG(ctx)
 		switch {
 		case errors.Is(err, ErrLocked):
-			if !retry.Sleep(ctx, o.cfg.PollEvery) {
+			if !retry.Sleep(ctx, flushEvery) {
 				return ctx.Err()
 			}
 			continue

@@ -367,6 +367,34 @@ func TestOutboxFlush(t *testing.T) {
 	}
 }
 
+// Flush looks often whether a relay that leads elsewhere has drained the
+// rows, whatever its own PollEvery (a safety net that notifications make
+// long).
+func TestOutboxFlushWaitsForTheLeaderBriefly(t *testing.T) {
+	e := setup(t)
+	cfg := outboxConfig()
+	cfg.PollEvery = time.Hour
+	leader := newOutbox(t, e.pool, e.pub, cfg)
+	startOutbox(t, leader)
+	poll.Until(t, "the relay to lead", func() bool { return advisoryLocks(t, e.pool) == 1 }, waitWithin)
+	want := addOutbox(t, e.pool, 0, 20, false) // no NOTIFY: the leader does not see them yet
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	flusher := newOutbox(t, e.pool, e.pub, cfg)
+	flushed := make(chan error, 1)
+	go func() { flushed <- flusher.Flush(ctx) }()
+	// The leader comes to them late (a sleep that slows it, not a wait
+	// for Flush): by then Flush has found them locked and waits.
+	time.Sleep(300 * time.Millisecond)
+	leader.Notify()
+	if err := <-flushed; err != nil {
+		t.Fatalf("Flush: %v", err)
+	}
+	if got := placeMessages(t, e.js); !slices.Equal(got, want) {
+		t.Fatalf("stream holds %d messages, want %d in order", len(got), len(want))
+	}
+}
+
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
 
 // TestPlacerThroughTheBackbone runs the placer under the consumer runner

@@ -45,6 +45,10 @@ type RunnerConfig struct {
 	// (idle, or fetching less than a full batch) calls the projector's
 	// Sweep. Default 30s.
 	SweepEvery time.Duration
+	// IdleSweepEvery replaces SweepEvery, when it is longer, while the
+	// projector says its sweeps have nothing to do (projection.Idler):
+	// a safety net, since the next batch applied ends that. Default 30s.
+	IdleSweepEvery time.Duration
 	// StandbyEvery is how often a runner on standby (another process
 	// holds the projector's lock) tries to take the lead. Default 2s.
 	StandbyEvery time.Duration
@@ -62,12 +66,13 @@ type Progress struct {
 
 // RunnerConfig's defaults.
 const (
-	DefaultRunnerBatch      = 1000
-	DefaultRunnerMaxWait    = 250 * time.Millisecond
-	DefaultRunnerAckWait    = 60 * time.Second
-	DefaultRunnerRetryMin   = 100 * time.Millisecond
-	DefaultRunnerRetryMax   = 5 * time.Second
-	DefaultRunnerSweepEvery = 30 * time.Second
+	DefaultRunnerBatch          = 1000
+	DefaultRunnerMaxWait        = 250 * time.Millisecond
+	DefaultRunnerAckWait        = 60 * time.Second
+	DefaultRunnerRetryMin       = 100 * time.Millisecond
+	DefaultRunnerRetryMax       = 5 * time.Second
+	DefaultRunnerSweepEvery     = 30 * time.Second
+	DefaultRunnerIdleSweepEvery = 30 * time.Second
 )
 
 func (c RunnerConfig) withDefaults() RunnerConfig {
@@ -89,6 +94,9 @@ func (c RunnerConfig) withDefaults() RunnerConfig {
 	if c.SweepEvery == 0 {
 		c.SweepEvery = DefaultRunnerSweepEvery
 	}
+	if c.IdleSweepEvery == 0 {
+		c.IdleSweepEvery = DefaultRunnerIdleSweepEvery
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -105,6 +113,7 @@ func (c RunnerConfig) Validate() error {
 		knob.NotNegative("runner", "RetryMin", c.RetryMin, DefaultRunnerRetryMin),
 		knob.NotNegative("runner", "RetryMax", c.RetryMax, DefaultRunnerRetryMax),
 		knob.NotNegative("runner", "SweepEvery", c.SweepEvery, DefaultRunnerSweepEvery),
+		knob.NotNegative("runner", "IdleSweepEvery", c.IdleSweepEvery, DefaultRunnerIdleSweepEvery),
 		knob.NotNegative("runner", "StandbyEvery", c.StandbyEvery, DefaultStandbyEvery),
 	)
 }
@@ -143,6 +152,9 @@ type Runner struct {
 	lastSweep time.Time
 	// backlogged: the last fetch came back full, so more is waiting.
 	backlogged bool
+	// idle: the last fetch came back empty, so the next waits for a
+	// message at the server (await).
+	idle bool
 }
 
 // NewRunner makes a runner of projector p; it refuses a cfg that does not
@@ -229,30 +241,20 @@ func (r *Runner) point(ctx context.Context, pos uint64) error {
 	if err != nil {
 		return err
 	}
-	r.cons, r.delivered = cons, 0
+	r.cons, r.delivered, r.idle = cons, 0, false
 	return nil
 }
 
 // step fetches and applies one batch, or sweeps when there is none.
 func (r *Runner) step(ctx context.Context) error {
-	// A fetch that waits for its batch to fill receives live messages one
-	// at a time as they arrive, a wakeup per message (measured: about 2
-	// context switches and 4x the CPU per event of a drained backlog). So
-	// the runner takes whole batches without waiting while it is behind,
-	// and otherwise lets messages gather for MaxWait and takes them in one
-	// pull.
-	if !r.backlogged && !retry.Sleep(ctx, r.cfg.MaxWait) {
-		return ctx.Err()
-	}
-	start := time.Now()
-	msgs, err := r.fetch()
+	msgs, err := r.gather(ctx)
 	if err != nil {
 		// What a failed fetch had delivered may still be pending at the
 		// server, and would come after later messages: re-point first.
 		return r.refetch(ctx, err)
 	}
-	r.m.Step("fetch", time.Since(start))
 	r.backlogged = len(msgs) == r.cfg.Batch
+	r.idle = len(msgs) == 0
 	if len(msgs) > 0 {
 		if err := r.handle(ctx, msgs); err != nil {
 			return r.refetch(ctx, err)
@@ -264,22 +266,127 @@ func (r *Runner) step(ctx context.Context) error {
 	// projector's timeouts must still fire. A backlogged runner does not
 	// sweep: its tables are behind the stream, and time-based decisions
 	// taken on them (a node unheard, a bind unconfirmed) would be wrong.
-	if !r.backlogged && time.Since(r.lastSweep) >= r.cfg.SweepEvery {
+	if !r.backlogged && !time.Now().Before(r.sweepDue()) {
 		return r.sweep(ctx)
 	}
 	return nil
 }
 
-// fetch takes what is waiting, up to a batch. A delivery sequence that
-// skips one means deliveries were lost in transit (a connection dropped
-// with a fetch's answer): they are pending at the server and would come
-// after the messages that follow, so fetch fails rather than hand those
-// over.
-func (r *Runner) fetch() ([]*message, error) {
-	batch, err := r.cons.FetchNoWait(r.cfg.Batch)
+// gather returns the next batch, empty when nothing came before a sweep
+// was due.
+//
+// A fetch that waits for its batch to fill receives live messages one at
+// a time as they arrive, a wakeup per message (measured: about 2 context
+// switches and 4x the CPU per event of a drained backlog). So the runner
+// takes whole batches without waiting while it is behind, and otherwise
+// lets messages gather for MaxWait and takes them in one pull. Once a
+// pull found nothing, the runner does not poll every MaxWait, a request
+// and its answer on both sides for each of the runners of a process that
+// has nothing to do: it leaves one pull for a single message waiting at
+// the server until a sweep is due (await), and when that message comes
+// gathers the rest for MaxWait as before. A busy stream never finds
+// nothing, so it is fetched as before; an idle one costs a pending pull
+// and the server's heartbeats on it.
+func (r *Runner) gather(ctx context.Context) ([]*message, error) {
+	if r.backlogged {
+		return r.fetch(r.cfg.Batch)
+	}
+	var first []*message
+	if r.idle {
+		waited, msgs, err := r.await(ctx)
+		if err != nil || (waited && len(msgs) == 0) {
+			return nil, err
+		}
+		first = msgs
+	}
+	if len(first) == r.cfg.Batch {
+		return first, nil
+	}
+	// Should ctx end now, first stays delivered and unacknowledged:
+	// whoever leads next re-points the consumer (begin), which drops it.
+	if !retry.Sleep(ctx, r.cfg.MaxWait) {
+		return nil, ctx.Err()
+	}
+	rest, err := r.fetch(r.cfg.Batch - len(first))
+	if err != nil {
+		return nil, err
+	}
+	return append(first, rest...), nil
+}
+
+// sweepDue is when the runner sweeps next, once it has caught up.
+func (r *Runner) sweepDue() time.Time {
+	every := r.cfg.SweepEvery
+	if i, ok := r.p.(projection.Idler); ok && i.Idle() {
+		every = max(every, r.cfg.IdleSweepEvery)
+	}
+	return r.lastSweep.Add(every)
+}
+
+// await waits at the server for one message, until a sweep is due (MaxWait
+// at the least), ctx ends, or the connection to the server drops. It says
+// whether it waited: it does not while the connection is down, and the
+// runner then polls as before.
+//
+// A pull cannot be taken back from the server, so the wait ends on the
+// server's side, not the runner's: the pull expires a little before
+// wctx's deadline (FetchContext), and a message delivered to a pull the
+// runner stopped waiting for would be lost in transit, which the delivery
+// sequence check of the next fetch turns into a re-point. The one pull a
+// runner cannot wait out is one its connection lost: the server forgot it
+// with the connection, and the runner would otherwise sit until the
+// missing heartbeats (2 x 5s) told it so, while new messages wait.
+func (r *Runner) await(ctx context.Context) (bool, []*message, error) {
+	nc := r.js.Conn()
+	lost := nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	defer nc.RemoveStatusListener(lost)
+	if nc.Status() != nats.CONNECTED {
+		return false, nil, nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, max(time.Until(r.sweepDue()), r.cfg.MaxWait))
+	defer cancel()
+	go func() {
+		if _, ok := <-lost; ok { // closed by RemoveStatusListener otherwise
+			cancel()
+		}
+	}()
+	batch, err := r.cons.Fetch(1, jetstream.FetchContext(wctx))
+	if err != nil {
+		return true, nil, fmt.Errorf("fetch: %w", err)
+	}
+	msgs, err := r.take(batch)
+	switch {
+	case ctx.Err() != nil:
+		return true, nil, ctx.Err()
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		// The runner's deadline came before the server's expiry reached
+		// it, or the connection dropped: nothing more is on its way.
+		return true, msgs, nil
+	}
+	return true, msgs, err
+}
+
+// fetch takes what is waiting, up to n messages.
+func (r *Runner) fetch(n int) ([]*message, error) {
+	start := time.Now()
+	batch, err := r.cons.FetchNoWait(n)
 	if err != nil {
 		return nil, fmt.Errorf("fetch: %w", err)
 	}
+	msgs, err := r.take(batch)
+	if err != nil {
+		return nil, err
+	}
+	r.m.Step("fetch", time.Since(start))
+	return msgs, nil
+}
+
+// take reads a fetch's messages. A delivery sequence that skips one means
+// deliveries were lost in transit (a connection dropped with a fetch's
+// answer, a pull that was given up): they are pending at the server and
+// would come after the messages that follow, so take fails rather than
+// hand those over.
+func (r *Runner) take(batch jetstream.MessageBatch) ([]*message, error) {
 	var msgs []*message
 	var gap error
 	for jm := range batch.Messages() {
@@ -320,6 +427,7 @@ func (r *Runner) refetch(ctx context.Context, err error) error {
 func (r *Runner) sweep(ctx context.Context) error {
 	s, ok := r.p.(projection.Sweeper)
 	if !ok {
+		r.lastSweep = time.Now() // nothing to sweep: await waits a whole SweepEvery
 		return nil
 	}
 	err := r.inTx(ctx, func(tx pgx.Tx) error { return s.Sweep(ctx, tx, time.Now()) })

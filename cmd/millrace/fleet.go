@@ -91,7 +91,7 @@ func (o *placerOptions) register(fs *flag.FlagSet) {
 	envflag.Int(fs, &o.rc.Batch, "placer-batch", "MILLRACE_PLACER_BATCH", 500, "most reservation requests planned and committed in one transaction")
 	envflag.Duration(fs, &o.rc.MaxWait, "placer-max-wait", "MILLRACE_PLACER_MAX_WAIT", 20*time.Millisecond, "how long requests may gather before the placer plans them (adds to the time to place)")
 	o.c.RegisterFlags(fs)
-	envflag.Duration(fs, &o.rc.SweepEvery, "placer-sweep-every", "MILLRACE_PLACER_SWEEP_EVERY", time.Second, "how often an idle placer retries pending reservations and applies its release policies")
+	envflag.Duration(fs, &o.rc.SweepEvery, "placer-sweep-every", "MILLRACE_PLACER_SWEEP_EVERY", time.Second, "how often an idle placer retries pending reservations and applies its release policies (every 30s while nothing is pending, booked or fenced)")
 }
 
 func (o *placerOptions) config(log *slog.Logger) (placer.Config, error) {

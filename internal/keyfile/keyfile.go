@@ -24,7 +24,9 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -135,23 +137,83 @@ func (w *Watcher) read() (stamp, []byte, error) {
 }
 
 // Run checks the file every interval (DefaultInterval if 0) and when
-// Reload or ReloadAll is called, until ctx ends.
+// Reload or ReloadAll is called, until ctx ends. The watchers of one
+// interval share a clock (joinClock).
 func (w *Watcher) Run(ctx context.Context, interval time.Duration) {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
 	unregister := register(w)
 	defer unregister()
-	t := time.NewTicker(interval)
-	defer t.Stop()
+	leave := joinClock(interval, w)
+	defer leave()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
-			w.check(false)
 		case <-w.poke:
 			w.check(true)
+		}
+	}
+}
+
+// clocks are the running watchers by interval, each interval's checked
+// by one goroutine in turn: a process with a key file per edge (four in
+// millrace dev) wakes once a second for them, not once per file, which is
+// most of what an idle process would otherwise do of its own.
+var clocks struct {
+	sync.Mutex
+	by map[time.Duration]*clock
+}
+
+type clock struct {
+	watchers map[*Watcher]struct{} // under clocks' lock
+	stop     chan struct{}
+}
+
+// joinClock has w checked every interval until leave is called; the
+// clock of an interval runs while it has watchers.
+func joinClock(interval time.Duration, w *Watcher) (leave func()) {
+	clocks.Lock()
+	defer clocks.Unlock()
+	if clocks.by == nil {
+		clocks.by = map[time.Duration]*clock{}
+	}
+	c := clocks.by[interval]
+	if c == nil {
+		c = &clock{watchers: map[*Watcher]struct{}{}, stop: make(chan struct{})}
+		clocks.by[interval] = c
+		go c.run(interval)
+	}
+	c.watchers[w] = struct{}{}
+	return func() {
+		clocks.Lock()
+		defer clocks.Unlock()
+		delete(c.watchers, w)
+		if len(c.watchers) == 0 {
+			close(c.stop)
+			delete(clocks.by, interval)
+		}
+	}
+}
+
+// run checks the clock's watchers every interval until it stops. A check
+// that is under way when its watcher leaves finishes: it applies the file
+// to keys no one reads any more.
+func (c *clock) run(interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		}
+		clocks.Lock()
+		ws := slices.Collect(maps.Keys(c.watchers))
+		clocks.Unlock()
+		for _, w := range ws {
+			w.check(false)
 		}
 	}
 }

@@ -110,3 +110,44 @@ func TestNewFailsOnBadFile(t *testing.T) {
 		t.Fatalf("bad file: %v", err)
 	}
 }
+
+// The watchers of one interval share one clock, which stops with the
+// last of them; each still sees its own file's changes.
+func TestWatchersShareAClock(t *testing.T) {
+	const every = 15 * time.Millisecond
+	dir := t.TempDir()
+	var cur [3]atomic.Pointer[string]
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{}, len(cur))
+	for i := range cur {
+		path := filepath.Join(dir, string(rune('a'+i)))
+		writeFile(t, path, "x")
+		w, err := New(path, func(b []byte) error { s := string(b); cur[i].Store(&s); return nil }, nil, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go func() { w.Run(ctx, every); done <- struct{}{} }()
+	}
+	clockOf := func() (running, watching int) {
+		clocks.Lock()
+		defer clocks.Unlock()
+		if c := clocks.by[every]; c != nil {
+			return 1, len(c.watchers)
+		}
+		return 0, 0
+	}
+	poll.Until(t, "three watchers on one clock", func() bool { r, w := clockOf(); return r == 1 && w == 3 }, poll.Within(10*time.Second))
+	for i := range cur {
+		writeFile(t, filepath.Join(dir, string(rune('a'+i))), "y")
+	}
+	for i := range cur {
+		poll.Until(t, "each file's change", func() bool { return *cur[i].Load() == "y" }, poll.Within(10*time.Second))
+	}
+	cancel()
+	for range cur {
+		<-done
+	}
+	if r, _ := clockOf(); r != 0 {
+		t.Fatal("the clock runs on after its last watcher stopped")
+	}
+}

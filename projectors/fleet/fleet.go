@@ -150,13 +150,34 @@ func (c Config) withDefaults() Config {
 type Projector struct {
 	cfg Config
 	log *slog.Logger
+	// idle: the last call was a sweep that found no liveness clock
+	// (projection.Idler).
+	idle bool
 }
 
 var (
 	_ projection.Projector = (*Projector)(nil)
 	_ projection.Sweeper   = (*Projector)(nil)
 	_ projection.Resetter  = (*Projector)(nil)
+	_ projection.Idler     = (*Projector)(nil)
+	_ projection.Committer = (*Projector)(nil)
 )
+
+// Idle says the last call was a sweep that found no liveness batch ever
+// projected (no fleet_clock row): no node has been heard of, and until a
+// batch is applied the passage of time changes nothing, so the runner
+// sweeps seldom (projection.Idler) rather than every few seconds. Only
+// this projector writes the clock, and only in Apply.
+func (p *Projector) Idle() bool { return p.idle }
+
+// Committed implements projection.Committer: Idle holds what the
+// committed call found.
+func (p *Projector) Committed() {}
+
+// Aborted implements projection.Committer: a lead that begins (another
+// process may have applied batches meanwhile) or a transaction that did
+// not commit leaves Idle unknown, so false.
+func (p *Projector) Aborted() { p.idle = false }
 
 // New returns a projector with cfg's defaults applied, or what is wrong
 // with cfg.
@@ -211,6 +232,7 @@ func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Mes
 // ApplyStats is Apply, also returning what the batch did; the stats of a
 // batch whose transaction rolls back are void.
 func (p *Projector) ApplyStats(ctx context.Context, tx pgx.Tx, batch []projection.Message) (Stats, error) {
+	p.idle = false
 	evs := make([]event, 0, len(batch))
 	for _, m := range batch {
 		ev, err := decodeMessage(m)
@@ -257,8 +279,10 @@ func (p *Projector) ApplyStats(ctx context.Context, tx pgx.Tx, batch []projectio
 func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	var clock time.Time
 	var resumed *time.Time
+	p.idle = false
 	err := tx.QueryRow(ctx, sqlLoadClock).Scan(&clock, &resumed)
 	if errors.Is(err, pgx.ErrNoRows) {
+		p.idle = true
 		return nil
 	}
 	if err != nil {

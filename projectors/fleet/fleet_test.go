@@ -961,3 +961,33 @@ func TestConnectedStoresHeld(t *testing.T) {
 		t.Errorf("the digest of fleet_nodes does not cover what the node holds")
 	}
 }
+
+// TestIdle: the projector says its sweeps have nothing to do only after a
+// sweep that found no liveness clock, and not once a batch is applied or
+// a transaction did not commit.
+func TestIdle(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	p := mustNew(Config{})
+	if p.Idle() {
+		t.Fatal("idle before any sweep")
+	}
+	sweep(t, pool, p, t0)
+	if !p.Idle() {
+		t.Fatal("not idle after a sweep of an empty projection")
+	}
+	s := scenario()
+	applyAll(t, pool, p, s.msgs, 1000)
+	if p.Idle() {
+		t.Fatal("idle after a batch")
+	}
+	sweep(t, pool, p, end)
+	if p.Idle() {
+		t.Fatal("idle after a sweep with a liveness clock")
+	}
+	truncate(t, pool)
+	sweep(t, pool, p, end)
+	p.Aborted()
+	if p.Idle() {
+		t.Fatal("idle after Aborted")
+	}
+}

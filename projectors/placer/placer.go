@@ -40,6 +40,11 @@ type Placer struct {
 	bindFrom, nextBindFrom   time.Time
 	lastSweep, nextLastSweep time.Time
 
+	// idle says the last committed transaction was a sweep that found
+	// nothing time could change (quiet); nextIdle takes effect when the
+	// transaction commits.
+	idle, nextIdle bool
+
 	// unbindAsked is when the gateways were last asked to unbind each
 	// allocation that is releasing or fences its node (its Released, or
 	// its last UnbindAgain), as far as this process knows; it only paces
@@ -58,6 +63,7 @@ var (
 	_ projection.Projector = (*Placer)(nil)
 	_ projection.Sweeper   = (*Placer)(nil)
 	_ projection.Committer = (*Placer)(nil)
+	_ projection.Idler     = (*Placer)(nil)
 )
 
 // New returns a placer with cfg's defaults applied, or what is wrong with
@@ -163,6 +169,8 @@ type work struct {
 	now   time.Time
 	out   []*fleetpb.PlacementDecision
 	fails []failure
+	// fences is how many fences the sweep's confirm left standing.
+	fences int
 }
 
 type failure struct {
@@ -242,11 +250,35 @@ func (p *Placer) run(ctx context.Context, tx pgx.Tx, w *work, sweep bool) error 
 		p.nextBindFrom = w.now.Add(-2 * p.cfg.BindTimeout)
 		p.nextLastSweep = w.now
 	}
+	p.nextIdle = sweep && p.quiet(w)
 	return nil
 }
 
+// quiet says that a sweep that decided nothing (w) left nothing the
+// passage of time could change: no reservation pending (a pending
+// timeout, capacity that may free), no GPU booked (an allocation live,
+// which a repair or bind timeout may release, or releasing, which waits
+// for its node's confirmation) and no fence standing. Until a batch is
+// applied its sweeps would then find nothing either, so the runner sweeps
+// seldom (projection.Idler) rather than every second.
+func (p *Placer) quiet(w *work) bool {
+	if len(p.pending) > 0 || len(w.out) > 0 || len(w.fails) > 0 || w.fences > 0 || p.idx == nil {
+		return false
+	}
+	for _, n := range p.idx.nodes {
+		if len(n.booked) > 0 || n.fences > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// Idle implements projection.Idler.
+func (p *Placer) Idle() bool { return p.idle }
+
 // Committed keeps what the last transaction taught the index and queue.
 func (p *Placer) Committed() {
+	p.idle, p.nextIdle = p.nextIdle, false
 	if !p.nextBindFrom.IsZero() {
 		p.bindFrom, p.lastSweep = p.nextBindFrom, p.nextLastSweep
 	}
@@ -263,6 +295,7 @@ func (p *Placer) Committed() {
 // Aborted forgets the index and queue; the next call reloads them from the
 // database (which another process may have written meanwhile).
 func (p *Placer) Aborted() {
+	p.idle, p.nextIdle = false, false
 	p.idx = nil
 	p.queues, p.pending = nil, nil
 	p.bindFrom, p.nextBindFrom = time.Time{}, time.Time{}

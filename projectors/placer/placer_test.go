@@ -741,3 +741,81 @@ func TestAllocationIDsUnguessable(t *testing.T) {
 		t.Fatalf("two allocations share their random part: %v", random)
 	}
 }
+
+// TestIdle: the placer says its sweeps have nothing to do (so that the
+// runner sweeps it seldom) only after a committed sweep that decided
+// nothing while no reservation was pending and nothing was booked or
+// fenced; any batch applied ends it.
+func TestIdle(t *testing.T) {
+	e := newEnv(t)
+	p := e.placer(Config{UnbindRetry: 10 * time.Second})
+	idle := func(want bool, when string) {
+		t.Helper()
+		if got := p.Idle(); got != want {
+			t.Fatalf("%s: Idle() = %t, want %t", when, got, want)
+		}
+	}
+	idle(false, "before any sweep")
+	e.sweep(p)
+	idle(true, "an empty fleet swept")
+	e.apply(p, e.request("r", "p", 4))
+	idle(false, "a request pending, no node")
+	e.sweep(p)
+	idle(false, "a request pending, swept")
+	e.addNode("n1", "p", 4, "H100", 80000, nil)
+	e.sweep(p) // places r
+	e.sweep(p)
+	idle(false, "r placed")
+	e.report("r/1/0", "bound")
+	e.apply(p, e.cancel("r", "p"))
+	e.sweep(p)
+	idle(false, "r releasing, unconfirmed")
+	e.report("r/1/0", "unbound")
+	e.sweep(p) // frees it
+	e.sweep(p)
+	idle(true, "r freed")
+
+	// A releasing allocation on a node that went unreachable is freed and
+	// fences the node: not idle until the node confirmed.
+	e.apply(p, e.request("s", "p", 4))
+	e.report("s/1/0", "bound")
+	e.apply(p, e.cancel("s", "p"))
+	e.setNode("n1", "unreachable", false)
+	e.sweep(p)
+	e.sweep(p)
+	idle(false, "n1 fenced")
+	// A fence of a node the index does not know still counts: the
+	// confirm reads every fence.
+	tx, err := e.pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{"delete from fleet_devices where node_id = 'n1'", "delete from fleet_nodes where node_id = 'n1'"} {
+		if _, err := tx.Exec(context.Background(), q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fresh := e.placer(Config{})
+	if err := fresh.Sweep(context.Background(), tx, e.now); err != nil {
+		t.Fatal(err)
+	}
+	fresh.Committed()
+	tx.Rollback(context.Background())
+	if fresh.Idle() {
+		t.Fatal("a placer that found a fence of an unknown node says it is idle")
+	}
+	e.setNode("n1", "healthy", true)
+	e.report("s/1/0", "unbound")
+	e.sweep(p) // unfences
+	e.sweep(p)
+	idle(true, "n1 unfenced")
+
+	// A transaction that did not commit leaves the placer not knowing.
+	pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error { return p.Sweep(context.Background(), tx, e.now) })
+	p.Aborted()
+	idle(false, "after an aborted sweep")
+	e.sweep(p)
+	idle(true, "swept again")
+	e.checkInvariants()
+	e.checkIndex(p)
+}

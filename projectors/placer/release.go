@@ -126,6 +126,7 @@ func (p *Placer) confirm(ctx context.Context, tx pgx.Tx, w *work) error {
 			lifted = append(lifted, k)
 		default:
 			stillAt[id] = true
+			w.fences++
 			if reachable {
 				again = append(again, waiting{id, r, k})
 			}

@@ -48,6 +48,19 @@ type Sweeper interface {
 	Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error
 }
 
+// Idler is implemented by a Sweeper whose sweeps may have nothing to do
+// for long stretches, and which sweeps often when they do (the placer,
+// every second, with no reservation waiting and no allocation held). Idle
+// says that the last sweep that committed found nothing the passage of
+// time could change, and that nothing applied since changed that: the
+// runner then sweeps every RunnerConfig.IdleSweepEvery instead of
+// SweepEvery, until a batch is applied. A projector answers from what its
+// committed transactions left (see Committer), false when it does not
+// know.
+type Idler interface {
+	Idle() bool
+}
+
 // PoisonError marks one message that can never be applied (it does not
 // decode, or it breaks an invariant). The runner parks it in the dead-letter
 // subject with Reason and applies the rest of the batch without it.
