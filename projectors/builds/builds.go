@@ -187,6 +187,9 @@ func decodeMessage(m projection.Message) (ev event, keep bool, err error) {
 // the events (and on which invocations it abandons).
 func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	cutoff := now.Add(-p.cfg.AbandonAfter)
+	if _, err := tx.Exec(ctx, sqlKeyedPlans); err != nil {
+		return fmt.Errorf("builds: sweep: %w", err)
+	}
 	rows, err := tx.Query(ctx, sqlAbandon, cutoff)
 	if err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)

@@ -168,6 +168,7 @@ func (s *state) load(ctx context.Context, tx pgx.Tx) error {
 		done        bool
 		label       string
 	)
+	b.Queue(sqlKeyedPlans)
 	projects, ids := splitKeys(s.ids)
 	b.Queue(sqlLoad, projects, ids).Query(func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&project, &id, &seq, &status, &done}, func() error {

@@ -37,6 +37,21 @@ func joinList(xs []string) string {
 // Every statement names a build by (project, invocation id): two projects
 // may send the same invocation id, and they are two builds.
 
+// sqlKeyedPlans, first in every transaction of the projector, leaves the
+// planner one way to join a batch's unnest() arrays with a table: a nested
+// loop probing the table's primary key. A prepared statement is planned
+// for the connection's life (its generic plan, after five custom ones)
+// from the table sizes of that moment, and kept until the table's
+// statistics change. Planned while a table is small or has no statistics
+// (a fresh database, a server without autovacuum), the plan hashes a scan
+// of the whole table against the batch, and every later batch scans it
+// again: at 1,000 paced streams the targets table's two statements took
+// most of PostgreSQL's time (BenchmarkApplyPaced). Planning every batch
+// afresh (plan_cache_mode) costs about 3 ms a batch. The settings are
+// local: they end with the transaction.
+const sqlKeyedPlans = `select set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true)`
+
 const sqlLoad = `
 select i.project, i.id, i.last_sequence, i.status, i.stream_done
 from unnest($1::text[], $2::text[]) as u(project, id)
