@@ -397,6 +397,16 @@ func (v *inv) applyBazel(e *event) {
 	}
 }
 
+// progressOnly reports whether the batch changes nothing of a stored,
+// running invocation but its event times, last sequence, event count and
+// an empty build id: no descriptive field, no finish, no end of its
+// stream. sqlUpdateProgress then writes it.
+func (v *inv) progressOnly() bool {
+	return v.stored && v.storedStatus == "running" && !v.done && !v.hasExit && v.result == "" &&
+		v.finishedAt.IsZero() && v.startedAt.IsZero() && len(v.patterns) == 0 &&
+		v.command == "" && v.version == "" && v.workspace == "" && v.user == "" && v.host == ""
+}
+
 // setIf returns s cleaned if it is not empty, else old: the newest value wins.
 func setIf(old, s string) string {
 	if s == "" {
