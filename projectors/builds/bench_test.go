@@ -383,6 +383,7 @@ func BenchmarkApplyPaced(b *testing.B) {
 			}); err != nil {
 				b.Fatal(err)
 			}
+			p.Committed()
 		}
 	}
 	var events, total int

@@ -48,15 +48,20 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Projector projects the BES stream into the builds tables. It holds no
-// state between calls; it is safe for concurrent use.
+// Projector projects the BES stream into the builds tables. Between calls
+// it keeps only a cache of what its last batches wrote (cache), used when
+// the runner says which transactions committed (projection.Committer).
+// Its methods may be called from several goroutines, but a caller that
+// settles transactions (Committed, Aborted) must not overlap them.
 type Projector struct {
-	cfg Config
+	cfg   Config
+	cache cache
 }
 
 var (
 	_ projection.Projector = (*Projector)(nil)
 	_ projection.Sweeper   = (*Projector)(nil)
+	_ projection.Committer = (*Projector)(nil)
 )
 
 // New returns a projector with cfg's defaults applied, or what is wrong
@@ -108,12 +113,14 @@ func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Mes
 	for i := range evs {
 		s.add(&evs[i])
 	}
+	s.recall(p.cache.begin())
 	if err := s.load(ctx, tx); err != nil {
 		return err
 	}
 	for i := range evs {
 		s.apply(&evs[i])
 	}
+	p.cache.wrote()
 	return s.write(ctx, tx)
 }
 
@@ -186,6 +193,9 @@ func decodeMessage(m projection.Message) (ev event, keep bool, err error) {
 // in the rollups. now is the wall clock; the rows it writes depend only on
 // the events (and on which invocations it abandons).
 func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
+	// The sweep changes the status of invocations, and folds output, that
+	// the cache may hold: the next batch reads them again.
+	p.cache.forget()
 	cutoff := now.Add(-p.cfg.AbandonAfter)
 	if _, err := tx.Exec(ctx, sqlKeyedPlans); err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)

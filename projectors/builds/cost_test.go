@@ -76,8 +76,9 @@ func txRowWrites(ctx context.Context, tx pgx.Tx, f func() error) (int, error) {
 	return int(n), err
 }
 
-// applyCounted applies each batch in its own transaction on conn and
-// returns what each did to the tables.
+// applyCounted applies each batch in its own transaction on conn, telling
+// the projector each commit as the runner does, and returns what each did
+// to the tables.
 func applyCounted(t testing.TB, conn *pgxpool.Conn, p *Projector, batches [][]projection.Message) []tableCounts {
 	t.Helper()
 	ctx := context.Background()
@@ -91,6 +92,7 @@ func applyCounted(t testing.TB, conn *pgxpool.Conn, p *Projector, batches [][]pr
 		if err != nil {
 			t.Fatalf("batch %d: %v", i, err)
 		}
+		p.Committed()
 	}
 	return out
 }
