@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -259,15 +260,28 @@ func walStats(tb testing.TB, pool *pgxpool.Pool, from, to int64, events int) {
 
 // paced makes the batches a runner takes from `streams` slow builds
 // running at once, as the bench's paced-1000 load does (1,000 streams of
-// 2.5 events/s, about 800 events per batch): each stream replays copies
-// of the recorded build back to back, and each batch holds `per` events,
-// each the next event of a stream picked at random, so that a batch
-// touches about as many invocations as it holds events. warm is the
+// 2.5 events/s, about 1,400 events per batch of 500 ms): each stream
+// replays the bench's recordings (loadtest/fixtures, a build of 81 events
+// and a test of 514, picked at random for each invocation; this package's
+// recording when they are missing) back to back, and each batch holds
+// `per` events, each the next event of a stream picked at random, so that a
+// batch touches about as many invocations as it holds events. warm is the
 // batches that first bring every stream to a random point of its first
 // build (drained, 1000 events each), then come `n` paced batches.
 func paced(tb testing.TB, prefix string, streams, per, n int, seed int64) (warm, batches [][]projection.Message) {
-	tmpl := fixtureMessages(tb)
-	copies := newCopier(tb, tmpl)
+	var copiers []*copier
+	recs, _ := filepath.Glob("../../loadtest/fixtures/*.besrec")
+	for _, path := range recs {
+		f, err := os.Open(path)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		copiers = append(copiers, newCopier(tb, recordingMessages(tb, f)))
+		f.Close()
+	}
+	if len(copiers) == 0 {
+		copiers = append(copiers, newCopier(tb, fixtureMessages(tb)))
+	}
 	rng := rand.New(rand.NewSource(seed))
 	type st struct {
 		msgs []*msg
@@ -276,7 +290,8 @@ func paced(tb testing.TB, prefix string, streams, per, n int, seed int64) (warm,
 	ss := make([]st, streams)
 	built := 0
 	refill := func(s *st) {
-		s.msgs, s.next = copies.invocation(fmt.Sprintf("%s-%06d", prefix, built)), 0
+		c := copiers[rng.Intn(len(copiers))]
+		s.msgs, s.next = c.invocation(fmt.Sprintf("%s-%06d", prefix, built)), 0
 		built++
 	}
 	seq := uint64(0)
@@ -351,10 +366,11 @@ func (c *copier) invocation(inv string) []*msg {
 }
 
 // BenchmarkApplyPaced projects the batches of paced traffic (see paced:
-// 1,000 streams, 150 batches of 800 events after the warm-up) through one
-// connection and reports, per BES event, PostgreSQL backend CPU and WAL
-// bytes, and with -v the rows written (inserted, updated or deleted) and
-// each table's counts.
+// 1,000 streams, 86 batches of 1,400 events after the warm-up) through one
+// connection, telling the projector each commit as the runner does, and
+// reports, per BES event, PostgreSQL backend CPU and WAL bytes, and with
+// -v the rows written (inserted, updated or deleted) and each table's
+// counts.
 //
 //	go test ./projectors/builds -run '^$' -bench ApplyPaced -benchtime 1x -v
 func BenchmarkApplyPaced(b *testing.B) {
@@ -371,8 +387,17 @@ func BenchmarkApplyPaced(b *testing.B) {
 	// -v counts them.
 	count := testing.Verbose()
 	writes := 0
+	// The runner sweeps every 30 s while it keeps up: every 54 batches of
+	// 1,400 events at 2,500 events/s.
 	apply := func(batches [][]projection.Message) {
-		for _, batch := range batches {
+		for i, batch := range batches {
+			if i%54 == 53 {
+				now := batch[0].Time()
+				if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return p.Sweep(ctx, tx, now) }); err != nil {
+					b.Fatal(err)
+				}
+				p.Committed()
+			}
 			if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 				if !count {
 					return p.Apply(ctx, tx, batch)
@@ -391,7 +416,7 @@ func BenchmarkApplyPaced(b *testing.B) {
 	var wal int64
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
-		warm, batches := paced(b, fmt.Sprintf("p%d", i), 1000, 800, 150, int64(i))
+		warm, batches := paced(b, fmt.Sprintf("p%d", i), 1000, 1400, 86, int64(i))
 		apply(warm)
 		writes = 0
 		lsn0 := walLSN(b, pool)
