@@ -193,9 +193,6 @@ func decodeMessage(m projection.Message) (ev event, keep bool, err error) {
 // in the rollups. now is the wall clock; the rows it writes depend only on
 // the events (and on which invocations it abandons).
 func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
-	// The sweep changes the status of invocations, and folds output, that
-	// the cache may hold: the next batch reads them again.
-	p.cache.forget()
 	cutoff := now.Add(-p.cfg.AbandonAfter)
 	if _, err := tx.Exec(ctx, sqlKeyedPlans); err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
@@ -208,6 +205,9 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
 	}
+	// Of what the cache holds, the sweep changes only the status of the
+	// invocations it abandons: the next batch that names them reads them.
+	p.cache.dropAll(abandoned)
 	rows, err = tx.Query(ctx, sqlIdleOutput, cutoff)
 	if err != nil {
 		return fmt.Errorf("builds: sweep output: %w", err)

@@ -23,7 +23,7 @@ import (
 // that did not and whenever it takes the lead (projection.Committer). A
 // batch changes the cache as it writes; Aborted forgets everything, and so
 // does a batch that finds the previous one never settled (a caller that is
-// not the runner). Only the projector's runner writes these rows and
+// not the runner); a sweep drops the invocations it abandons. Only the projector's runner writes these rows and
 // columns (builds scrub rewrites text columns the cache does not hold), so
 // the cache cannot go stale while the runner leads; should it disagree
 // with a row all the same, the batch's writes notice (errStale) and the
@@ -89,6 +89,16 @@ func (c *cache) forget() {
 	c.mu.Lock()
 	c.invs, c.labels, c.dirty = nil, 0, false
 	c.mu.Unlock()
+}
+
+// dropAll forgets the invocations ks (whatever becomes of the transaction:
+// forgetting is always safe).
+func (c *cache) dropAll(ks []invKey) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range ks {
+		c.drop(k)
+	}
 }
 
 // Committed keeps what the batches since the last call taught the cache

@@ -1,10 +1,12 @@
 package builds
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"maps"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -127,5 +129,57 @@ func TestCacheStale(t *testing.T) {
 				t.Errorf("after the retry the tables differ:\ngot  %v\nwant %v", got, want)
 			}
 		})
+	}
+}
+
+// TestCacheAfterSweep: a sweep that abandons nothing leaves the cache
+// serving the next batch (the runner sweeps every 30 s while caught up); a
+// build it abandons is read again by the next batch that names it, which
+// then merges into the abandoned row as without the cache.
+func TestCacheAfterSweep(t *testing.T) {
+	ctx := context.Background()
+	build := func() (*stream, *builder) {
+		s := newStream(t0)
+		b := s.invocation("acme", "inv-quiet")
+		b.enqueued()
+		b.attemptStarted()
+		b.tool(startedEv("inv-quiet", s.now))
+		b.tool(progressEv(1, "", "analysing\n"))
+		b.tool(configuredEv("//pkg:gen", "genrule rule"))
+		return s, b
+	}
+	sweepAt := func(conn *pgxpool.Conn, p *Projector, now time.Time) {
+		if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return p.Sweep(ctx, tx, now) }); err != nil {
+			t.Fatal(err)
+		}
+		p.Committed()
+	}
+	one := func(m *msg) [][]projection.Message { return [][]projection.Message{{m}} }
+
+	var rows [][]byte
+	for _, cached := range []bool{true, false} {
+		pool, conn := acquire(t)
+		p := newProjector(t, Config{})
+		s, b := build()
+		for _, m := range s.msgs {
+			applyCounted(t, conn, p, one(m))
+		}
+		sweepAt(conn, p, s.now.Add(time.Minute)) // abandons nothing
+		c := applyCounted(t, conn, p, one(b.tool(progressEv(2, "", "building\n"))))[0]
+		if got := c["invocations"]; cached && got.idxScans != got.upd {
+			t.Errorf("the batch after a sweep probed invocations %d times for %d updates: it read the cached build", got.idxScans, got.upd)
+		}
+
+		swept := s.now.Add(31 * time.Minute)
+		sweepAt(conn, p, swept) // abandons inv-quiet
+		if !cached {
+			p.Aborted()
+		}
+		s.now = swept.Add(time.Minute)
+		applyCounted(t, conn, p, one(b.tool(progressEv(3, "", "late\n"))))
+		rows = append(rows, dumpBuild(t, pool, invKey{"acme", "inv-quiet"}))
+	}
+	if !bytes.Equal(rows[0], rows[1]) {
+		t.Errorf("a late event for a build the sweep abandoned, with the cache:\n%s\nwithout:\n%s", rows[0], rows[1])
 	}
 }
