@@ -23,11 +23,12 @@ import (
 // that did not and whenever it takes the lead (projection.Committer). A
 // batch changes the cache as it writes; Aborted forgets everything, and so
 // does a batch that finds the previous one never settled (a caller that is
-// not the runner); a sweep drops the invocations it abandons. Only the projector's runner writes these rows and
-// columns (builds scrub rewrites text columns the cache does not hold), so
-// the cache cannot go stale while the runner leads; should it disagree
-// with a row all the same, the batch's writes notice (errStale) and the
-// runner retries the batch without it.
+// not the runner); a sweep drops the invocations it abandons, a reset
+// everything. Only the projector's runner writes these rows and columns
+// (builds scrub rewrites text columns the cache does not hold), so the
+// cache cannot go stale while the runner leads; should it disagree with a
+// row all the same, the batch's writes notice (errStale) and the runner
+// retries the batch without it.
 type cache struct {
 	mu     sync.Mutex
 	invs   map[invKey]*known
@@ -57,9 +58,8 @@ type known struct {
 	targets, tests map[string]bool
 }
 
-// begin returns the invocations the cache knows, or nil: when a batch
-// wrote and nobody said whether its transaction committed, the cache
-// forgets everything.
+// begin returns the cache for a batch; when a batch wrote and nobody said
+// whether its transaction committed, the cache forgets everything first.
 func (c *cache) begin() *cache {
 	c.mu.Lock()
 	defer c.mu.Unlock()
