@@ -7,8 +7,10 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/millrace/millrace/internal/envflag"
+	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/services/bes"
 )
 
@@ -96,5 +98,22 @@ func TestEnvironmentSizes(t *testing.T) {
 	}
 	if err := fs.Parse([]string{"-bes-max-event-bytes=1k"}); err == nil {
 		t.Fatal("-bes-max-event-bytes=1k was accepted")
+	}
+}
+
+// TestBuildsBatching: the builds projector's default wait keeps the
+// projection's lag within half of its second, and a batch holds what 1,000
+// paced streams (2,500 events/s) send meanwhile twice over, so that a
+// caught-up projector takes one batch per wait: fewer, larger batches
+// write fewer invocation rows per event (projectors/builds/README.md,
+// "Cost").
+func TestBuildsBatching(t *testing.T) {
+	var o projectorOptions
+	envflagtest.Parse(t, o.register)
+	if o.rc.MaxWait <= 250*time.Millisecond || o.rc.MaxWait > 500*time.Millisecond {
+		t.Errorf("--builds-max-wait defaults to %v, want more than 250ms and at most 500ms", o.rc.MaxWait)
+	}
+	if sent := int(2500 * o.rc.MaxWait.Seconds()); o.rc.Batch < 2*sent {
+		t.Errorf("--builds-batch defaults to %d, want at least twice the %d events sent in the wait", o.rc.Batch, sent)
 	}
 }

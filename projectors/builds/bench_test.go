@@ -3,7 +3,9 @@ package builds
 import (
 	"context"
 	"fmt"
+	"math/rand"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -253,5 +255,204 @@ func walStats(tb testing.TB, pool *pgxpool.Pool, from, to int64, events int) {
 		var n, rec, fpi int64
 		rows.Scan(&typ, &n, &rec, &fpi)
 		tb.Logf("%-28s %8d records %10d B (%.1f B/event) fpi %d B", typ, n, rec, float64(rec)/float64(events), fpi)
+	}
+}
+
+// paced makes the batches a runner takes from `streams` slow builds
+// running at once, as the bench's paced-1000 load does (1,000 streams of
+// 2.5 events/s, about 1,400 events per batch of 500 ms): each stream
+// replays the bench's recordings (loadtest/fixtures, a build of 81 events
+// and a test of 514, picked at random for each invocation; this package's
+// recording when they are missing) back to back, and each batch holds
+// `per` events, each the next event of a stream picked at random, so that a
+// batch touches about as many invocations as it holds events. warm is the
+// batches that first bring every stream to a random point of its first
+// build (drained, 1000 events each), then come `n` paced batches.
+func paced(tb testing.TB, prefix string, streams, per, n int, seed int64) (warm, batches [][]projection.Message) {
+	var copiers []*copier
+	recs, _ := filepath.Glob("../../loadtest/fixtures/*.besrec")
+	for _, path := range recs {
+		f, err := os.Open(path)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		copiers = append(copiers, newCopier(tb, recordingMessages(tb, f)))
+		f.Close()
+	}
+	if len(copiers) == 0 {
+		copiers = append(copiers, newCopier(tb, fixtureMessages(tb)))
+	}
+	rng := rand.New(rand.NewSource(seed))
+	type st struct {
+		msgs []*msg
+		next int
+	}
+	ss := make([]st, streams)
+	built := 0
+	refill := func(s *st) {
+		c := copiers[rng.Intn(len(copiers))]
+		s.msgs, s.next = c.invocation(fmt.Sprintf("%s-%06d", prefix, built)), 0
+		built++
+	}
+	seq := uint64(0)
+	now := t0
+	emit := func(s *st) *msg {
+		if s.next == len(s.msgs) {
+			refill(s)
+		}
+		c := *s.msgs[s.next]
+		s.next++
+		seq++
+		now = now.Add(400 * time.Microsecond) // 2,500 events/s
+		c.seq, c.at = seq, now
+		return &c
+	}
+	var pending []projection.Message
+	for i := range ss {
+		refill(&ss[i])
+		for k := rng.Intn(len(ss[i].msgs)); k > 0; k-- {
+			pending = append(pending, emit(&ss[i]))
+		}
+	}
+	for len(pending) > 0 {
+		k := min(1000, len(pending))
+		warm = append(warm, pending[:k])
+		pending = pending[k:]
+	}
+	for range n {
+		batch := make([]projection.Message, 0, per)
+		for range per {
+			batch = append(batch, emit(&ss[rng.Intn(streams)]))
+		}
+		batches = append(batches, batch)
+	}
+	return warm, batches
+}
+
+// copier makes copies of a recorded build, each with its own invocation id.
+type copier struct {
+	tmpl []*msg
+	obes []*buildpb.OrderedBuildEvent
+}
+
+func newCopier(tb testing.TB, tmpl []*msg) *copier {
+	c := &copier{tmpl: tmpl, obes: make([]*buildpb.OrderedBuildEvent, len(tmpl))}
+	for i, m := range tmpl {
+		c.obes[i] = new(buildpb.OrderedBuildEvent)
+		if err := proto.Unmarshal(m.data, c.obes[i]); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	return c
+}
+
+func (c *copier) invocation(inv string) []*msg {
+	out := make([]*msg, len(c.tmpl))
+	for i, m := range c.tmpl {
+		d := *m
+		d.hdr = make(map[string]string, len(m.hdr))
+		for k, v := range m.hdr {
+			d.hdr[k] = v
+		}
+		if d.hdr[envelope.InvocationID] != "" {
+			d.hdr[envelope.InvocationID] = inv
+			obe := proto.Clone(c.obes[i]).(*buildpb.OrderedBuildEvent)
+			obe.StreamId.InvocationId = inv
+			d.data, _ = proto.Marshal(obe)
+		}
+		out[i] = &d
+	}
+	return out
+}
+
+// BenchmarkApplyPaced projects the batches of paced traffic (see paced:
+// 1,000 streams, 86 batches of 1,400 events after the warm-up) through one
+// connection, telling the projector each commit as the runner does, and
+// reports, per BES event, PostgreSQL backend CPU and WAL bytes, and with
+// -v the rows written (inserted, updated or deleted) and each table's
+// counts.
+//
+//	go test ./projectors/builds -run '^$' -bench ApplyPaced -benchtime 1x -v
+func BenchmarkApplyPaced(b *testing.B) {
+	pool, _ := testenv.Pool(b)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	pid := conn.Conn().PgConn().PID()
+	p := newProjector(b, Config{})
+	// Counting rows costs PostgreSQL two more statements a batch, so only
+	// -v counts them.
+	count := testing.Verbose()
+	writes := 0
+	// The runner sweeps every 30 s while it keeps up: every 54 batches of
+	// 1,400 events at 2,500 events/s.
+	apply := func(batches [][]projection.Message) {
+		for i, batch := range batches {
+			if i%54 == 53 {
+				now := batch[0].Time()
+				if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return p.Sweep(ctx, tx, now) }); err != nil {
+					b.Fatal(err)
+				}
+				p.Committed()
+			}
+			if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if !count {
+					return p.Apply(ctx, tx, batch)
+				}
+				n, err := txRowWrites(ctx, tx, func() error { return p.Apply(ctx, tx, batch) })
+				writes += n
+				return err
+			}); err != nil {
+				b.Fatal(err)
+			}
+			p.Committed()
+		}
+	}
+	var events, total int
+	var pgCPU time.Duration
+	var wal int64
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		warm, batches := paced(b, fmt.Sprintf("p%d", i), 1000, 1400, 86, int64(i))
+		apply(warm)
+		writes = 0
+		lsn0 := walLSN(b, pool)
+		pg0, _ := backendCPU(pid)
+		b.StartTimer()
+		apply(batches)
+		b.StopTimer()
+		pg1, _ := backendCPU(pid)
+		pgCPU += pg1 - pg0
+		lsn1 := walLSN(b, pool)
+		wal += lsn1 - lsn0
+		total += writes
+		n := 0
+		for _, batch := range batches {
+			n += len(batch)
+		}
+		events += n
+		if os.Getenv("MILLRACE_WALINSPECT") != "" {
+			walStats(b, pool, lsn0, lsn1, n)
+		}
+		b.StartTimer()
+	}
+	if pgCPU > 0 {
+		b.ReportMetric(float64(events)/pgCPU.Seconds(), "events/pg-cpu-s")
+	}
+	b.ReportMetric(float64(wal)/float64(events), "wal-B/event")
+	if count {
+		b.ReportMetric(float64(total)/float64(events), "row-writes/event")
+		rows, _ := pool.Query(ctx, `select relname, n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del
+			from pg_stat_user_tables order by relname`)
+		for rows.Next() {
+			var name string
+			var ins, upd, hot, del int64
+			rows.Scan(&name, &ins, &upd, &hot, &del)
+			b.Logf("%-20s ins %7d upd %7d hot %7d del %7d", name, ins, upd, hot, del)
+		}
+		rows.Close()
 	}
 }

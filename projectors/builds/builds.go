@@ -48,15 +48,20 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-// Projector projects the BES stream into the builds tables. It holds no
-// state between calls; it is safe for concurrent use.
+// Projector projects the BES stream into the builds tables. Between calls
+// it keeps only a cache of what its last batches wrote (cache), used when
+// the runner says which transactions committed (projection.Committer).
+// Its methods may be called from several goroutines, but a caller that
+// settles transactions (Committed, Aborted) must not overlap them.
 type Projector struct {
-	cfg Config
+	cfg   Config
+	cache cache
 }
 
 var (
 	_ projection.Projector = (*Projector)(nil)
 	_ projection.Sweeper   = (*Projector)(nil)
+	_ projection.Committer = (*Projector)(nil)
 )
 
 // New returns a projector with cfg's defaults applied, or what is wrong
@@ -108,12 +113,14 @@ func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Mes
 	for i := range evs {
 		s.add(&evs[i])
 	}
+	s.recall(p.cache.begin())
 	if err := s.load(ctx, tx); err != nil {
 		return err
 	}
 	for i := range evs {
 		s.apply(&evs[i])
 	}
+	p.cache.wrote()
 	return s.write(ctx, tx)
 }
 
@@ -187,6 +194,9 @@ func decodeMessage(m projection.Message) (ev event, keep bool, err error) {
 // the events (and on which invocations it abandons).
 func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	cutoff := now.Add(-p.cfg.AbandonAfter)
+	if _, err := tx.Exec(ctx, sqlKeyedPlans); err != nil {
+		return fmt.Errorf("builds: sweep: %w", err)
+	}
 	rows, err := tx.Query(ctx, sqlAbandon, cutoff)
 	if err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
@@ -195,6 +205,9 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
 	}
+	// Of what the cache holds, the sweep changes only the status of the
+	// invocations it abandons: the next batch that names them reads them.
+	p.cache.dropAll(abandoned)
 	rows, err = tx.Query(ctx, sqlIdleOutput, cutoff)
 	if err != nil {
 		return fmt.Errorf("builds: sweep output: %w", err)

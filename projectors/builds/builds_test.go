@@ -530,3 +530,41 @@ func TestResetEmptiesEveryTable(t *testing.T) {
 		}
 	}
 }
+
+// TestEventBucket: invocations.last_event_bucket, which the sweep's index
+// holds, is last_event_at rounded down to 5 minutes after every batch,
+// whichever statement wrote the row (the projector sets it: migration 011).
+func TestEventBucket(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	p := newProjector(t, Config{})
+	s := newStream(t0)
+	b := s.invocation("acme", "inv-slow")
+	b.enqueued()
+	b.attemptStarted()
+	b.tool(startedEv("inv-slow", s.now))
+	for i := range int32(4) {
+		s.advance(4 * time.Minute)
+		b.tool(progressEv(i+1, "", "still going\n"))
+		b.tool(configuredEv(fmt.Sprintf("//pkg:t%d", i), "genrule rule"))
+	}
+	s.advance(6 * time.Minute)
+	b.tool(finishedEv(0, "SUCCESS", s.now))
+	b.finishStream()
+	ctx := context.Background()
+	for _, n := range []int{1, 2, 1000} {
+		truncate(t, pool)
+		p.Aborted()
+		for i := 0; i < len(s.msgs); i += n {
+			applyAll(t, pool, p, s.msgs[i:min(i+n, len(s.msgs))], n)
+			var wrong int
+			err := pool.QueryRow(ctx, `select count(*) from invocations
+				where last_event_bucket is distinct from date_bin('5 minutes', last_event_at, timestamptz '2000-01-01 00:00:00+00')`).Scan(&wrong)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if wrong != 0 {
+				t.Fatalf("batches of %d: after message %d, %d invocations have a last_event_bucket other than their last_event_at's", n, i, wrong)
+			}
+		}
+	}
+}

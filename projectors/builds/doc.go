@@ -41,9 +41,15 @@
 // format and unmarshals only the payloads it reads; progress output is
 // sliced from the message bytes. It merges the batch in memory per
 // invocation and per target or test label. Then, per batch: one round trip
-// reads which of the invocations, targets and tests exist; one pipeline
+// reads which of the invocations, targets and tests exist, but for those a
+// cache of the last batches' writes knows (cache.go); one pipeline
 // INSERTs the new rows and UPDATEs the existing ones, one statement per
 // table and kind over unnest() arrays (plain INSERT and UPDATE rather than
 // INSERT ... ON CONFLICT, which costs two more WAL records per row), and
-// reconciles the rollups of the invocations that finished.
+// reconciles the rollups of the invocations that finished. Each statement
+// probes the tables by primary key whatever the plan cache holds
+// (sqlKeyedPlans), and an invocation that a batch only moves on gets the
+// narrow sqlUpdateProgress. With many slow builds (1,000 paced streams) a
+// batch writes about one invocation row per event; with few fast ones, a
+// few per thousand events.
 package builds

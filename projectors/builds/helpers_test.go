@@ -427,10 +427,13 @@ func synthBuild(s *stream, project, inv string, n int, finish bool) *builder {
 
 // applyAll applies msgs in batches of size n, each in its own transaction,
 // as the runner does (skipping nothing: the projector's own guards must
-// hold).
+// hold), and tells the projector each commit, as the runner does, so that
+// its cache serves the batches after the first; the tables may have been
+// changed before, so the cache starts empty.
 func applyAll(t testing.TB, pool *pgxpool.Pool, p *Projector, msgs []*msg, n int) {
 	t.Helper()
 	ctx := context.Background()
+	p.Aborted()
 	for i := 0; i < len(msgs); i += n {
 		batch := make([]projection.Message, 0, n)
 		for _, m := range msgs[i:min(i+n, len(msgs))] {
@@ -439,6 +442,7 @@ func applyAll(t testing.TB, pool *pgxpool.Pool, p *Projector, msgs []*msg, n int
 		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return p.Apply(ctx, tx, batch) }); err != nil {
 			t.Fatalf("apply batch at %d: %v", i, err)
 		}
+		p.Committed()
 	}
 }
 

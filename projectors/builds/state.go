@@ -23,6 +23,11 @@ type state struct {
 	// Target and test rows the batch may write, and which of them exist.
 	targetKeys, testKeys     keys
 	targetExists, testExists map[rowKey]bool
+
+	// cache is the projector's (nil: none); rowsKnown says it answered
+	// for some of the batch's target and test rows.
+	cache     *cache
+	rowsKnown bool
 }
 
 // invKey is a build's identity: Bazel lets any client choose its
@@ -73,6 +78,10 @@ type inv struct {
 	storedSeq    int64
 	storedStatus string
 	storedDone   bool
+	recalled     bool // the stored values come from the cache
+
+	// Labels of the target and test rows the batch inserts.
+	newTargets, newTests []string
 
 	write      bool // the batch changes the invocation
 	buildID    string
@@ -158,7 +167,8 @@ func (s *state) add(e *event) {
 }
 
 // load reads, in one round trip, what the database knows of the batch's
-// invocations and which of its target and test rows exist.
+// invocations and which of its target and test rows exist, but for what
+// recall took from the cache.
 func (s *state) load(ctx context.Context, tx pgx.Tx) error {
 	b := &pgx.Batch{}
 	var (
@@ -168,7 +178,14 @@ func (s *state) load(ctx context.Context, tx pgx.Tx) error {
 		done        bool
 		label       string
 	)
-	projects, ids := splitKeys(s.ids)
+	b.Queue(sqlKeyedPlans)
+	var unknown []invKey
+	for _, k := range s.ids {
+		if !s.invs[k].recalled {
+			unknown = append(unknown, k)
+		}
+	}
+	projects, ids := splitKeys(unknown)
 	b.Queue(sqlLoad, projects, ids).Query(func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&project, &id, &seq, &status, &done}, func() error {
 			if v := s.invs[invKey{project, id}]; v != nil {
@@ -182,7 +199,9 @@ func (s *state) load(ctx context.Context, tx pgx.Tx) error {
 		if len(k.inv) == 0 {
 			return
 		}
-		*into = make(map[rowKey]bool)
+		if *into == nil {
+			*into = make(map[rowKey]bool)
+		}
 		b.Queue(sql, k.project, k.inv, k.label).Query(func(rows pgx.Rows) error {
 			_, err := pgx.ForEachRow(rows, []any{&project, &id, &label}, func() error {
 				(*into)[rowKey{invKey{project, id}, label}] = true
@@ -394,6 +413,16 @@ func (v *inv) applyBazel(e *event) {
 	case payBuildMetrics:
 		v.metrics = be.msg.(*bep.BuildMetrics)
 	}
+}
+
+// progressOnly reports whether the batch changes nothing of a stored,
+// running invocation but its event times, last sequence, event count and
+// an empty build id: no descriptive field, no finish, no end of its
+// stream. sqlUpdateProgress then writes it.
+func (v *inv) progressOnly() bool {
+	return v.stored && v.storedStatus == "running" && !v.done && !v.hasExit && v.result == "" &&
+		v.finishedAt.IsZero() && v.startedAt.IsZero() && len(v.patterns) == 0 &&
+		v.command == "" && v.version == "" && v.workspace == "" && v.user == "" && v.host == ""
 }
 
 // setIf returns s cleaned if it is not empty, else old: the newest value wins.

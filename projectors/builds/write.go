@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
@@ -37,6 +38,24 @@ func joinList(xs []string) string {
 // Every statement names a build by (project, invocation id): two projects
 // may send the same invocation id, and they are two builds.
 
+// sqlKeyedPlans, first in every transaction of the projector, leaves the
+// planner one way to join a batch's unnest() arrays with a table: a nested
+// loop probing the table's primary key. A prepared statement is planned
+// for the connection's life (its generic plan, after five custom ones)
+// from the table sizes of that moment, and kept until the table's
+// statistics change. Planned while a table is small or has no statistics
+// (a fresh database, a server without autovacuum), the plan hashes a scan
+// of the whole table against the batch, and every later batch scans it
+// again: at 1,000 paced streams the targets table's two statements took
+// most of PostgreSQL's time (BenchmarkApplyPaced). Planning every batch
+// afresh costs about 3 ms a batch. With only key probes left to choose,
+// the generic plan is the one each batch needs, so it is taken from the
+// first execution on (a generic plan assumes arrays of 10 elements, and
+// when a batch's are smaller the plan cache would otherwise keep planning
+// for it). The settings are local: they end with the transaction.
+const sqlKeyedPlans = `select set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
+
 const sqlLoad = `
 select i.project, i.id, i.last_sequence, i.status, i.stream_done
 from unnest($1::text[], $2::text[]) as u(project, id)
@@ -52,9 +71,19 @@ select t.project, t.invocation_id, t.label
 from unnest($1::text[], $2::text[], $3::text[]) as u(project, inv, label)
 join tests t on t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
 
+// eventBucket is invocations.last_event_bucket of a last_event_at: the
+// time rounded down to 5 minutes, which the sweep's index holds rather than
+// the time itself, so that most updates change no indexed value and stay
+// HOT. The projector sets it with last_event_at (migration 011: a stored
+// generated column cost every update that moved last_event_at a step of
+// its own).
+func eventBucket(at string) string {
+	return "date_bin('5 minutes', " + at + ", timestamptz '2000-01-01 00:00:00+00')"
+}
+
 // invocationRows is the batch's invocations as rows (status derived from
 // this batch alone: BuildFinished's exit code, else the attempt's result).
-const invocationRows = `
+var invocationRows = `
 select u.id, u.build_id, u.project, nullif(u.command, '') as command,
        coalesce(string_to_array(nullif(u.patterns, ''), E'\x1f'), '{}') as patterns,
        nullif(u.user_name, '') as user_name, nullif(u.host, '') as host,
@@ -65,7 +94,7 @@ select u.id, u.build_id, u.project, nullif(u.command, '') as command,
        case when u.exit_code is not null then case when u.exit_code = 0 then 'succeeded' else 'failed' end
             when u.attempt_result <> '' then case when u.attempt_result = 'COMMAND_SUCCEEDED' then 'succeeded' else 'failed' end
             else 'running' end as status,
-       u.done, u.first_at, u.last_at, u.last_seq, u.n
+       u.done, u.first_at, u.last_at, ` + eventBucket("u.last_at") + `, u.last_seq, u.n
 from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
             $8::text[], $9::text[], $10::timestamptz[], $11::timestamptz[], $12::int4[], $13::text[],
             $14::text[], $15::timestamptz[], $16::timestamptz[], $17::int8[], $18::int8[], $19::bool[])
@@ -73,18 +102,19 @@ from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text
           started_at, finished_at, exit_code, exit_code_name, attempt_result,
           first_at, last_at, last_seq, n, done)`
 
-const sqlInsertInvocations = `
+var sqlInsertInvocations = `
 insert into invocations (id, build_id, project, command, patterns, user_name, host, workspace_dir,
     bazel_version, started_at, finished_at, exit_code, exit_code_name, attempt_result, status,
-    stream_done, first_event_at, last_event_at, last_sequence, event_count)
-` + invocationRows
+    stream_done, first_event_at, last_event_at, last_event_bucket, last_sequence, event_count)
+` + invocationRows + `
+returning project, id, last_sequence, status, stream_done`
 
 // sqlUpdateInvocations merges the batch into stored invocations. Status and
 // finished_at: BuildFinished decides (exit code 0 = succeeded); else
 // InvocationAttemptFinished's result; else an abandoned invocation stays
 // abandoned and ends at its last event; else it is running. Descriptive
 // fields: the newest value wins; patterns accumulate.
-const sqlUpdateInvocations = `
+var sqlUpdateInvocations = `
 update invocations i set
     build_id       = case when i.build_id = '' then u.build_id else i.build_id end,
     command        = coalesce(u.command, i.command),
@@ -112,10 +142,34 @@ update invocations i set
     stream_done    = i.stream_done or u.done,
     first_event_at = least(i.first_event_at, u.first_at),
     last_event_at  = greatest(i.last_event_at, u.last_at),
+    last_event_bucket = ` + eventBucket("greatest(i.last_event_at, u.last_at)") + `,
     last_sequence  = greatest(i.last_sequence, u.last_seq),
     event_count    = i.event_count + u.n
 from (` + invocationRows + `) u
-where i.id = u.id and i.project = u.project`
+where i.id = u.id and i.project = u.project
+returning i.project, i.id, i.last_sequence, i.status, i.stream_done`
+
+// sqlUpdateProgress is sqlUpdateInvocations for the invocations that a
+// batch only moves on (inv.progressOnly): running, and no event of the
+// batch sets a field but the times, the sequence and the count. For them
+// every other expression of sqlUpdateInvocations keeps the stored value,
+// and at 1,000 paced streams they are nearly all of a batch's
+// invocations (one per event), so they get a statement of eight columns
+// rather than nineteen. A row whose last_sequence is not the one the batch
+// filtered its resends by ($8, which may come from the cache) is left
+// alone, and the batch fails (found).
+var sqlUpdateProgress = `
+update invocations i set
+    build_id       = case when i.build_id = '' then u.build_id else i.build_id end,
+    first_event_at = least(i.first_event_at, u.first_at),
+    last_event_at  = greatest(i.last_event_at, u.last_at),
+    last_event_bucket = ` + eventBucket("greatest(i.last_event_at, u.last_at)") + `,
+    last_sequence  = greatest(i.last_sequence, u.last_seq),
+    event_count    = i.event_count + u.n
+from unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::timestamptz[], $6::int8[], $7::int8[],
+            $8::int8[])
+     as u(id, project, build_id, first_at, last_at, last_seq, n, stored_seq)
+where i.id = u.id and i.project = u.project and i.last_sequence = u.stored_seq`
 
 const targetRows = `
 select u.project, u.inv, u.label, nullif(u.kind, '') as kind, u.success, nullif(u.reason, '') as reason, u.rank,
@@ -326,105 +380,162 @@ delete from hourly_rollups r
 using unnest($1::text[], $2::timestamptz[]) as u(project, hour)
 where r.project = u.project and r.hour = u.hour and r.builds = 0`
 
+// writes is a batch's rows by table and kind, as unnest() arguments.
+type writes struct {
+	newInv, oldInv invCols
+	progress       progressCols
+	newTgt, oldTgt targetCols
+	newTst, oldTst testCols
+	met            metricCols
+	chunks         chunkCols
+	finalize       map[invKey]*inv
+	finIDs         []invKey
+	reconcIDs      []invKey
+}
+
 // write sends the batch's statements in one pipeline (plus one read ahead of
-// it when an invocation's output is finalized).
+// it when an invocation's output is finalized), then records in the cache
+// what they left.
 func (s *state) write(ctx context.Context, tx pgx.Tx) error {
 	slices.SortFunc(s.ids, invKey.compare)
-	b := &pgx.Batch{}
-	var (
-		newInv, oldInv invCols
-		newTgt, oldTgt targetCols
-		newTst, oldTst testCols
-		met            metricCols
-		chunks         chunkCols
-		finalize       = map[invKey]*inv{}
-		finIDs         []invKey
-		reconcIDs      []invKey
-	)
+	w := &writes{finalize: map[invKey]*inv{}}
 	for _, id := range s.ids {
-		v := s.invs[id]
-		if !v.write {
-			continue
-		}
-		if v.stored {
-			oldInv.add(v)
-		} else {
-			newInv.add(v)
-		}
-		slices.Sort(v.targetOrder)
-		for _, l := range v.targetOrder {
-			switch t := v.targets[l]; {
-			case s.targetExists[rowKey{id, l}]:
-				oldTgt.add(id, t)
-			case t.known:
-				newTgt.add(id, t)
-				// else: only a failed action names the label, and it is not a
-				// target of this build (a dependency's action): no row.
-			}
-		}
-		slices.Sort(v.testOrder)
-		for _, l := range v.testOrder {
-			if s.testExists[rowKey{id, l}] {
-				oldTst.add(id, v.tests[l])
-			} else {
-				newTst.add(id, v.tests[l])
-			}
-		}
-		if v.metrics != nil {
-			met.add(id, v)
-		}
-
-		abandoned := v.storedStatus == "abandoned" && !v.hasExit && v.result == ""
-		final := v.storedDone || v.done || abandoned
-		hasOut := len(v.stdout) > 0 || len(v.stderr) > 0
-		switch {
-		case final && (hasOut || (v.done && !v.storedDone)):
-			finalize[id] = v
-			finIDs = append(finIDs, id)
-		case hasOut:
-			chunks.add(id, v)
-		}
-
-		if v.hasExit || v.result != "" || (v.storedStatus != "" && v.storedStatus != "running") {
-			reconcIDs = append(reconcIDs, id)
+		if v := s.invs[id]; v.write {
+			s.collect(w, v)
 		}
 	}
-	if len(newInv.id)+len(oldInv.id) == 0 {
+	if len(w.newInv.id)+len(w.oldInv.id)+len(w.progress.id) == 0 {
 		return nil
 	}
-
+	b := &pgx.Batch{}
 	// Reads come first: a pipeline cannot wait for its own results.
-	if len(finIDs) > 0 {
-		if err := queueFinalize(ctx, tx, b, finalize, finIDs); err != nil {
+	if len(w.finIDs) > 0 {
+		if err := queueFinalize(ctx, tx, b, w.finalize, w.finIDs); err != nil {
 			return err
 		}
 	}
-	queue := func(sql string, n int, args func() []any) {
-		if n > 0 {
-			b.Queue(sql, args()...)
-		}
-	}
-	queue(sqlInsertInvocations, len(newInv.id), newInv.args)
-	queue(sqlUpdateInvocations, len(oldInv.id), oldInv.args)
-	queue(sqlInsertTargets, len(newTgt.inv), newTgt.args)
-	queue(sqlUpdateTargets, len(oldTgt.inv), oldTgt.args)
-	queue(sqlInsertTests, len(newTst.inv), newTst.args)
-	queue(sqlUpdateTests, len(oldTst.inv), oldTst.args)
-	queue(sqlMetrics, len(met.inv), met.args)
-	queue(sqlChunks, len(chunks.inv), chunks.args)
-	// Rollups read invocations and tests, so they come after them.
+	after := make(map[invKey]known, len(w.newInv.id)+len(w.oldInv.id))
 	var empty rollupKeys
-	if len(reconcIDs) > 0 {
-		projects, ids := splitKeys(reconcIDs)
-		b.Queue(sqlReconcile, projects, ids).Query(empty.collect)
-	}
+	w.queue(b, after, &empty)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("builds: write batch: %w", err)
+		return stale(fmt.Errorf("builds: write batch: %w", err), s.rowsKnown)
 	}
 	if len(empty.project) > 0 {
 		if _, err := tx.Exec(ctx, sqlDropEmptyRollups, empty.project, empty.hour); err != nil {
 			return fmt.Errorf("builds: drop empty rollups: %w", err)
 		}
+	}
+	s.remember(after)
+	return nil
+}
+
+// collect adds what the batch writes of invocation v to w.
+func (s *state) collect(w *writes, v *inv) {
+	id := v.key
+	switch {
+	case v.progressOnly():
+		w.progress.add(v)
+	case v.stored:
+		w.oldInv.add(v)
+	default:
+		w.newInv.add(v)
+	}
+	slices.Sort(v.targetOrder)
+	for _, l := range v.targetOrder {
+		switch t := v.targets[l]; {
+		case s.targetExists[rowKey{id, l}]:
+			w.oldTgt.add(id, t)
+		case t.known:
+			w.newTgt.add(id, t)
+			v.newTargets = append(v.newTargets, l)
+			// else: only a failed action names the label, and it is not a
+			// target of this build (a dependency's action): no row.
+		}
+	}
+	slices.Sort(v.testOrder)
+	for _, l := range v.testOrder {
+		if s.testExists[rowKey{id, l}] {
+			w.oldTst.add(id, v.tests[l])
+		} else {
+			w.newTst.add(id, v.tests[l])
+			v.newTests = append(v.newTests, l)
+		}
+	}
+	if v.metrics != nil {
+		w.met.add(id, v)
+	}
+
+	abandoned := v.storedStatus == "abandoned" && !v.hasExit && v.result == ""
+	final := v.storedDone || v.done || abandoned
+	hasOut := len(v.stdout) > 0 || len(v.stderr) > 0
+	switch {
+	case final && (hasOut || (v.done && !v.storedDone)):
+		w.finalize[id] = v
+		w.finIDs = append(w.finIDs, id)
+	case hasOut:
+		w.chunks.add(id, v)
+	}
+
+	if v.hasExit || v.result != "" || (v.storedStatus != "" && v.storedStatus != "running") {
+		w.reconcIDs = append(w.reconcIDs, id)
+	}
+}
+
+// queue adds the writes to b. The invocations' statements read back what
+// the cache keeps of the rows they merge into (after), and every UPDATE
+// must find each row it names: a row missing is errStale.
+func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) {
+	readBack := func(rows pgx.Rows) error {
+		var k invKey
+		var c known
+		_, err := pgx.ForEachRow(rows, []any{&k.project, &k.id, &c.seq, &c.status, &c.done}, func() error {
+			after[k] = c
+			return nil
+		})
+		return err
+	}
+	update := func(sql string, n int, args func() []any) {
+		if n > 0 {
+			b.Queue(sql, args()...).Exec(func(ct pgconn.CommandTag) error { return found(ct.RowsAffected(), n) })
+		}
+	}
+	if n := len(w.newInv.id); n > 0 {
+		b.Queue(sqlInsertInvocations, w.newInv.args()...).Query(readBack)
+	}
+	if n := len(w.oldInv.id); n > 0 {
+		b.Queue(sqlUpdateInvocations, w.oldInv.args()...).Query(func(rows pgx.Rows) error {
+			if err := readBack(rows); err != nil {
+				return err
+			}
+			return found(rows.CommandTag().RowsAffected(), n)
+		})
+	}
+	update(sqlUpdateProgress, len(w.progress.id), w.progress.args)
+	if len(w.newTgt.inv) > 0 {
+		b.Queue(sqlInsertTargets, w.newTgt.args()...)
+	}
+	update(sqlUpdateTargets, len(w.oldTgt.inv), w.oldTgt.args)
+	if len(w.newTst.inv) > 0 {
+		b.Queue(sqlInsertTests, w.newTst.args()...)
+	}
+	update(sqlUpdateTests, len(w.oldTst.inv), w.oldTst.args)
+	if len(w.met.inv) > 0 {
+		b.Queue(sqlMetrics, w.met.args()...)
+	}
+	if len(w.chunks.inv) > 0 {
+		b.Queue(sqlChunks, w.chunks.args()...)
+	}
+	// Rollups read invocations and tests, so they come after them.
+	if len(w.reconcIDs) > 0 {
+		projects, ids := splitKeys(w.reconcIDs)
+		b.Queue(sqlReconcile, projects, ids).Query(empty.collect)
+	}
+}
+
+// found checks that an UPDATE met every row it named.
+func found(rows int64, want int) error {
+	if rows != int64(want) {
+		return fmt.Errorf("%w: an update met %d rows of %d", errStale, rows, want)
 	}
 	return nil
 }
@@ -583,6 +694,27 @@ func (c *invCols) args() []any {
 	return []any{c.id, c.buildID, c.project, c.command, c.patterns, c.user, c.host, c.workspace,
 		c.version, c.startedAt, c.finishedAt, c.exitCode, c.exitName, c.result, c.firstAt, c.lastAt,
 		c.lastSeq, c.count, c.done}
+}
+
+type progressCols struct {
+	id, project, buildID      []string
+	firstAt, lastAt           []pgtype.Timestamptz
+	lastSeq, count, storedSeq []int64
+}
+
+func (c *progressCols) add(v *inv) {
+	c.id = append(c.id, v.key.id)
+	c.project = append(c.project, v.key.project)
+	c.buildID = append(c.buildID, v.buildID)
+	c.firstAt = append(c.firstAt, pgtype.Timestamptz{Time: v.firstAt, Valid: true})
+	c.lastAt = append(c.lastAt, pgtype.Timestamptz{Time: v.lastAt, Valid: true})
+	c.lastSeq = append(c.lastSeq, max(v.maxSeq, v.storedSeq))
+	c.count = append(c.count, v.count)
+	c.storedSeq = append(c.storedSeq, v.storedSeq)
+}
+
+func (c *progressCols) args() []any {
+	return []any{c.id, c.project, c.buildID, c.firstAt, c.lastAt, c.lastSeq, c.count, c.storedSeq}
 }
 
 type targetCols struct {

@@ -1,0 +1,151 @@
+package builds
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/streams/projection"
+)
+
+// tableCounts is what pg_stat_xact_user_tables says one backend has done
+// to each table: scans, tuples read, and rows written.
+type tableCounts map[string]tableCount
+
+type tableCount struct {
+	seqScans, seqRead, idxScans, idxFetched int64
+	ins, upd, hot, del                      int64
+}
+
+func (c tableCount) writes() int64 { return c.ins + c.upd + c.del }
+
+// readCounts reads the counts of the backend tx runs on. They include
+// earlier transactions of the backend not yet flushed to the statistics,
+// so what one piece of work did is the difference of two readings in one
+// transaction (countsOf).
+func readCounts(ctx context.Context, tx pgx.Tx) (tableCounts, error) {
+	rows, err := tx.Query(ctx, `select relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0),
+		coalesce(idx_tup_fetch, 0), n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del
+		from pg_stat_xact_user_tables`)
+	if err != nil {
+		return nil, err
+	}
+	out := tableCounts{}
+	var name string
+	var c tableCount
+	_, err = pgx.ForEachRow(rows, []any{&name, &c.seqScans, &c.seqRead, &c.idxScans, &c.idxFetched,
+		&c.ins, &c.upd, &c.hot, &c.del}, func() error {
+		out[name] = c
+		return nil
+	})
+	return out, err
+}
+
+// countsOf runs f in tx and returns what it did to each table.
+func countsOf(ctx context.Context, tx pgx.Tx, f func() error) (tableCounts, error) {
+	before, err := readCounts(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	if err := f(); err != nil {
+		return nil, err
+	}
+	after, err := readCounts(ctx, tx)
+	if err != nil {
+		return nil, err
+	}
+	for name, a := range after {
+		b := before[name]
+		after[name] = tableCount{a.seqScans - b.seqScans, a.seqRead - b.seqRead, a.idxScans - b.idxScans,
+			a.idxFetched - b.idxFetched, a.ins - b.ins, a.upd - b.upd, a.hot - b.hot, a.del - b.del}
+	}
+	return after, nil
+}
+
+// txRowWrites runs f in tx and returns the rows it inserted, updated and
+// deleted.
+func txRowWrites(ctx context.Context, tx pgx.Tx, f func() error) (int, error) {
+	c, err := countsOf(ctx, tx, f)
+	var n int64
+	for _, t := range c {
+		n += t.writes()
+	}
+	return int(n), err
+}
+
+// applyCounted applies each batch in its own transaction on conn, telling
+// the projector each commit as the runner does, and returns what each did
+// to the tables.
+func applyCounted(t testing.TB, conn *pgxpool.Conn, p *Projector, batches [][]projection.Message) []tableCounts {
+	t.Helper()
+	ctx := context.Background()
+	var out []tableCounts
+	for i, batch := range batches {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			c, err := countsOf(ctx, tx, func() error { return p.Apply(ctx, tx, batch) })
+			out = append(out, c)
+			return err
+		})
+		if err != nil {
+			t.Fatalf("batch %d: %v", i, err)
+		}
+		p.Committed()
+	}
+	return out
+}
+
+// TestPlansProbeByKey: a batch reads the rows it names through their
+// primary keys however large the tables have grown since its statements
+// were planned. The projector's connection plans each statement for good
+// while the tables are new and small; a plan that scans a whole table then
+// scans it again in every batch, its cost growing with the table rather
+// than with the batch (at 1,000 paced streams, most of PostgreSQL's time).
+// Autovacuum is off for the tables here, as on a server without it: its
+// ANALYZE would have the statements planned again.
+func TestPlansProbeByKey(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	for _, table := range append(append([]string{}, DigestTables...), "build_output_chunks") {
+		if _, err := pool.Exec(ctx, "alter table "+table+" set (autovacuum_enabled = off)"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	p := newProjector(t, Config{})
+
+	// Small tables while the statements are planned (a generic plan is
+	// made after five executions).
+	warm, batches := paced(t, "small", 20, 30, 30, 1)
+	applyCounted(t, conn, p, warm)
+	applyCounted(t, conn, p, batches[:15])
+
+	// Other builds' rows, many more than a batch names.
+	for _, sql := range []string{
+		`insert into invocations (id, project, first_event_at, last_event_at)
+		 select 'filler-' || n, 'filler', now(), now() from generate_series(1, 20000) n`,
+		`insert into targets (invocation_id, project, label)
+		 select 'filler-' || n / 10, 'filler', '//pkg:t' || n from generate_series(1, 100000) n`,
+		`insert into tests (invocation_id, project, label, status, has_summary)
+		 select 'filler-' || n / 10, 'filler', '//pkg:t' || n, 'PASSED', true from generate_series(1, 50000) n`,
+	} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	for i, c := range applyCounted(t, conn, p, batches[15:]) {
+		for _, table := range []string{"invocations", "targets", "tests", "build_output", "build_output_chunks", "build_metrics", "hourly_rollups"} {
+			if n := c[table]; n.seqScans != 0 || n.seqRead != 0 {
+				t.Errorf("batch %d scanned %s %d times, reading %d rows; want none (rows named by key)",
+					15+i, table, n.seqScans, n.seqRead)
+			}
+		}
+	}
+}
