@@ -30,7 +30,7 @@ const (
 	scPaced5000     = "paced-5000"
 )
 
-var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scPaced1000, scPaced5000,
+var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scGRPCFloor, scPaced1000, scPaced5000,
 	scEdgeMemory, scIdle, scBazelReal}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction)
 
 type config struct {
@@ -226,6 +226,12 @@ func setup(ctx context.Context, c config) (b *bench, cleanup func(), err error) 
 	}
 	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || anyOf(c.scenarios, commitsScenarios)) {
 		if b.natsd, err = buildNATSD(ctx, b.tmp); err != nil {
+			removeTmp()
+			return nil, nil, err
+		}
+	}
+	if c.scenarios[scGRPCFloor] {
+		if b.floor, err = buildFloor(ctx, b.tmp); err != nil {
 			removeTmp()
 			return nil, nil, err
 		}

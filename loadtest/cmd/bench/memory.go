@@ -239,7 +239,7 @@ func (b *bench) memoryScenario(ctx context.Context, rep *scenarioReport) error {
 	rep.Description = fmt.Sprintf("`millrace serve bes --nats-url` (natsd apart): resident memory per open stream, "+
 		"(peak VmRSS at N open streams - VmRSS with none open after a warm-up) / N, at %.0f events/s in total", mc.rate)
 	for _, n := range mc.streams {
-		run, err := b.memoryRun(ctx, n)
+		run, err := b.memoryRun(ctx, n, scEdgeMemory)
 		if err != nil {
 			return err
 		}
@@ -258,30 +258,42 @@ func (b *bench) memoryScenario(ctx context.Context, rep *scenarioReport) error {
 		if mc := run.Machine; mc != nil && mc.OtherCores > 0.25 {
 			note += fmt.Sprintf("; other work on the machine took %.1f of its %d cores meanwhile", mc.OtherCores, b.machine.NProc)
 		}
+		note = join(note, b.floorMemoryNote(n))
 		rep.Checks = append(rep.Checks, atMost(fmt.Sprintf("%s %d streams: edge RSS per open stream", scEdgeMemory, n),
 			m.PerStreamKiB, memoryTargetKiB, "KiB", note))
 	}
 	return nil
 }
 
-// memoryRun measures one number of open streams on a fresh natsd and edge.
-func (b *bench) memoryRun(ctx context.Context, n int) (runReport, error) {
+// memoryRun measures one number of open streams on a fresh natsd and edge
+// (scenario edge-memory), or on a fresh besfloor (grpc-floor).
+func (b *bench) memoryRun(ctx context.Context, n int, scenario string) (runReport, error) {
 	mc := b.cfg.memory
-	dir, err := mkdir(b.tmp, scEdgeMemory)
+	dir, err := mkdir(b.tmp, scenario)
 	if err != nil {
 		return runReport{}, err
 	}
 	if !b.cfg.keep {
 		defer os.RemoveAll(dir)
 	}
-	natsd, natsURL, err := b.startNATSD(ctx, dir)
-	if err != nil {
-		return runReport{}, err
-	}
-	defer natsd.stop(stopGrace)
-	e, err := b.startEdge(ctx, dir, natsURL, edgeLimitsEnv(n)...)
-	if err != nil {
-		return runReport{}, err
+	var e *edge
+	var natsd *proc
+	procs := map[string]*proc{}
+	if scenario == scGRPCFloor {
+		if e, err = b.startFloor(ctx, dir); err != nil {
+			return runReport{}, err
+		}
+		procs["floor"] = e.p
+	} else {
+		var natsURL string
+		if natsd, natsURL, err = b.startNATSD(ctx, dir); err != nil {
+			return runReport{}, err
+		}
+		defer natsd.stop(stopGrace)
+		if e, err = b.startEdge(ctx, dir, natsURL, edgeLimitsEnv(n)...); err != nil {
+			return runReport{}, err
+		}
+		procs["edge"], procs["natsd"] = e.p, natsd
 	}
 	defer e.p.stop(stopGrace)
 	mem, err := b.memoryBaseline(ctx, e, n)
@@ -289,7 +301,6 @@ func (b *bench) memoryRun(ctx context.Context, n int) (runReport, error) {
 		return runReport{}, err
 	}
 
-	procs := map[string]*proc{"edge": e.p, "natsd": natsd}
 	fmt.Printf("  %d streams at %.0f events/s, starting over %s, then %s\n", n, mc.rate, mc.ramp, mc.duration)
 	// The peak is read a second before the replay stops its streams.
 	until := time.Now().Add(mc.ramp + mc.duration - time.Second)
@@ -311,13 +322,21 @@ func (b *bench) memoryRun(ctx context.Context, n int) (runReport, error) {
 	if err != nil {
 		return runReport{}, err
 	}
-	run := fillRun(fmt.Sprintf("%d streams", n), res, n, natsApart, b.cfg.natsSync)
+	label, natsLabel := fmt.Sprintf("%d streams", n), natsApart
+	if natsd == nil {
+		label, natsLabel = fmt.Sprintf("%d streams, floor", n), "none"
+	}
+	run := fillRun(label, res, n, natsLabel, b.cfg.natsSync)
 	run.Mode = "paced"
 	run.TargetEventsPerS = mc.rate
 	run.CPU, run.Machine = cpuFigures(before, after, res.WindowEvents, nil)
 	run.Machine.Load1Start = before.loadavg()
 	run.Server = serverReport(scrape(e.metrics).delta(promBefore), nil)
-	if err := mem.finish(e.p.pid(), natsd.pid(), sampler); err != nil {
+	natsdPID := 0
+	if natsd != nil {
+		natsdPID = natsd.pid()
+	}
+	if err := mem.finish(e.p.pid(), natsdPID, sampler); err != nil {
 		return runReport{}, err
 	}
 	run.Memory = mem
@@ -361,13 +380,16 @@ func (b *bench) memoryBaseline(ctx context.Context, e *edge, n int) (*memoryRepo
 
 // finish fills in the peak (the sampler's VmHWM, before the stop) and the
 // sampler's figures.
+// natsdPID 0: no natsd (grpc-floor).
 func (m *memoryReport) finish(edgePID, natsdPID int, s *memSampler) error {
 	st, err := readMemStatus(edgePID)
 	if err != nil {
 		return err
 	}
-	if ns, err := readMemStatus(natsdPID); err == nil {
-		m.NATSDPeakRSSKiB = ns.hwm
+	if natsdPID != 0 {
+		if ns, err := readMemStatus(natsdPID); err == nil {
+			m.NATSDPeakRSSKiB = ns.hwm
+		}
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

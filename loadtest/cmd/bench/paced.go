@@ -71,8 +71,10 @@ type pacedSpec struct {
 // comes from 127.0.0.1 where n builds would come from many hosts, and
 // streams that open at once wait up to a pacing interval for their first
 // event. The per-project limit is half of the first, far above the
-// bench's 250 per project. paced-1000 keeps the defaults (its warm-up
-// spreads the streams' starts).
+// bench's 250 per project. paced-1000 takes them too: its warm-up spreads
+// the streams' starts, but when the machine stalls, more than 64 of its
+// streams wait for a first event at once and were refused
+// (ResourceExhausted), which no fleet of many hosts would see.
 func edgeLimitsEnv(n int) []string {
 	var env []string
 	if n+n/4 > bes.DefaultMaxStreams {

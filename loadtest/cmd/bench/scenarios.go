@@ -38,6 +38,8 @@ type bench struct {
 	pg          *pgServer
 	tmp         string
 	natsd       string
+	floor       string // besfloor, built for grpc-floor
+	floorFig    *floorFigures
 	machine     machineInfo
 	reports     []*scenarioReport
 	// kept is the backbone the last flat-out run left filled for the
@@ -175,6 +177,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.liveScenario(ctx, name, rep)
 	case scEdgeMemory:
 		err = b.memoryScenario(ctx, rep)
+	case scGRPCFloor:
+		err = b.floorScenario(ctx, rep)
 	case scIdle:
 		err = b.idleScenario(ctx, rep)
 	case scBazelReal:
@@ -211,7 +215,8 @@ func (b *bench) liveScenario(ctx context.Context, name string, rep *scenarioRepo
 	rep.Description = "paced replay into `millrace serve bes` (embedded JetStream) while `millrace project builds` runs; projection lag"
 	switch name {
 	case scPaced1000:
-		sp = pacedSpec{streams: c.pacedStreams, rate: c.pacedRate, warmup: c.warmup, window: c.duration, warmupPhase: c.warmupPhase}
+		sp = pacedSpec{streams: c.pacedStreams, rate: c.pacedRate, warmup: c.warmup, window: c.duration, warmupPhase: c.warmupPhase,
+			edgeEnv: edgeLimitsEnv(c.pacedStreams)}
 		rep.Description = "many slow streams, as 1,000 concurrent CI builds: `millrace serve bes` + `millrace project builds`; ack latency and projection lag"
 	case scPaced5000:
 		p := c.paced5000
@@ -229,7 +234,7 @@ func (b *bench) liveScenario(ctx context.Context, name string, rep *scenarioRepo
 	// depends on how many invocations a batch touches.
 	rep.Checks = append(rep.Checks, b.projectorChecks(fmt.Sprintf("%s (live, %d streams)", name, sp.streams), run, liveWALTarget)...)
 	if name != scProjectorLive {
-		rep.Checks = append(rep.Checks, manyStreamsChecks(name, run, sp, b.machine.NProc)...)
+		rep.Checks = append(rep.Checks, manyStreamsChecks(name, run, sp, b.machine.NProc, b.floorCPUNote())...)
 	}
 	return nil
 }
@@ -245,14 +250,16 @@ const (
 
 // manyStreamsChecks are paced-1000's and paced-5000's own targets: the
 // edge's events per CPU-second, ack p99 and projection lag p99.
-func manyStreamsChecks(name string, run runReport, sp pacedSpec, nproc int) []check {
+// floorNote, when not empty, is added to the edge's CPU check (what
+// grpc-floor measured in the same run).
+func manyStreamsChecks(name string, run runReport, sp pacedSpec, nproc int, floorNote string) []check {
 	note := fmt.Sprintf("%.0f events/s achieved of %.0f asked", run.EventsPerS, sp.rate)
 	if m := run.Machine; m != nil && m.OtherCores > 0.25 {
 		note += fmt.Sprintf("; other work on the machine took %.1f of its %d cores meanwhile", m.OtherCores, nproc)
 	}
 	cs := []check{
 		atLeast(fmt.Sprintf("%s: edge events per CPU-second at %d paced streams (edge + embedded JetStream)", name, sp.streams),
-			run.CPU["edge"].EventsPerCPUS, pacedEdgeTarget, "events/CPU-s", join("the edge process also runs the JetStream server here", note)),
+			run.CPU["edge"].EventsPerCPUS, pacedEdgeTarget, "events/CPU-s", join(join("the edge process also runs the JetStream server here", note), floorNote)),
 		below(fmt.Sprintf("%s: ack p99 at %d paced streams", name, sp.streams), run.AckLatency.P99MS, pacedAckP99TargetMS, "ms", note),
 	}
 	return append(cs, lagCheck(fmt.Sprintf("%s: projection lag p99 at %d paced streams", name, sp.streams), run.Lag))
