@@ -101,7 +101,7 @@ func once(cmd string, lo *logs.Options, body func(ctx context.Context, log *slog
 	}
 }
 
-// gcHeadroomEnv sets how far the heap may grow over its live data between
+// gcHeadroomEnv sets the most the heap may grow over its live data between
 // collections (internal/gcpace).
 const gcHeadroomEnv = "MILLRACE_GC_HEADROOM"
 
