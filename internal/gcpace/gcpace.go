@@ -55,7 +55,7 @@ const (
 	DefaultMinHeadroom = 16 << 20
 	DefaultInterval    = 2 * time.Second
 	DefaultMinPercent  = 50
-	DefaultMaxPercent = 800
+	DefaultMaxPercent  = 800
 )
 
 func (c Config) withDefaults() Config {
