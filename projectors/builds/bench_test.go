@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
 	"google.golang.org/protobuf/proto"
@@ -369,8 +370,9 @@ func (c *copier) invocation(inv string) []*msg {
 // 1,000 streams, 86 batches of 1,400 events after the warm-up) through one
 // connection, telling the projector each commit as the runner does, and
 // reports, per BES event, PostgreSQL backend CPU and WAL bytes, and with
-// -v the rows written (inserted, updated or deleted) and each table's
-// counts.
+// -v the rows written (inserted, updated or deleted), the statements per
+// batch and each table's counts. With MILLRACE_WALINSPECT set it also logs
+// the WAL by record type and by relation (pg_walinspect).
 //
 //	go test ./projectors/builds -run '^$' -bench ApplyPaced -benchtime 1x -v
 func BenchmarkApplyPaced(b *testing.B) {
@@ -386,7 +388,7 @@ func BenchmarkApplyPaced(b *testing.B) {
 	// Counting rows costs PostgreSQL two more statements a batch, so only
 	// -v counts them.
 	count := testing.Verbose()
-	writes := 0
+	writes, stmts := 0, 0
 	// The runner sweeps every 30 s while it keeps up: every 54 batches of
 	// 1,400 events at 2,500 events/s.
 	apply := func(batches [][]projection.Message) {
@@ -402,8 +404,10 @@ func BenchmarkApplyPaced(b *testing.B) {
 				if !count {
 					return p.Apply(ctx, tx, batch)
 				}
-				n, err := txRowWrites(ctx, tx, func() error { return p.Apply(ctx, tx, batch) })
+				ct := &countingTx{Tx: tx}
+				n, err := txRowWrites(ctx, tx, func() error { return p.Apply(ctx, ct, batch) })
 				writes += n
+				stmts += ct.statements
 				return err
 			}); err != nil {
 				b.Fatal(err)
@@ -411,14 +415,14 @@ func BenchmarkApplyPaced(b *testing.B) {
 			p.Committed()
 		}
 	}
-	var events, total int
+	var events, total, statements, nBatches int
 	var pgCPU time.Duration
 	var wal int64
 	for i := 0; i < b.N; i++ {
 		b.StopTimer()
 		warm, batches := paced(b, fmt.Sprintf("p%d", i), 1000, 1400, 86, int64(i))
 		apply(warm)
-		writes = 0
+		writes, stmts = 0, 0
 		lsn0 := walLSN(b, pool)
 		pg0, _ := backendCPU(pid)
 		b.StartTimer()
@@ -429,6 +433,8 @@ func BenchmarkApplyPaced(b *testing.B) {
 		lsn1 := walLSN(b, pool)
 		wal += lsn1 - lsn0
 		total += writes
+		statements += stmts
+		nBatches += len(batches)
 		n := 0
 		for _, batch := range batches {
 			n += len(batch)
@@ -436,8 +442,13 @@ func BenchmarkApplyPaced(b *testing.B) {
 		events += n
 		if os.Getenv("MILLRACE_WALINSPECT") != "" {
 			walStats(b, pool, lsn0, lsn1, n)
+			walByRelation(b, pool, lsn0, lsn1, n)
 		}
 		b.StartTimer()
+	}
+	if count {
+		b.Logf("per batch (%d batches): %.1f statements, %.0f rows written", nBatches,
+			float64(statements)/float64(nBatches), float64(total)/float64(nBatches))
 	}
 	if pgCPU > 0 {
 		b.ReportMetric(float64(events)/pgCPU.Seconds(), "events/pg-cpu-s")
@@ -454,5 +465,68 @@ func BenchmarkApplyPaced(b *testing.B) {
 			b.Logf("%-20s ins %7d upd %7d hot %7d del %7d", name, ins, upd, hot, del)
 		}
 		rows.Close()
+	}
+}
+
+// countingTx counts the statements a projector sends through it, queued
+// in pipelines or alone.
+type countingTx struct {
+	pgx.Tx
+	statements int
+}
+
+func (t *countingTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	t.statements += b.Len()
+	return t.Tx.SendBatch(ctx, b)
+}
+
+func (t *countingTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	t.statements++
+	return t.Tx.CopyFrom(ctx, table, columns, src)
+}
+
+func (t *countingTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	t.statements++
+	return t.Tx.Exec(ctx, sql, args...)
+}
+
+func (t *countingTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	t.statements++
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+func (t *countingTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	t.statements++
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+// walByRelation logs WAL between two LSNs by relation (the first block a
+// record names) and record type, full-page images apart, to see which
+// table or index the bytes are written for.
+func walByRelation(tb testing.TB, pool *pgxpool.Pool, from, to int64, events int) {
+	ctx := context.Background()
+	rows, err := pool.Query(ctx, `
+		with r as (
+		    select resource_manager || '/' || record_type as typ, record_length, fpi_length,
+		           substring(block_ref from 'rel [0-9]+/([0-9]+)/')::oid as db,
+		           substring(block_ref from 'rel [0-9]+/[0-9]+/([0-9]+)')::oid as node
+		    from pg_get_wal_records_info('0/0'::pg_lsn + $1::numeric, '0/0'::pg_lsn + $2::numeric))
+		select case when r.db is null then '(no relation)'
+		            when r.db <> (select oid from pg_database where datname = current_database()) then '(other databases)'
+		            else coalesce(c.relname, 'node ' || r.node) end as rel,
+		       r.typ, count(*), sum(r.record_length - r.fpi_length)::bigint as rec, sum(r.fpi_length)::bigint as fpi
+		from r left join pg_class c on c.relfilenode = r.node and r.node <> 0
+		group by 1, 2 order by sum(r.record_length) desc limit 40`, from, to)
+	if err != nil {
+		tb.Logf("pg_get_wal_records_info: %v", err)
+		return
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var rel, typ string
+		var n, rec, fpi int64
+		rows.Scan(&rel, &typ, &n, &rec, &fpi)
+		tb.Logf("%-32s %-22s %7d records (%.3f/event) %6.1f B/event, fpi %6.1f B/event", rel, typ, n,
+			float64(n)/float64(events), float64(rec)/float64(events), float64(fpi)/float64(events))
 	}
 }

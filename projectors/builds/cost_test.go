@@ -149,3 +149,56 @@ func TestPlansProbeByKey(t *testing.T) {
 		}
 	}
 }
+
+// TestNewRowsWrittenInBulk: a batch's new target, test and output chunk
+// rows reach the WAL as a record per page they fill, not a record per
+// row (COPY's multi-insert; an INSERT logs about 50 bytes of headers
+// with every row). It reads the WAL with pg_walinspect, a contrib
+// extension of PostgreSQL 15, and is skipped where it cannot be created.
+func TestNewRowsWrittenInBulk(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `create extension if not exists pg_walinspect`); err != nil {
+		t.Skipf("pg_walinspect: %v", err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	p := newProjector(t, Config{})
+	warm, batches := paced(t, "bulk", 200, 300, 12, 4)
+	applyCounted(t, conn, p, warm)
+	var from, to string
+	if err := conn.QueryRow(ctx, `select pg_current_wal_insert_lsn()::text`).Scan(&from); err != nil {
+		t.Fatal(err)
+	}
+	inserted := map[string]int64{}
+	for _, c := range applyCounted(t, conn, p, batches) {
+		for name, n := range c {
+			inserted[name] += n.ins
+		}
+	}
+	if err := conn.QueryRow(ctx, `select pg_current_wal_insert_lsn()::text`).Scan(&to); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range []string{"targets", "tests", "build_output_chunks"} {
+		var records int64
+		err := conn.QueryRow(ctx, `
+			select count(*) from pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
+			where record_type in ('INSERT', 'INSERT+INIT', 'MULTI_INSERT', 'MULTI_INSERT+INIT')
+			  and block_ref ~ ('rel [0-9]+/' || (select oid from pg_database where datname = current_database()) ||
+			                   '/' || pg_relation_filenode($3::regclass) || ' ')`, from, to, table).Scan(&records)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rows := inserted[table]
+		t.Logf("%s: %d rows inserted in %d WAL records", table, rows, records)
+		if rows < 2*int64(len(batches)) {
+			t.Fatalf("%s: only %d rows inserted by %d batches; the test needs several a batch", table, rows, len(batches))
+		}
+		if records*2 > rows {
+			t.Errorf("%s: %d rows inserted in %d WAL records, want at most one record for two rows", table, rows, records)
+		}
+	}
+}
