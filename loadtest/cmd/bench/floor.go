@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -27,12 +26,7 @@ type floorFigures struct {
 }
 
 func buildFloor(ctx context.Context, dir string) (string, error) {
-	out := filepath.Join(dir, "besfloor")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./loadtest/cmd/besfloor")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build besfloor: %w\n%s", err, b)
-	}
-	return out, nil
+	return goBuild(ctx, dir, "besfloor")
 }
 
 // startFloor starts besfloor on free ports.

@@ -119,11 +119,14 @@ func (b *bench) loadFixtures() error {
 	return nil
 }
 
-func buildNATSD(ctx context.Context, dir string) (string, error) {
-	out := filepath.Join(dir, "natsd")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./loadtest/cmd/natsd")
+func buildNATSD(ctx context.Context, dir string) (string, error) { return goBuild(ctx, dir, "natsd") }
+
+// goBuild builds ./loadtest/cmd/<name> into dir.
+func goBuild(ctx context.Context, dir, name string) (string, error) {
+	out := filepath.Join(dir, name)
+	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, "./loadtest/cmd/"+name)
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("build natsd: %w\n%s", err, b)
+		return "", fmt.Errorf("build %s: %w\n%s", name, err, b)
 	}
 	return out, nil
 }
