@@ -33,6 +33,9 @@ type bazelConfig struct {
 	builds     int
 	idleWindow time.Duration
 	timeout    time.Duration
+	// floorBuilds run after dev's against besfloor (grpc-floor's server):
+	// what gRPC alone spends on the same builds.
+	floorBuilds int
 }
 
 func (c *bazelConfig) register(fs *flag.FlagSet) {
@@ -40,11 +43,15 @@ func (c *bazelConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.builds, "bazel-builds", 3, "bazel-real: full `bazel test //...` builds, each from a fresh output base")
 	fs.DurationVar(&c.idleWindow, "bazel-idle-window", 30*time.Second, "bazel-real: the same dev's idle CPU is measured this long just before the builds (the \"less idle\" figures subtract it)")
 	fs.DurationVar(&c.timeout, "bazel-timeout", 10*time.Minute, "bazel-real: longest one build may take")
+	fs.IntVar(&c.floorBuilds, "bazel-floor-builds", 1, "bazel-real: builds run afterwards against besfloor (a server that only acks, as grpc-floor's), whose CPU per 1,000 events is the floor under dev's")
 }
 
 func (c *bazelConfig) validate() error {
 	errs := negatives(map[string]float64{"bazel-targets": float64(c.targets), "bazel-builds": float64(c.builds),
-		"bazel-idle-window": c.idleWindow.Seconds(), "bazel-timeout": c.timeout.Seconds()})
+		"bazel-idle-window": c.idleWindow.Seconds(), "bazel-timeout": c.timeout.Seconds(), "bazel-floor-builds": float64(c.floorBuilds)})
+	if c.floorBuilds == 0 {
+		c.floorBuilds = 1
+	}
 	if c.builds == 0 {
 		c.builds = 3
 	}
@@ -147,14 +154,73 @@ func (b *bench) bazelScenario(ctx context.Context, rep *scenarioReport) error {
 	}
 	rep.Runs = append(rep.Runs, idle, run)
 	br := run.Bazel
+	floorNote := ""
+	if b.floor != "" {
+		fr, err := b.floorBazelRun(ctx, exp)
+		if err != nil {
+			return err
+		}
+		rep.Runs = append(rep.Runs, fr)
+		per1k := cpuPer1kEvents(fr.CPU["floor"].CPUSeconds, fr.WindowEvents)
+		fmt.Printf("  floor: %d builds, %d events: besfloor %.3f CPU-s per 1,000 events\n", bc.floorBuilds, fr.WindowEvents, per1k)
+		floorNote = fmt.Sprintf("; besfloor (gRPC alone) on %d more builds: %s", bc.floorBuilds, num(roundFigure(per1k, 3)))
+	}
 	fmt.Printf("  %d builds, %d events in %.1f s: dev %.3f CPU-s per 1,000 events (%.3f less idle), PostgreSQL %.3f (%.3f), bazel %.1f\n",
 		len(br.Builds), br.Events, br.WindowS, br.DevPer1k, br.DevPer1kLessIdle, br.PostgresPer1k, br.PostgresPer1kLessIdle, br.BazelPer1k)
 	rep.Checks = append(rep.Checks, atMost(fmt.Sprintf("%s: millrace dev CPU-s per 1,000 events over the window of %d builds", scBazelReal, len(br.Builds)),
 		br.DevPer1k, bazelTargetCPUSPer1k, "CPU-s",
 		fmt.Sprintf("%d events in %.0f s; less idle (%s CPU-s/s): %s; PostgreSQL %s (less idle %s); Bazel itself %s",
 			br.Events, br.WindowS, num(br.IdleDevCPUSPerS), num(roundFigure(br.DevPer1kLessIdle, 3)),
-			num(roundFigure(br.PostgresPer1k, 3)), num(roundFigure(br.PostgresPer1kLessIdle, 3)), num(roundFigure(br.BazelPer1k, 2)))))
+			num(roundFigure(br.PostgresPer1k, 3)), num(roundFigure(br.PostgresPer1kLessIdle, 3)), num(roundFigure(br.BazelPer1k, 2)))+floorNote))
 	return nil
+}
+
+// floorBazelRun runs -bazel-floor-builds more builds, from fresh output
+// bases, against besfloor, and measures its CPU per event acknowledged
+// (besfloor stores nothing).
+func (b *bench) floorBazelRun(ctx context.Context, exp *bazelws.Expected) (runReport, error) {
+	bc := b.cfg.bazel
+	dir, err := mkdir(b.tmp, scBazelReal+"-floor")
+	if err != nil {
+		return runReport{}, err
+	}
+	if !b.cfg.keep {
+		defer os.RemoveAll(dir)
+	}
+	f, err := b.startFloor(ctx, dir)
+	if err != nil {
+		return runReport{}, err
+	}
+	defer f.p.stop(stopGrace)
+	procs := map[string]*proc{"floor": f.p}
+	before, err := takeSnapshot(procs)
+	if err != nil {
+		return runReport{}, err
+	}
+	events0 := scrape(f.metrics).sum("millrace_bes_events_total")
+	s := &fleetStack{dir: dir, bes: f.bes}
+	for i := range bc.floorBuilds {
+		bld, _, err := b.runBazel(ctx, s, exp, bc.builds+i)
+		if err != nil {
+			return runReport{}, fmt.Errorf("against besfloor: %w", err)
+		}
+		fmt.Printf("  floor build %d: bazel exited %d after %.1f s\n", i+1, bld.ExitCode, bld.WallS)
+	}
+	after, err := takeSnapshot(procs)
+	if err != nil {
+		return runReport{}, err
+	}
+	events := int64(scrape(f.metrics).sum("millrace_bes_events_total") - events0)
+	if least := 2 * int64(bc.targets*bc.floorBuilds); events < least {
+		return runReport{}, fmt.Errorf("besfloor acknowledged %d events, fewer than the %d of %d full builds", events, least, bc.floorBuilds)
+	}
+	wall := after.at.Sub(before.at)
+	run := runReport{Name: fmt.Sprintf("%d bazel builds, floor", bc.floorBuilds), Mode: "bazel", NATS: "none",
+		ElapsedS: round(wall.Seconds(), 2), WindowS: round(wall.Seconds(), 2), WindowEvents: events,
+		EventsPerS: round(float64(events)/wall.Seconds(), 0), Invocations: int64(bc.floorBuilds)}
+	run.CPU, run.Machine = cpuFigures(before, after, events, nil)
+	run.Machine.Load1Start = before.loadavg()
+	return run, nil
 }
 
 // bazelRun runs the builds one after another and measures the window.

@@ -230,7 +230,7 @@ func setup(ctx context.Context, c config) (b *bench, cleanup func(), err error) 
 			return nil, nil, err
 		}
 	}
-	if c.scenarios[scGRPCFloor] {
+	if c.scenarios[scGRPCFloor] || c.scenarios[scBazelReal] {
 		if b.floor, err = buildFloor(ctx, b.tmp); err != nil {
 			removeTmp()
 			return nil, nil, err

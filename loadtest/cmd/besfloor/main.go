@@ -10,8 +10,8 @@
 //
 //	besfloor -listen 127.0.0.1:8985 -http 127.0.0.1:9090
 //
-// It serves /metrics (millrace_bes_streams_open and the Go runtime's
-// figures, as the edge names them) and /readyz on -http, and stops on
+// It serves /metrics (millrace_bes_streams_open, millrace_bes_events_total
+// and the Go runtime's figures, as the edge names them) and /readyz on -http, and stops on
 // SIGINT or SIGTERM.
 package main
 
@@ -89,10 +89,11 @@ func serve(ctx context.Context, lis, hl net.Listener) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	open := prometheus.NewGauge(prometheus.GaugeOpts{Name: "millrace_bes_streams_open", Help: "Build tool event streams open."})
-	reg.MustRegister(open)
+	events := prometheus.NewCounter(prometheus.CounterOpts{Name: "millrace_bes_events_total", Help: "Build tool events acknowledged."})
+	reg.MustRegister(open, events)
 
 	g := grpc.NewServer(edge.ServerOptions()...)
-	buildpb.RegisterPublishBuildEventServer(g, &floor{open: open})
+	buildpb.RegisterPublishBuildEventServer(g, &floor{open: open, events: events})
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
@@ -118,7 +119,8 @@ func serve(ctx context.Context, lis, hl net.Listener) error {
 // alone.
 type floor struct {
 	buildpb.UnimplementedPublishBuildEventServer
-	open prometheus.Gauge
+	open   prometheus.Gauge
+	events prometheus.Counter
 }
 
 func (*floor) PublishLifecycleEvent(context.Context, *buildpb.PublishLifecycleEventRequest) (*emptypb.Empty, error) {
@@ -137,6 +139,7 @@ func (f *floor) PublishBuildToolEventStream(st buildpb.PublishBuildEvent_Publish
 			return err
 		}
 		ev := req.GetOrderedBuildEvent()
+		f.events.Inc()
 		if err := st.Send(&buildpb.PublishBuildToolEventStreamResponse{StreamId: ev.GetStreamId(), SequenceNumber: ev.GetSequenceNumber()}); err != nil {
 			return err
 		}

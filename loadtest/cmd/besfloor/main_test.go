@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -64,7 +65,7 @@ func TestFloorAcksEveryEventOfARecordedBuild(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	for _, name := range []string{"millrace_bes_streams_open 0", "go_goroutines", "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes"} {
+	for _, name := range []string{"millrace_bes_streams_open 0", fmt.Sprintf("millrace_bes_events_total %d", res.ToolEvents), "go_goroutines", "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes"} {
 		if !strings.Contains(string(b), name) {
 			t.Errorf("/metrics lacks %q", name)
 		}
