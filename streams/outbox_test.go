@@ -526,7 +526,12 @@ func TestOutboxResumesAfterTheDuplicateWindow(t *testing.T) {
 	if err := newOutbox(t, e.pool, crash, cfg).Run(crashCtx); err != nil {
 		t.Fatal(err)
 	}
-	poll.Until(t, "the crashed relay's messages stored", func() bool { return streamCount(t, e.js) >= 180 }, waitWithin)
+	// The relay may hand a few more rows to the publisher after the
+	// crash's cancel, before it notices: wait for every one it handed
+	// over (Run has returned, so the count is final) to be stored, or a
+	// late one would land after the count below and look like the probe's.
+	handed := uint64(crash.n.Load())
+	poll.Until(t, "the crashed relay's messages stored", func() bool { return streamCount(t, e.js) == handed }, waitWithin)
 	stored := streamCount(t, e.js)
 	// Wait until JetStream has forgotten the first row's msg id: a probe
 	// with that id and an expected last msg id that cannot match is a
