@@ -180,18 +180,11 @@ func (b *bench) bazelScenario(ctx context.Context, rep *scenarioReport) error {
 // (besfloor stores nothing).
 func (b *bench) floorBazelRun(ctx context.Context, exp *bazelws.Expected) (runReport, error) {
 	bc := b.cfg.bazel
-	dir, err := mkdir(b.tmp, scBazelReal+"-floor")
+	f, dir, stop, err := b.freshFloor(ctx, scBazelReal+"-floor")
 	if err != nil {
 		return runReport{}, err
 	}
-	if !b.cfg.keep {
-		defer os.RemoveAll(dir)
-	}
-	f, err := b.startFloor(ctx, dir)
-	if err != nil {
-		return runReport{}, err
-	}
-	defer f.p.stop(stopGrace)
+	defer stop()
 	procs := map[string]*proc{"floor": f.p}
 	before, err := takeSnapshot(procs)
 	if err != nil {

@@ -29,6 +29,26 @@ func buildFloor(ctx context.Context, dir string) (string, error) {
 	return goBuild(ctx, dir, "besfloor")
 }
 
+// freshFloor starts besfloor in a new directory named for the run; stop
+// stops it and removes the directory (unless -keep).
+func (b *bench) freshFloor(ctx context.Context, name string) (f *edge, dir string, stop func(), err error) {
+	if dir, err = mkdir(b.tmp, name); err != nil {
+		return nil, "", nil, err
+	}
+	if f, err = b.startFloor(ctx, dir); err != nil {
+		if !b.cfg.keep {
+			os.RemoveAll(dir)
+		}
+		return nil, "", nil, err
+	}
+	return f, dir, func() {
+		f.p.stop(stopGrace)
+		if !b.cfg.keep {
+			os.RemoveAll(dir)
+		}
+	}, nil
+}
+
 // startFloor starts besfloor on free ports.
 func (b *bench) startFloor(ctx context.Context, dir string) (*edge, error) {
 	bes, err := freeAddr()
@@ -82,18 +102,11 @@ func (b *bench) floorScenario(ctx context.Context, rep *scenarioReport) error {
 // floorPacedRun replays paced-1000's load into besfloor and measures its
 // CPU over the window after the warm-up.
 func (b *bench) floorPacedRun(ctx context.Context, sp pacedSpec) (runReport, error) {
-	dir, err := mkdir(b.tmp, scGRPCFloor)
+	f, _, stop, err := b.freshFloor(ctx, scGRPCFloor)
 	if err != nil {
 		return runReport{}, err
 	}
-	if !b.cfg.keep {
-		defer os.RemoveAll(dir)
-	}
-	f, err := b.startFloor(ctx, dir)
-	if err != nil {
-		return runReport{}, err
-	}
-	defer f.p.stop(stopGrace)
+	defer stop()
 	procs := map[string]*proc{"floor": f.p}
 	var quiet float64
 	if b.cfg.quietWait > 0 {
