@@ -155,6 +155,9 @@ type Runner struct {
 	// idle: the last fetch came back empty, so the next waits for a
 	// message at the server (await).
 	idle bool
+	// skip, during a replay with a plan, names the stream messages the
+	// replay does not apply (ReplayPlan.Skip).
+	skip func(projection.Message) bool
 }
 
 // NewRunner makes a runner of projector p; it refuses a cfg that does not
@@ -556,7 +559,7 @@ func (r *Runner) commit(ctx context.Context, msgs []*message, upTo uint64) (int,
 		}
 		batch := make([]projection.Message, 0, len(msgs))
 		for _, m := range msgs {
-			if m.seq > uint64(pos) {
+			if m.seq > uint64(pos) && (r.skip == nil || !r.skip(m)) {
 				batch = append(batch, m)
 			}
 		}
@@ -720,65 +723,3 @@ type message struct {
 func (m *message) Seq() uint64              { return m.seq }
 func (m *message) Time() time.Time          { return m.stored }
 func (m *message) Header(key string) string { return m.Headers().Get(key) }
-
-// Replay rebuilds the projection from the start of the stream: it takes the
-// lock (ErrLocked if the projector runs elsewhere), empties the projection
-// and its position in one transaction, applies the stream up to the last
-// message stored when Replay began, and sweeps once, as a live runner does
-// when it goes idle. A live runner started afterwards carries on from there.
-func (r *Runner) Replay(ctx context.Context) error {
-	rs, ok := r.p.(projection.Resetter)
-	if !ok {
-		return fmt.Errorf("projector %s cannot be reset", r.name)
-	}
-	stream, err := r.js.Stream(ctx, r.cfg.Stream)
-	if err != nil {
-		return fmt.Errorf("stream %s: %w", r.cfg.Stream, err)
-	}
-	target := stream.CachedInfo().State.LastSeq
-	h, err := r.lease.AcquirePG(ctx)
-	if err != nil {
-		return err
-	}
-	r.m.Active(true)
-	defer r.loop.Release(h)
-	ctx = h.Context()
-	r.held, r.conn = h, h.Conn()
-	r.settle(false)
-	err = r.inTx(ctx, func(tx pgx.Tx) error {
-		if err := rs.Reset(ctx, tx); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, "delete from consumer_positions where consumer = $1", r.name)
-		return err
-	})
-	if err != nil {
-		return fmt.Errorf("reset %s: %w", r.name, err)
-	}
-	r.position = 0
-	if err := r.point(ctx, 0); err != nil {
-		return err
-	}
-	return r.replayTo(ctx, h, target)
-}
-
-// replayTo applies the stream up to target, then sweeps.
-func (r *Runner) replayTo(ctx context.Context, h *PGHeld, target uint64) error {
-	wait := retry.Backoff{Min: r.cfg.RetryMin, Max: r.cfg.RetryMax}
-	for r.position < target {
-		err := r.step(ctx)
-		if err == nil {
-			wait.Reset()
-			continue
-		}
-		if ctx.Err() != nil {
-			return fmt.Errorf("replay %s: %w", r.name, context.Cause(ctx))
-		}
-		if ferr := h.Fence(ctx); ferr != nil {
-			return fmt.Errorf("replay %s: lost the database: %w", r.name, errors.Join(err, ferr))
-		}
-		r.log.Warn("replay step failed; retrying", "err", err)
-		wait.Wait(ctx)
-	}
-	return r.sweep(ctx)
-}
