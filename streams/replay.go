@@ -11,39 +11,18 @@ import (
 	"github.com/millrace/millrace/streams/projection"
 )
 
-// ReplayPlan is how a replay rebuilds a projection whose history is not
-// all in the stream any more: the builds projection, whose older builds
-// live in the archive (package archive) while the stream keeps the recent
-// tail. The zero plan is a replay of the stream alone.
-type ReplayPlan struct {
-	// Reset empties what the replay rebuilds, in the transaction that also
-	// clears the position. Nil: the projector's Reset (projection.Resetter).
-	Reset func(ctx context.Context, tx pgx.Tx) error
-	// Prelude, when set, hands the replay the messages kept outside the
-	// stream, in batches and in the order they are to be applied, before
-	// any message of the stream; apply commits one batch in a transaction
-	// of its own (the position does not move: these messages are not the
-	// stream's to count). A message the projector names as poison is
-	// skipped with a warning: it was dead-lettered when it was first
-	// applied, and is not parked a second time.
-	Prelude func(ctx context.Context, apply func([]projection.Message) error) error
-	// Skip, when set, names stream messages the replay does not apply:
-	// the prelude held them, or the rows they would change are kept.
-	Skip func(projection.Message) bool
-}
-
 // Replay rebuilds the projection from the start of the stream: it takes the
 // lock (ErrLocked if the projector runs elsewhere), empties the projection
 // and its position in one transaction, applies the stream up to the last
 // message stored when Replay began, and sweeps once, as a live runner does
 // when it goes idle. A live runner started afterwards carries on from there.
 func (r *Runner) Replay(ctx context.Context) error {
-	return r.ReplayWith(ctx, ReplayPlan{})
+	return r.ReplayWith(ctx, projection.ReplayPlan{})
 }
 
 // ReplayWith is Replay by plan: its Reset instead of the projector's, its
 // Prelude applied first, its Skip left out of the stream.
-func (r *Runner) ReplayWith(ctx context.Context, plan ReplayPlan) error {
+func (r *Runner) ReplayWith(ctx context.Context, plan projection.ReplayPlan) error {
 	reset := plan.Reset
 	if reset == nil {
 		rs, ok := r.p.(projection.Resetter)

@@ -521,7 +521,7 @@ func TestReplayWithPlanAppliesPreludeThenStream(t *testing.T) {
 	}
 	p := &rowsProjector{name: "rows"}
 	var resets int
-	plan := streams.ReplayPlan{
+	plan := projection.ReplayPlan{
 		Reset: func(ctx context.Context, tx pgx.Tx) error {
 			resets++
 			_, err := tx.Exec(ctx, "delete from runner_rows where consumer = 'rows'")

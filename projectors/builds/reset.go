@@ -8,14 +8,84 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
+// Key names one build: its project and invocation id.
+type Key struct{ Project, ID string }
+
 // Reset empties the projection so that a replay can build it again from
 // the stream (projection.Resetter). TRUNCATE takes an exclusive lock, so
 // readers wait for the replay's first commit rather than see half a table.
 func (p *Projector) Reset(ctx context.Context, tx pgx.Tx) error {
+	return p.ResetExcept(ctx, tx, nil)
+}
+
+// rowTables are the tables with a row set per build, and the column that
+// holds its invocation id; hourly_rollups is not one of them.
+var rowTables = map[string]string{
+	"invocations": "id", "targets": "invocation_id", "tests": "invocation_id", "build_metrics": "invocation_id",
+	"build_output": "invocation_id", "build_output_chunks": "invocation_id",
+}
+
+// ResetExcept empties the projection but for the builds in keep, whose raw
+// events are gone (a replay could not build them again). The rollups are
+// not emptied: what each emptied build counted (its counted_* columns) is
+// taken away from them, so that they keep what builds without rows count
+// (rollups outlive the rows they summarise, see RETENTION_DAYS), and the
+// replay counts the rebuilt ones again. A rollup thus keeps any error the
+// rows it was counted from no longer show: those rows are gone.
+func (p *Projector) ResetExcept(ctx context.Context, tx pgx.Tx, keep []Key) error {
 	p.cache.forget()
-	tables := append(append([]string{}, DigestTables...), "build_output_chunks")
-	if _, err := tx.Exec(ctx, "truncate "+strings.Join(tables, ", ")); err != nil {
+	if err := p.resetExcept(ctx, tx, keep); err != nil {
 		return fmt.Errorf("builds: reset: %w", err)
 	}
 	return nil
 }
+
+func (p *Projector) resetExcept(ctx context.Context, tx pgx.Tx, keep []Key) error {
+	tables := make([]string, 0, len(rowTables))
+	for t := range rowTables {
+		tables = append(tables, t)
+	}
+	_, err := tx.Exec(ctx, `create temporary table builds_keep (project text, id text, primary key (project, id)) on commit drop`)
+	if err != nil {
+		return err
+	}
+	if len(keep) > 0 {
+		rows := make([][]any, len(keep))
+		for i, k := range keep {
+			rows[i] = []any{k.Project, k.ID}
+		}
+		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"builds_keep"}, []string{"project", "id"}, pgx.CopyFromRows(rows)); err != nil {
+			return err
+		}
+	}
+	if _, err := tx.Exec(ctx, sqlUncount); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "delete from hourly_rollups where builds = 0"); err != nil {
+		return err
+	}
+	if len(keep) == 0 {
+		_, err := tx.Exec(ctx, "truncate "+strings.Join(tables, ", "))
+		return err
+	}
+	for _, t := range tables {
+		sql := fmt.Sprintf(`delete from %s t where not exists (select 1 from builds_keep k where k.project = t.project and k.id = t.%s)`, t, rowTables[t])
+		if _, err := tx.Exec(ctx, sql); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sqlUncount takes away from hourly_rollups what every invocation not in
+// builds_keep counts there.
+var sqlUncount = `
+with delta as (
+    select counted_project as project, counted_hour as hour, -1 as sign, counted_status as status,
+           counted_duration_ms as duration_ms, counted_tests_passed as passed,
+           counted_tests_failed as failed, counted_tests_flaky as flaky
+    from invocations i
+    where counted_status is not null
+      and not exists (select 1 from builds_keep k where k.project = i.project and k.id = i.id)
+)
+` + sqlRollupDelta

@@ -338,7 +338,13 @@ with cur as (
     select project, hour, 1, status, duration_ms, passed, failed, flaky
     from changed where status <> 'running'
 )
-insert into hourly_rollups as r (project, hour, builds, succeeded, failed, abandoned, duration_hist,
+` + sqlRollupDelta + `
+returning project, hour, builds`
+
+// sqlRollupDelta adds to hourly_rollups the rows of the CTE delta: a
+// project, an hour, a sign (+1 counts an invocation there, -1 takes it
+// away) and what the invocation counts (status, duration, tests).
+var sqlRollupDelta = `insert into hourly_rollups as r (project, hour, builds, succeeded, failed, abandoned, duration_hist,
                                  duration_sum_ms, tests_passed, tests_failed, tests_flaky)
 select project, hour, sum(sign),
        coalesce(sum(sign) filter (where status = 'succeeded'), 0),
@@ -357,8 +363,7 @@ on conflict (project, hour) do update set
     duration_sum_ms = r.duration_sum_ms + excluded.duration_sum_ms,
     tests_passed    = r.tests_passed + excluded.tests_passed,
     tests_failed    = r.tests_failed + excluded.tests_failed,
-    tests_flaky     = r.tests_flaky + excluded.tests_flaky
-returning project, hour, builds`
+    tests_flaky     = r.tests_flaky + excluded.tests_flaky`
 
 func histArray() string {
 	var b strings.Builder

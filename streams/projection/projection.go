@@ -104,3 +104,24 @@ type Committer interface {
 	Committed()
 	Aborted()
 }
+
+// ReplayPlan is how a replay rebuilds a projection whose history is not
+// all in the stream any more (the builds projection: its older builds
+// live in the archive, and the stream keeps the recent tail). The zero
+// plan is a replay of the stream alone.
+type ReplayPlan struct {
+	// Reset empties what the replay rebuilds, in the transaction that also
+	// clears the position. Nil: the projector's Reset (Resetter).
+	Reset func(ctx context.Context, tx pgx.Tx) error
+	// Prelude, when set, hands the replay the messages kept outside the
+	// stream, in batches and in the order they are to be applied, before
+	// any message of the stream; apply commits one batch in a transaction
+	// of its own (the position does not move: these messages are not the
+	// stream's to count). A message the projector names as poison is
+	// skipped with a warning: it was dead-lettered when it was first
+	// applied, and is not parked a second time.
+	Prelude func(ctx context.Context, apply func([]Message) error) error
+	// Skip, when set, names stream messages the replay does not apply:
+	// the prelude held them, or the rows they would change are kept.
+	Skip func(Message) bool
+}

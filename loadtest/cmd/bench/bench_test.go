@@ -203,4 +203,13 @@ func TestNewFlagsRefuseNegatives(t *testing.T) {
 	if err := (&paced5000Config{warmupPhase: 1.5}).validate(); err == nil {
 		t.Error("-paced-5000-warmup-phase 1.5: no error")
 	}
+	st := storageConfig{targets: "50, 500"}
+	if err := st.validate(); err != nil || len(st.sizes) != 2 || st.sizes[1] != 500 || st.builds != 100 || st.warmup != 20 {
+		t.Errorf("storage defaults: %+v, %v", st, err)
+	}
+	for _, bad := range []storageConfig{{targets: "50,x"}, {targets: "0"}, {targets: "50", builds: -1}, {targets: "50", warmup: -2}} {
+		if err := bad.validate(); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
 }

@@ -31,7 +31,7 @@ const (
 )
 
 var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scGRPCFloor, scPaced1000, scPaced5000,
-	scEdgeMemory, scIdle, scBazelReal}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction)
+	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string
@@ -69,6 +69,7 @@ type config struct {
 	memory    memoryConfig
 	idle      idleConfig
 	bazel     bazelConfig
+	storage   storageConfig
 	ab        abConfig
 }
 
@@ -109,6 +110,7 @@ func main() {
 	c.memory.register(flag.CommandLine)
 	c.idle.register(flag.CommandLine)
 	c.bazel.register(flag.CommandLine)
+	c.storage.register(flag.CommandLine)
 	c.ab.register(flag.CommandLine)
 	flag.Parse()
 	if err := c.parseLists(scenarios, streams); err != nil {
@@ -144,7 +146,7 @@ func (c *config) parseLists(scenarios, streams string) error {
 		}
 		c.streams = append(c.streams, n)
 	}
-	if err := errors.Join(c.checkNegatives(), c.paced5000.validate(), c.memory.validate(), c.idle.validate(), c.bazel.validate()); err != nil {
+	if err := errors.Join(c.checkNegatives(), c.paced5000.validate(), c.memory.validate(), c.idle.validate(), c.bazel.validate(), c.storage.validate()); err != nil {
 		return err
 	}
 	return c.ab.validate(c.bin)

@@ -84,6 +84,8 @@ type runReport struct {
 	Memory *memoryReport `json:"memory,omitempty"`
 	// Bazel is bazel-real's builds and CPU per 1,000 events.
 	Bazel *bazelReport `json:"bazel,omitempty"`
+	// Storage is the storage scenario's figures for one workspace size.
+	Storage *storageReport `json:"storage,omitempty"`
 }
 
 type cpuFigure struct {

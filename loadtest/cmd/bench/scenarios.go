@@ -186,6 +186,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.idleScenario(ctx, rep)
 	case scBazelReal:
 		err = b.bazelScenario(ctx, rep)
+	case scStorage:
+		err = b.storageScenario(ctx, rep)
 	case scFleetPlacer:
 		err = b.placerScenario(ctx, rep)
 	case scFleetSessions, scFleetPlace, scFleetActive, scFleetRehome, scFleetChurn:
