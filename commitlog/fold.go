@@ -209,26 +209,13 @@ func below(seqs []uint64, floor uint64) ([]uint64, int) {
 // such holders to st.Missing.
 func holdFloor(ctx context.Context, stream jetstream.Stream, world string, holders []string, st *FoldStats) (uint64, error) {
 	st.held = true
-	floor := uint64(math.MaxUint64)
-	for _, name := range holders {
-		c, err := stream.Consumer(ctx, name)
-		switch {
-		case errors.Is(err, jetstream.ErrConsumerNotFound):
-			if !slices.Contains(st.Missing, name) {
-				st.Missing = append(st.Missing, name)
-			}
-			floor = 0
-			continue
-		case err != nil:
-			return 0, fmt.Errorf("the position of %s, which holds deletions back: %w", name, err)
-		}
-		ci := c.CachedInfo()
-		filters := ci.Config.FilterSubjects
-		if ci.Config.FilterSubject != "" {
-			filters = append(filters, ci.Config.FilterSubject)
-		}
-		if len(filters) == 0 || slices.ContainsFunc(filters, func(f string) bool { return subjects.Overlap(f, subjects.CommitsWorldFilter(world)) }) {
-			floor = min(floor, ci.AckFloor.Stream)
+	floor, missing, err := streams.HoldFloor(ctx, stream, subjects.CommitsWorldFilter(world), holders, false)
+	if err != nil {
+		return 0, err
+	}
+	for _, name := range missing {
+		if !slices.Contains(st.Missing, name) {
+			st.Missing = append(st.Missing, name)
 		}
 	}
 	return floor, nil
