@@ -282,7 +282,7 @@ func WriteJSON(ctx context.Context, db Querier, w io.Writer, project, invocation
 	if i < 0 || j < i {
 		return fmt.Errorf("builds: json of %s: no lists of targets and tests", invocationID)
 	}
-	i, j = i+len("\n  "+targets)-2, j+len("\n  "+tests)-2 // at each "[]"
+	i, j = i+len("\n  "+targets)-3, j+len("\n  "+tests)-3 // at each "[]"
 	bw := &errWriter{w: w}
 	bw.write(head[:i])
 	if err := writeRows(ctx, db, bw, `select label, coalesce(kind, ''), coalesce(success, false), failure_reason
