@@ -32,7 +32,11 @@ alter table build_output_pages alter column data set storage external;
 
 create index concurrently if not exists targets_failed_idx on targets (invocation_id, project, label)
     where success = false;
-create index concurrently if not exists tests_status_idx on tests (invocation_id, project, status, label);
+-- Status leads: an index that began with (invocation_id, project) would be
+-- a way to probe a build's rows by label too, and a plan made while the
+-- table was empty may take it for the projector's probes (scanning all
+-- the build's tests for each).
+create index concurrently if not exists tests_status_idx on tests (status, invocation_id, project, label);
 
 ---- create above / drop below ----
 

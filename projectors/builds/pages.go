@@ -115,6 +115,33 @@ func Tests(ctx context.Context, db Querier, project, invocationID string, q Page
 	return out, nil
 }
 
+// Head is Show's Build without its targets and tests (empty lists): for a
+// reader that pages through them.
+func Head(ctx context.Context, db Querier, project, invocationID string) (*Build, error) {
+	return show(ctx, db, project, invocationID, false)
+}
+
+// Counts are how many rows a build has.
+type Counts struct {
+	Targets, TargetsNotSucceeded, Tests int64
+}
+
+// CountRows counts the build's targets (and those that did not succeed:
+// failed, or never completed) and tests, with one scan of each primary
+// key's entries of the build.
+func CountRows(ctx context.Context, db Querier, project, invocationID string) (Counts, error) {
+	var c Counts
+	err := db.QueryRow(ctx, `select
+		(select count(*) from targets where invocation_id = $1 and project = $2),
+		(select count(*) from targets where invocation_id = $1 and project = $2 and success is not true),
+		(select count(*) from tests where invocation_id = $1 and project = $2)`, invocationID, project).Scan(
+		&c.Targets, &c.TargetsNotSucceeded, &c.Tests)
+	if err != nil {
+		return c, fmt.Errorf("builds: counts of %s in project %s: %w", invocationID, project, err)
+	}
+	return c, nil
+}
+
 // OutputSize is how much folded console output a build has, per stream.
 type OutputSize struct {
 	StdoutBytes, StderrBytes int64

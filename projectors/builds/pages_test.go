@@ -268,7 +268,7 @@ func TestPagedReadsUseTheIndex(t *testing.T) {
 	exec(`analyze build_output_pages`)
 	for _, c := range []struct {
 		name, sql, index string
-		args         []any
+		args             []any
 	}{
 		{"targets", sqlTargetsPage, "targets_pkey", []any{"inv-big", "acme", "//pkg5:t5", 100}},
 		{"failed targets", sqlFailedTargetsPage, "targets_failed_idx", []any{"inv-big", "acme", "", 100}},
