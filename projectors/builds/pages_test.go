@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -341,5 +343,43 @@ func TestWriteJSON(t *testing.T) {
 	}
 	if err := WriteJSON(ctx, pool, &bytes.Buffer{}, "acme", "nope"); err != ErrNotFound {
 		t.Fatalf("unknown build: %v, want ErrNotFound", err)
+	}
+}
+
+// TestProbesKeepTheirKeys: the indexes of the paged reads do not lure the
+// projector's probes of a batch's rows (by invocation, project and label)
+// away from the primary keys, even in a plan made while the tables are
+// empty, as the first batches' generic plans are. (An index that began
+// with invocation and project did: each probe of a build's tests scanned
+// all of them, and a build of a million events took minutes a batch.)
+func TestProbesKeepTheirKeys(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, sqlKeyedPlans); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, sql, index string }{
+		{"tests", sqlExistingTests, "tests_pkey"},
+		{"targets", sqlExistingTargets, "targets_pkey"},
+	} {
+		if _, err := tx.Exec(ctx, "prepare probe_"+c.name+" as "+c.sql); err != nil {
+			t.Fatal(err)
+		}
+		var raw []byte
+		if err := tx.QueryRow(ctx, "explain (format json) execute probe_"+c.name+"('{acme}', '{inv}', '{//a:b}')").Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		var indexes []string
+		for _, m := range regexp.MustCompile(`"Index Name": "([a-z_]+)"`).FindAllStringSubmatch(string(raw), -1) {
+			indexes = append(indexes, m[1])
+		}
+		if !slices.Equal(indexes, []string{c.index}) {
+			t.Errorf("the probe of %s uses %v, want %s:\n%s", c.name, indexes, c.index, raw)
+		}
 	}
 }
