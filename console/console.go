@@ -6,7 +6,8 @@
 // WriteBuild prints a build for a terminal (`millrace builds show`).
 //
 // Handlers are thin: they parse the request, call one read function of a
-// projection's package, which owns its SQL (builds.Latest, builds.Show,
+// projection's package, which owns its SQL (builds.Latest,
+// builds.WriteJSON, builds.Targets, builds.Tests, builds.OutputPage,
 // builds.Projects), and render. The agreed direction (embedded templates
 // with a layout, CSP, server-sent events) is in docs/design.md,
 // "Planned"; README.md says what there is.
@@ -15,9 +16,11 @@ package console
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"html/template"
 	"net/http"
 	"net/url"
+	"strconv"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -35,6 +38,11 @@ func Register(mux *http.ServeMux, pool func() *pgxpool.Pool) {
 	// A build is (project, invocation id): two projects may send the same
 	// id, so a build's page names both.
 	mux.HandleFunc("GET /builds/{project}/{id}", withPool(pool, build))
+	// A build's rows a page at a time (builds.Targets, builds.Tests,
+	// builds.OutputPage): what a page of a build of a million events reads.
+	mux.HandleFunc("GET /builds/{project}/{id}/targets", withPool(pool, targetsPage))
+	mux.HandleFunc("GET /builds/{project}/{id}/tests", withPool(pool, testsPage))
+	mux.HandleFunc("GET /builds/{project}/{id}/output/{stream}/{page}", withPool(pool, outputPage))
 	// The invocation id alone (links from before projects were part of a
 	// build's address): one project has it, go there; several, list them
 	// (300 Multiple Choices) rather than pick one tenant's build.
@@ -65,16 +73,81 @@ func latest(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 }
 
 func build(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
-	b, err := builds.Show(r.Context(), p, r.PathValue("project"), r.PathValue("id"))
-	if errors.Is(err, builds.ErrNotFound) {
+	// Streamed: the document holds every target and test of the build, and
+	// builds.WriteJSON writes them as it reads them.
+	w.Header().Set("Content-Type", "application/json")
+	err := builds.WriteJSON(r.Context(), p, w, r.PathValue("project"), r.PathValue("id"))
+	if errors.Is(err, builds.ErrNotFound) { // nothing written yet
 		http.Error(w, "no such build", http.StatusNotFound)
+		return
+	}
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+	}
+}
+
+// pageQuery reads ?after=&limit=&failed=&status= into a builds.PageQuery.
+func pageQuery(r *http.Request) (builds.PageQuery, error) {
+	q := r.URL.Query()
+	pq := builds.PageQuery{After: q.Get("after"), Failed: q.Get("failed") == "true", Status: q.Get("status")}
+	if l := q.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 0 {
+			return pq, fmt.Errorf("limit %q is not a count", l)
+		}
+		pq.Limit = n
+	}
+	return pq, nil
+}
+
+func targetsPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
+	pq, err := pageQuery(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	ts, err := builds.Targets(r.Context(), p, r.PathValue("project"), r.PathValue("id"), pq)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"targets": ts})
+}
+
+func testsPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
+	pq, err := pageQuery(r)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	ts, err := builds.Tests(r.Context(), p, r.PathValue("project"), r.PathValue("id"), pq)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"tests": ts})
+}
+
+// outputPage serves one page of a stream (stdout or stderr) of a build's
+// console output, as Bazel printed it.
+func outputPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
+	stream := map[string]int16{"stdout": builds.StreamStdout, "stderr": builds.StreamStderr}[r.PathValue("stream")]
+	page, err := strconv.ParseInt(r.PathValue("page"), 10, 32)
+	if stream == 0 || err != nil || page < 0 {
+		http.Error(w, "want /output/stdout/N or /output/stderr/N, N a page from 0", http.StatusBadRequest)
+		return
+	}
+	b, err := builds.OutputPage(r.Context(), p, r.PathValue("project"), r.PathValue("id"), stream, int32(page))
+	if errors.Is(err, builds.ErrNotFound) {
+		http.Error(w, "no such page", http.StatusNotFound)
 		return
 	}
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	writeJSON(w, http.StatusOK, b)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Write(b)
 }
 
 func byID(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -95,6 +96,62 @@ func TestConsoleBuildPages(t *testing.T) {
 	}
 }
 
+// A build's targets, tests and output a page at a time.
+func TestConsolePagedRoutes(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`insert into invocations (id, project, status, first_event_at, last_event_at) values ('big', 'acme', 'failed', now(), now())`,
+		`insert into targets (invocation_id, project, label, success) select 'big', 'acme', format('//p:t%s', i), i % 3 <> 0 from generate_series(10, 99) i`,
+		`insert into tests (invocation_id, project, label, status, has_summary) select 'big', 'acme', format('//p:t%s', i), case when i % 2 = 0 then 'PASSED' else 'FAILED' end, true from generate_series(10, 99) i`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mux := http.NewServeMux()
+	Register(mux, func() *pgxpool.Pool { return pool })
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	var tg struct{ Targets []builds.Target }
+	code, body := get("/builds/acme/big/targets?failed=true&limit=5&after=//p:t20")
+	if err := json.Unmarshal([]byte(body), &tg); code != http.StatusOK || err != nil {
+		t.Fatalf("targets page: %d %v\n%s", code, err, body)
+	}
+	var labels []string
+	for _, x := range tg.Targets {
+		labels = append(labels, x.Label)
+	}
+	if want := []string{"//p:t21", "//p:t24", "//p:t27", "//p:t30", "//p:t33"}; !slices.Equal(labels, want) {
+		t.Errorf("failed targets after //p:t20, 5 of them: %v, want %v", labels, want)
+	}
+	var ts struct{ Tests []builds.Test }
+	code, body = get("/builds/acme/big/tests?status=FAILED&limit=2")
+	if err := json.Unmarshal([]byte(body), &ts); code != http.StatusOK || err != nil || len(ts.Tests) != 2 ||
+		ts.Tests[0].Label != "//p:t11" || ts.Tests[1].Label != "//p:t13" {
+		t.Errorf("failed tests, first 2: %d %v %+v", code, err, ts.Tests)
+	}
+	if code, _ := get("/builds/acme/big/targets?limit=x"); code != http.StatusBadRequest {
+		t.Errorf("a bad limit: %d, want 400", code)
+	}
+	if code, _ := get("/builds/acme/big/output/stdout/0"); code != http.StatusNotFound {
+		t.Errorf("a build without output: %d, want 404", code)
+	}
+	if code, _ := get("/builds/acme/big/output/stdin/0"); code != http.StatusBadRequest {
+		t.Errorf("no such stream: %d, want 400", code)
+	}
+}
+
 // Before the database is connected every page says so (503), and none
 // panics.
 func TestNotConnectedYet(t *testing.T) {
@@ -127,6 +184,51 @@ func TestWriteBuild(t *testing.T) {
 
 // Beyond loopback the console and /metrics need their keys, unless told
 // otherwise; the refusal names what is missing.
+// WriteBuildPaged prints the lines WriteBuild prints of the whole build,
+// read a page at a time (a build of more than one page of targets).
+func TestWriteBuildPaged(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`insert into invocations (id, project, status, command, exit_code, exit_code_name, first_event_at, last_event_at)
+			values ('i1', 'alpha', 'failed', 'test', 3, 'TESTS_FAILED', now(), now())`,
+		`insert into targets (invocation_id, project, label, success, failure_reason)
+			select 'i1', 'alpha', format('//a:t%s', i), i % 500 <> 7, case when i % 500 = 7 then 'broke' end from generate_series(1000, 3999) i`,
+		`insert into targets (invocation_id, project, label) values ('i1', 'alpha', '//a:never')`,
+		`insert into tests (invocation_id, project, label, status, has_summary)
+			select 'i1', 'alpha', format('//a:t%s', i), 'PASSED', true from generate_series(1000, 1500) i`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := builds.Show(ctx, pool, "alpha", "i1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var whole, paged bytes.Buffer
+	if err := WriteBuild(&whole, b); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteBuildPaged(ctx, &paged, pool, "alpha", "i1"); err != nil {
+		t.Fatal(err)
+	}
+	// The same lines; columns are aligned within each page of rows.
+	fields := func(s string) []string {
+		var out []string
+		for _, line := range strings.Split(s, "\n") {
+			out = append(out, strings.Join(strings.Fields(line), " "))
+		}
+		return out
+	}
+	if !slices.Equal(fields(paged.String()), fields(whole.String())) {
+		t.Fatalf("paged:\n%s\nwhole:\n%s", paged.String(), whole.String())
+	}
+	if err := WriteBuildPaged(ctx, &paged, pool, "alpha", "nope"); !errors.Is(err, builds.ErrNotFound) {
+		t.Fatalf("an unknown build: %v", err)
+	}
+}
+
 func TestCheckExposure(t *testing.T) {
 	t1, _ := apikey.Parse("0123456789abcdef0123", TokenSyntax("key"))
 	keys := Tokens{t1}

@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -13,16 +14,7 @@ import (
 // command, exit, duration, failed targets and tests.
 func WriteBuild(out io.Writer, b *builds.Build) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "invocation\t%s\nproject\t%s\nstatus\t%s\n", b.ID, b.Project, b.Status)
-	if b.Command != nil {
-		fmt.Fprintf(w, "command\t%s\n", *b.Command)
-	}
-	if b.ExitCode != nil && b.ExitCodeName != nil {
-		fmt.Fprintf(w, "exit\t%d %s\n", *b.ExitCode, *b.ExitCodeName)
-	}
-	if b.DurationMs != nil {
-		fmt.Fprintf(w, "duration\t%s\n", time.Duration(*b.DurationMs)*time.Millisecond)
-	}
+	writeHead(w, b)
 	failed := 0
 	for _, t := range b.Targets {
 		if !t.Success {
@@ -42,6 +34,77 @@ func WriteBuild(out io.Writer, b *builds.Build) error {
 	fmt.Fprintf(w, "tests\t%d\n", len(b.Tests))
 	for _, t := range b.Tests {
 		fmt.Fprintf(w, "  %s\t%s\n", t.Status, t.Label)
+	}
+	return w.Flush()
+}
+
+func writeHead(w io.Writer, b *builds.Build) {
+	fmt.Fprintf(w, "invocation\t%s\nproject\t%s\nstatus\t%s\n", b.ID, b.Project, b.Status)
+	if b.Command != nil {
+		fmt.Fprintf(w, "command\t%s\n", *b.Command)
+	}
+	if b.ExitCode != nil && b.ExitCodeName != nil {
+		fmt.Fprintf(w, "exit\t%d %s\n", *b.ExitCode, *b.ExitCodeName)
+	}
+	if b.DurationMs != nil {
+		fmt.Fprintf(w, "duration\t%s\n", time.Duration(*b.DurationMs)*time.Millisecond)
+	}
+}
+
+// WriteBuildPaged writes what WriteBuild writes of the build of project
+// with the given invocation id, reading its targets and tests a page at a
+// time (builds.Targets, builds.Tests), so that a build of any size costs a
+// page of memory. Columns are aligned within each page.
+func WriteBuildPaged(ctx context.Context, out io.Writer, q builds.Querier, project, id string) error {
+	b, err := builds.Head(ctx, q, project, id)
+	if err != nil {
+		return err
+	}
+	n, err := builds.CountRows(ctx, q, project, id)
+	if err != nil {
+		return err
+	}
+	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	writeHead(w, b)
+	fmt.Fprintf(w, "targets\t%d (%d failed)\n", n.Targets, n.TargetsNotSucceeded)
+	for after := ""; ; {
+		ts, err := builds.Targets(ctx, q, project, id, builds.PageQuery{After: after, Limit: builds.MaxPageRows})
+		if err != nil || len(ts) == 0 {
+			if err != nil {
+				return err
+			}
+			break
+		}
+		for _, t := range ts {
+			if !t.Success {
+				reason := ""
+				if t.FailureReason != nil {
+					reason = *t.FailureReason
+				}
+				fmt.Fprintf(w, "  FAILED\t%s\t%s\n", t.Label, reason)
+			}
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		after = ts[len(ts)-1].Label
+	}
+	fmt.Fprintf(w, "tests\t%d\n", n.Tests)
+	for after := ""; ; {
+		ts, err := builds.Tests(ctx, q, project, id, builds.PageQuery{After: after, Limit: builds.MaxPageRows})
+		if err != nil || len(ts) == 0 {
+			if err != nil {
+				return err
+			}
+			break
+		}
+		for _, t := range ts {
+			fmt.Fprintf(w, "  %s\t%s\n", t.Status, t.Label)
+		}
+		if err := w.Flush(); err != nil {
+			return err
+		}
+		after = ts[len(ts)-1].Label
 	}
 	return w.Flush()
 }

@@ -247,18 +247,29 @@ func showBuilds(ctx context.Context, do database.Options, project, id string, as
 		return err
 	}
 	defer pool.Close()
-	bs, err := builds.Find(ctx, pool, project, id, asJSON)
-	switch {
-	case err != nil:
-		return err
-	case asJSON:
-		return printJSON(bs[0])
+	if asJSON { // streamed: a build of a million events is never held whole
+		return builds.FindJSON(ctx, pool, os.Stdout, project, id)
 	}
-	for i, b := range bs {
+	projects := []string{project}
+	if project == "" {
+		if projects, err = builds.Projects(ctx, pool, id); err != nil {
+			return err
+		}
+	}
+	if len(projects) == 0 {
+		return fmt.Errorf("no build %q in the database", id)
+	}
+	for i, p := range projects { // a page of targets and tests at a time
 		if i > 0 {
 			fmt.Println()
 		}
-		console.WriteBuild(os.Stdout, b)
+		err := console.WriteBuildPaged(ctx, os.Stdout, pool, p, id)
+		if errors.Is(err, builds.ErrNotFound) {
+			_, err = builds.Find(ctx, pool, p, id, false) // says which projects have it
+		}
+		if err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -222,7 +222,7 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 			fin[k] = &inv{key: k, stored: true}
 		}
 		b := &pgx.Batch{}
-		if err := queueFinalize(ctx, tx, b, fin, idle); err != nil {
+		if err := fold(ctx, tx, b, fin, idle); err != nil {
 			return err
 		}
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {

@@ -38,12 +38,16 @@ type cache struct {
 
 // Bounds of the cache. Past maxCached invocations it starts again empty;
 // finished invocations leave it. An invocation whose labels would take the
-// cache past maxLabels keeps no sets: its rows are probed, as without a
-// cache. (About 100 bytes a label: a build of 60 targets at 1,000
-// streams takes 6 MB.)
+// cache past maxLabels, or that has more than maxInvLabels of them, keeps
+// no sets: its rows are probed, as without a cache. (About 100 bytes a
+// label: a build of 60 targets at 1,000 streams takes 6 MB.) The cap per
+// invocation keeps one build of a million events from filling the cache
+// with its labels for its whole life; a batch of such a build names a few
+// thousand rows, and probing them is one indexed query.
 const (
-	maxCached = 100_000
-	maxLabels = 1 << 18
+	maxCached    = 100_000
+	maxLabels    = 1 << 18
+	maxInvLabels = 4096
 )
 
 // known is what the tables held of one invocation after the last batch
@@ -218,7 +222,7 @@ func (c *cache) drop(k invKey) {
 // whether k keeps them.
 func (c *cache) addLabels(k *known, targets, tests []string) bool {
 	before := len(k.targets) + len(k.tests)
-	if c.labels+len(targets)+len(tests) > maxLabels {
+	if c.labels+len(targets)+len(tests) > maxLabels || before+len(targets)+len(tests) > maxInvLabels {
 		c.labels -= before
 		k.targets, k.tests = nil, nil
 		return false

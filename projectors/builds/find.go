@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"time"
 
@@ -61,6 +62,31 @@ func Find(ctx context.Context, q Querier, project, id string, one bool) ([]*Buil
 		bs = append(bs, b)
 	}
 	return bs, nil
+}
+
+// FindJSON writes, as WriteJSON does, the one build with an invocation id:
+// project's, or when project is empty the only project's that has one.
+// Its errors are Find's with one set.
+func FindJSON(ctx context.Context, q Querier, w io.Writer, project, id string) error {
+	if project == "" {
+		projects, err := Projects(ctx, q, id)
+		if err != nil {
+			return err
+		}
+		switch {
+		case len(projects) == 0:
+			return fmt.Errorf("no build %q in the database", id)
+		case len(projects) > 1:
+			return fmt.Errorf("invocation id %q is a build of %d projects (%s): name one with --project",
+				id, len(projects), strings.Join(projects, ", "))
+		}
+		project = projects[0]
+	}
+	err := WriteJSON(ctx, q, w, project, id)
+	if errors.Is(err, ErrNotFound) {
+		_, err = findIn(ctx, q, project, id)
+	}
+	return err
 }
 
 func findIn(ctx context.Context, q Querier, project, id string) ([]*Build, error) {

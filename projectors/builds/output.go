@@ -64,3 +64,10 @@ func (d *decompressor) appendTo(dst, src []byte) ([]byte, error) {
 	}
 	return append(dst, d.scratch...), nil
 }
+
+// decode returns the content of one zstd frame, valid until the next call.
+func (d *decompressor) decode(src []byte) ([]byte, error) {
+	var err error
+	d.scratch, err = decoder().DecodeAll(src, d.scratch[:0])
+	return d.scratch, err
+}

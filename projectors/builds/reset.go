@@ -22,7 +22,7 @@ func (p *Projector) Reset(ctx context.Context, tx pgx.Tx) error {
 // holds its invocation id; hourly_rollups is not one of them.
 var rowTables = map[string]string{
 	"invocations": "id", "targets": "invocation_id", "tests": "invocation_id", "build_metrics": "invocation_id",
-	"build_output": "invocation_id", "build_output_chunks": "invocation_id",
+	"build_output": "invocation_id", "build_output_pages": "invocation_id", "build_output_chunks": "invocation_id",
 }
 
 // ResetExcept empties the projection but for the builds in keep, whose raw

@@ -34,7 +34,7 @@ type ScrubStats struct {
 	Invocations        int64 `json:"invocations"`
 	InvocationsChanged int64 `json:"invocations_changed"`
 	TargetsChanged     int64 `json:"targets_changed"`
-	OutputsChanged     int64 `json:"outputs_changed"` // build_output and build_output_chunks rows
+	OutputsChanged     int64 `json:"outputs_changed"` // build_output and build_output_chunks rows, streams of build_output_pages
 }
 
 // Scrub applies s to every projected column that holds text from Bazel's
@@ -140,6 +140,13 @@ for update`, after.id, after.project, opts.Project, opts.Batch)
 	for _, t := range []struct{ table, key string }{{"build_output", "invocation_id"}, {"build_output_chunks", "invocation_id, first_seq"}} {
 		if err := scrubOutput(ctx, tx, s, ids, t.table, st); err != nil {
 			return nil, err
+		}
+	}
+	for _, k := range ids {
+		for _, stream := range []int16{StreamStdout, StreamStderr} {
+			if err := scrubPages(ctx, tx, s, k, stream, st); err != nil {
+				return nil, fmt.Errorf("output pages of %s: %w", k.id, err)
+			}
 		}
 	}
 	return ids, nil
@@ -289,4 +296,67 @@ where invocation_id = $1 and project = $6`, r.inv, r.o, r.e, r.on, r.en, r.proj)
 		st.OutputsChanged++
 	}
 	return nil
+}
+
+// scrubPages redacts one stream of a build's output pages, a page at a
+// time, and cuts the result into pages again (redaction changes lengths).
+// Like a chunk, a page is redacted on its own: a secret split across a
+// page boundary is not recognised. Pages before the first change are
+// left as they are.
+func scrubPages(ctx context.Context, tx pgx.Tx, s Scrubber, k invKey, stream int16, st *ScrubStats) error {
+	// Lock the stream's pages first, as the other statements of a scrub
+	// lock the rows they rewrite.
+	if _, err := tx.Exec(ctx, `select 1 from build_output_pages where invocation_id = $1 and project = $2 and stream = $3 for update`,
+		k.id, k.project, stream); err != nil {
+		return err
+	}
+	var out pageRows
+	w := &pageWriter{key: k, stream: stream, out: &out}
+	changed := false
+	const group = 16
+	for from := int32(0); ; from += group {
+		n := 0
+		var plains [][]byte
+		err := outputPages(ctx, tx, k, stream, from, from+group-1, func(_ int32, plain []byte) error {
+			n++
+			red := s.Text(string(plain))
+			changed = changed || red != string(plain)
+			plains = append(plains, []byte(red))
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, p := range plains {
+			w.write(p)
+		}
+		if !changed {
+			out = pageRows{} // the same cut of the same bytes: the stored pages
+		} else if len(out.inv) > 0 {
+			if _, err := tx.Exec(ctx, sqlPutPages, out.args()...); err != nil {
+				return err
+			}
+			out = pageRows{}
+		}
+		if n < group {
+			break
+		}
+	}
+	if !changed {
+		return nil
+	}
+	st.OutputsChanged++
+	w.flush()
+	if len(out.inv) > 0 {
+		if _, err := tx.Exec(ctx, sqlPutPages, out.args()...); err != nil {
+			return err
+		}
+	}
+	last := w.page
+	if len(w.buf) == 0 {
+		last--
+	}
+	_, err := tx.Exec(ctx, `delete from build_output_pages where invocation_id = $1 and project = $2 and stream = $3 and page > $4`,
+		k.id, k.project, stream, last)
+	return err
 }

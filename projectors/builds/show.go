@@ -96,8 +96,14 @@ func Projects(ctx context.Context, q Querier, invocationID string) ([]string, er
 }
 
 // Show returns the projection of the build of project with the given
-// invocation id, or ErrNotFound.
+// invocation id, or ErrNotFound. It holds the whole build: WriteJSON and
+// the paged reads (pages.go) serve builds of any size.
 func Show(ctx context.Context, q Querier, project, invocationID string) (*Build, error) {
+	return show(ctx, q, project, invocationID, true)
+}
+
+// show is Show, with the targets and tests left empty unless rows.
+func show(ctx context.Context, q Querier, project, invocationID string, rows bool) (*Build, error) {
 	b := &Build{Targets: []Target{}, Tests: []Test{}}
 	err := q.QueryRow(ctx, `
 		select id, status, exit_code, exit_code_name, project, command, started_at, finished_at, duration_ms
@@ -116,32 +122,10 @@ func Show(ctx context.Context, q Querier, project, invocationID string) (*Build,
 		}
 	}
 
-	rows, err := q.Query(ctx, `
-		select label, coalesce(kind, ''), coalesce(success, false), failure_reason
-		from targets where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project)
-	if err != nil {
-		return nil, fmt.Errorf("builds: show %s targets: %w", invocationID, err)
-	}
-	var t Target
-	if _, err := pgx.ForEachRow(rows, []any{&t.Label, &t.Kind, &t.Success, &t.FailureReason}, func() error {
-		b.Targets = append(b.Targets, t)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("builds: show %s targets: %w", invocationID, err)
-	}
-
-	rows, err = q.Query(ctx, `
-		select label, status, attempts, duration_ms, cached
-		from tests where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project)
-	if err != nil {
-		return nil, fmt.Errorf("builds: show %s tests: %w", invocationID, err)
-	}
-	var ts Test
-	if _, err := pgx.ForEachRow(rows, []any{&ts.Label, &ts.Status, &ts.Attempts, &ts.DurationMs, &ts.Cached}, func() error {
-		b.Tests = append(b.Tests, ts)
-		return nil
-	}); err != nil {
-		return nil, fmt.Errorf("builds: show %s tests: %w", invocationID, err)
+	if rows {
+		if err := showRows(ctx, q, b, project, invocationID); err != nil {
+			return nil, err
+		}
 	}
 
 	var m Metrics
@@ -165,6 +149,38 @@ func Show(ctx context.Context, q Querier, project, invocationID string) (*Build,
 	return b, nil
 }
 
+// showRows reads all the build's targets and tests into b.
+func showRows(ctx context.Context, q Querier, b *Build, project, invocationID string) error {
+	rows, err := q.Query(ctx, `
+		select label, coalesce(kind, ''), coalesce(success, false), failure_reason
+		from targets where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project)
+	if err != nil {
+		return fmt.Errorf("builds: show %s targets: %w", invocationID, err)
+	}
+	var t Target
+	if _, err := pgx.ForEachRow(rows, []any{&t.Label, &t.Kind, &t.Success, &t.FailureReason}, func() error {
+		b.Targets = append(b.Targets, t)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("builds: show %s targets: %w", invocationID, err)
+	}
+
+	rows, err = q.Query(ctx, `
+		select label, status, attempts, duration_ms, cached
+		from tests where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project)
+	if err != nil {
+		return fmt.Errorf("builds: show %s tests: %w", invocationID, err)
+	}
+	var ts Test
+	if _, err := pgx.ForEachRow(rows, []any{&ts.Label, &ts.Status, &ts.Attempts, &ts.DurationMs, &ts.Cached}, func() error {
+		b.Tests = append(b.Tests, ts)
+		return nil
+	}); err != nil {
+		return fmt.Errorf("builds: show %s tests: %w", invocationID, err)
+	}
+	return nil
+}
+
 // Output returns the console output of the build of project with the given
 // invocation id as Bazel printed it (the progress events' stdout and
 // stderr, concatenated), whether or not the invocation has finished. It
@@ -178,25 +194,7 @@ func Output(ctx context.Context, q Querier, project, invocationID string) (stdou
 	if !exists {
 		return nil, nil, ErrNotFound
 	}
-	rows, err := q.Query(ctx, sqlStoredOutput, []string{project}, []string{invocationID})
-	if err != nil {
-		return nil, nil, fmt.Errorf("builds: output %s of project %s: %w", invocationID, project, err)
-	}
-	var (
-		p, id string
-		seq   int64
-		o, e  []byte
-	)
-	stdout, stderr = []byte{}, []byte{}
-	var dec decompressor
-	_, err = pgx.ForEachRow(rows, []any{&p, &id, &seq, &o, &e}, func() error {
-		var err error
-		if stdout, err = dec.appendTo(stdout, o); err != nil {
-			return err
-		}
-		stderr, err = dec.appendTo(stderr, e)
-		return err
-	})
+	stdout, stderr, err = readOutput(ctx, q, invKey{project, invocationID})
 	if err != nil {
 		return nil, nil, fmt.Errorf("builds: output %s of project %s: %w", invocationID, project, err)
 	}
@@ -206,15 +204,16 @@ func Output(ctx context.Context, q Querier, project, invocationID string) (stdou
 // DigestTables are the tables that make up the projection, in the order
 // Digest reports them. build_output_chunks (scratch whose rows depend on
 // batch boundaries) and consumer_positions are not among them.
-var DigestTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "hourly_rollups"}
+var DigestTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages", "hourly_rollups"}
 
 var digestOrder = map[string]string{
-	"invocations":    `id collate "C", project collate "C"`,
-	"targets":        `invocation_id collate "C", project collate "C", label collate "C"`,
-	"tests":          `invocation_id collate "C", project collate "C", label collate "C"`,
-	"build_metrics":  `invocation_id collate "C", project collate "C"`,
-	"build_output":   `invocation_id collate "C", project collate "C"`,
-	"hourly_rollups": `project collate "C", hour`,
+	"invocations":        `id collate "C", project collate "C"`,
+	"targets":            `invocation_id collate "C", project collate "C", label collate "C"`,
+	"tests":              `invocation_id collate "C", project collate "C", label collate "C"`,
+	"build_metrics":      `invocation_id collate "C", project collate "C"`,
+	"build_output":       `invocation_id collate "C", project collate "C"`,
+	"build_output_pages": `invocation_id collate "C", project collate "C", stream, page`,
+	"hourly_rollups":     `project collate "C", hour`,
 }
 
 // Digest returns, per projection table, the md5 of all its rows (their text

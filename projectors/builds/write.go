@@ -252,25 +252,6 @@ on conflict (invocation_id, project) do update set
     peak_post_gc_heap_size = excluded.peak_post_gc_heap_size, packages_loaded = excluded.packages_loaded,
     targets_loaded = excluded.targets_loaded, targets_configured = excluded.targets_configured`
 
-// sqlStoredOutput reads the output of the builds ($1 projects, $2 ids):
-// the canonical row first, then the chunks in order.
-const sqlStoredOutput = `
-select o.project, o.invocation_id, -1::bigint as first_seq, o.stdout, o.stderr
-from unnest($1::text[], $2::text[]) as u(project, id)
-join build_output o on o.invocation_id = u.id and o.project = u.project
-union all
-select c.project, c.invocation_id, c.first_seq, c.stdout, c.stderr
-from unnest($1::text[], $2::text[]) as u(project, id)
-join build_output_chunks c on c.invocation_id = u.id and c.project = u.project
-order by 1, 2, 3`
-
-const sqlOutput = `
-insert into build_output as o (project, invocation_id, stdout, stderr, stdout_bytes, stderr_bytes)
-select * from unnest($1::text[], $2::text[], $3::bytea[], $4::bytea[], $5::int8[], $6::int8[])
-on conflict (invocation_id, project) do update set
-    stdout = excluded.stdout, stderr = excluded.stderr,
-    stdout_bytes = excluded.stdout_bytes, stderr_bytes = excluded.stderr_bytes`
-
 const sqlDropChunks = `
 delete from build_output_chunks c
 using unnest($1::text[], $2::text[]) as u(project, id)
@@ -416,7 +397,7 @@ func (s *state) write(ctx context.Context, tx pgx.Tx) error {
 	b := &pgx.Batch{}
 	// Reads come first: a pipeline cannot wait for its own results.
 	if len(w.finIDs) > 0 {
-		if err := queueFinalize(ctx, tx, b, w.finalize, w.finIDs); err != nil {
+		if err := fold(ctx, tx, b, w.finalize, w.finIDs); err != nil {
 			return err
 		}
 	}
@@ -616,83 +597,6 @@ func (k *rollupKeys) collect(rows pgx.Rows) error {
 		return nil
 	})
 	return err
-}
-
-// queueFinalize reads the stored output of the given invocations, appends
-// the batch's, and queues the canonical rows and the removal of the chunks.
-// ids is sorted.
-func queueFinalize(ctx context.Context, tx pgx.Tx, b *pgx.Batch, fin map[invKey]*inv, ids []invKey) error {
-	type stored struct{ stdout, stderr []byte }
-	prior := make(map[invKey]*stored)
-	var storedIDs []invKey
-	for _, id := range ids {
-		if fin[id].stored {
-			storedIDs = append(storedIDs, id)
-		}
-	}
-	if len(storedIDs) > 0 {
-		var dec decompressor
-		projects, invs := splitKeys(storedIDs)
-		rows, err := tx.Query(ctx, sqlStoredOutput, projects, invs)
-		if err != nil {
-			return fmt.Errorf("builds: read output: %w", err)
-		}
-		var (
-			k              invKey
-			seq            int64
-			stdout, stderr []byte
-		)
-		_, err = pgx.ForEachRow(rows, []any{&k.project, &k.id, &seq, &stdout, &stderr}, func() error {
-			p := prior[k]
-			if p == nil {
-				p = &stored{}
-				prior[k] = p
-			}
-			var err error
-			if p.stdout, err = dec.appendTo(p.stdout, stdout); err != nil {
-				return fmt.Errorf("invocation %s of project %s: stdout at %d: %w", k.id, k.project, seq, err)
-			}
-			if p.stderr, err = dec.appendTo(p.stderr, stderr); err != nil {
-				return fmt.Errorf("invocation %s of project %s: stderr at %d: %w", k.id, k.project, seq, err)
-			}
-			return nil
-		})
-		if err != nil {
-			return fmt.Errorf("builds: read output: %w", err)
-		}
-	}
-	var (
-		outIDs                 []invKey
-		stdouts, stderrs       [][]byte
-		stdoutLens, stderrLens []int64
-		drop                   []invKey
-	)
-	for _, id := range ids {
-		v := fin[id]
-		stdout, stderr := v.stdout, v.stderr
-		if p := prior[id]; p != nil {
-			drop = append(drop, id)
-			stdout = append(p.stdout, stdout...)
-			stderr = append(p.stderr, stderr...)
-		}
-		if len(stdout) == 0 && len(stderr) == 0 {
-			continue
-		}
-		outIDs = append(outIDs, id)
-		stdouts = append(stdouts, compress(stdout))
-		stderrs = append(stderrs, compress(stderr))
-		stdoutLens = append(stdoutLens, int64(len(stdout)))
-		stderrLens = append(stderrLens, int64(len(stderr)))
-	}
-	if len(outIDs) > 0 {
-		projects, invs := splitKeys(outIDs)
-		b.Queue(sqlOutput, projects, invs, stdouts, stderrs, stdoutLens, stderrLens)
-	}
-	if len(drop) > 0 {
-		projects, invs := splitKeys(drop)
-		b.Queue(sqlDropChunks, projects, invs)
-	}
-	return nil
 }
 
 // Column builders: one slice per unnest() argument.

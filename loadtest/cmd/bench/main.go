@@ -31,7 +31,7 @@ const (
 )
 
 var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scGRPCFloor, scPaced1000, scPaced5000,
-	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction)
+	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction, scMillionEvents)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string
@@ -71,6 +71,7 @@ type config struct {
 	bazel     bazelConfig
 	storage   storageConfig
 	ab        abConfig
+	million   millionConfig
 }
 
 func main() {
@@ -112,6 +113,7 @@ func main() {
 	c.bazel.register(flag.CommandLine)
 	c.storage.register(flag.CommandLine)
 	c.ab.register(flag.CommandLine)
+	c.million.register(flag.CommandLine)
 	flag.Parse()
 	if err := c.parseLists(scenarios, streams); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
@@ -226,7 +228,7 @@ func setup(ctx context.Context, c config) (b *bench, cleanup func(), err error) 
 			fmt.Printf("bench: state and logs kept in %s\n", b.tmp)
 		}
 	}
-	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || anyOf(c.scenarios, commitsScenarios)) {
+	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || c.scenarios[scMillionEvents] || anyOf(c.scenarios, commitsScenarios)) {
 		if b.natsd, err = buildNATSD(ctx, b.tmp); err != nil {
 			removeTmp()
 			return nil, nil, err

@@ -34,9 +34,11 @@ type scenarioReport struct {
 	// Commits are the commit-log load runs of a commits scenario.
 	Commits []commitsRun `json:"commits,omitempty"`
 	// Kafka is the Kafka export scenario's figures.
-	Kafka  *kafkaReport `json:"kafka,omitempty"`
-	Checks []check      `json:"checks"`
-	Error  string       `json:"error,omitempty"`
+	Kafka *kafkaReport `json:"kafka,omitempty"`
+	// Million is the million-events scenario's figures.
+	Million *millionReport `json:"million,omitempty"`
+	Checks  []check        `json:"checks"`
+	Error   string         `json:"error,omitempty"`
 	// Skipped says why a scenario did not run (e.g. bazel-real without
 	// Bazel); it has no checks then, and is not a failure.
 	Skipped string `json:"skipped,omitempty"`

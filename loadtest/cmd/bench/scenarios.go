@@ -198,6 +198,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.kafkaScenario(ctx, rep)
 	case scEdgeRedaction:
 		err = b.redactionScenario(ctx, rep)
+	case scMillionEvents:
+		err = b.millionScenario(ctx, rep)
 	}
 	if err != nil {
 		rep.Error = err.Error()

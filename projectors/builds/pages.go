@@ -1,0 +1,386 @@
+package builds
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Paged reads: a build of a million events has hundreds of thousands of
+// targets and tens of megabytes of output, so a reader asks for a page at a
+// time. Each read is one query on an index of the build's rows: targets and
+// tests by keyset (the rows after the last label shown, in label order),
+// output by page number. Label order is the database's collation, the order
+// of the primary key (byte order on a C or C.UTF-8 database, which is what
+// `millrace dev` makes); Show and WriteJSON sort by byte order everywhere.
+
+// Bounds of a page of targets or tests.
+const (
+	DefaultPageRows = 100
+	MaxPageRows     = 1000
+)
+
+// PageQuery selects one page of a build's targets or tests.
+type PageQuery struct {
+	// After is the last label of the previous page; "" asks for the first.
+	After string
+	// Limit is the most rows returned: 0 means DefaultPageRows, and more
+	// than MaxPageRows is MaxPageRows.
+	Limit int
+	// Failed (targets only) keeps only the targets that failed.
+	Failed bool
+	// Status (tests only) keeps only the tests with this TestStatus name.
+	Status string
+}
+
+func (p PageQuery) limit() int {
+	switch {
+	case p.Limit <= 0:
+		return DefaultPageRows
+	case p.Limit > MaxPageRows:
+		return MaxPageRows
+	}
+	return p.Limit
+}
+
+// The queries of the paged reads. Each names its index in the plan
+// (TestPagedReadsUseTheIndex): the primary keys, targets_failed_idx (whose
+// predicate the failed query repeats word for word, so that the planner
+// may use it) and tests_status_idx (migrations/014_builds_output_pages.sql).
+const (
+	sqlTargetsPage = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason from targets
+where invocation_id = $1 and project = $2 and label > $3 order by label limit $4`
+	sqlFailedTargetsPage = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason from targets
+where invocation_id = $1 and project = $2 and label > $3 and success = false order by label limit $4`
+	sqlTestsPage = `select label, status, attempts, duration_ms, cached from tests
+where invocation_id = $1 and project = $2 and label > $3 order by label limit $4`
+	sqlTestsByStatusPage = `select label, status, attempts, duration_ms, cached from tests
+where invocation_id = $1 and project = $2 and status = $5 and label > $3 order by label limit $4`
+	sqlOutputPages = `select page, data from build_output_pages
+where invocation_id = $1 and project = $2 and stream = $3 and page between $4 and $5 order by page`
+	sqlOutputSize = `select stream, count(*)::int4, sum(bytes)::int8 from build_output_pages
+where invocation_id = $1 and project = $2 group by stream`
+)
+
+// Targets returns one page of the targets of the build of project with the
+// given invocation id, in label order: all of them, or with q.Failed those
+// whose completion failed (success false; a target still being built is
+// not among them). An unknown build has no targets.
+func Targets(ctx context.Context, db Querier, project, invocationID string, q PageQuery) ([]Target, error) {
+	sql := sqlTargetsPage
+	if q.Failed {
+		sql = sqlFailedTargetsPage
+	}
+	rows, err := db.Query(ctx, sql, invocationID, project, q.After, q.limit())
+	if err != nil {
+		return nil, fmt.Errorf("builds: targets of %s in project %s: %w", invocationID, project, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Target, error) {
+		var t Target
+		err := r.Scan(&t.Label, &t.Kind, &t.Success, &t.FailureReason)
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("builds: targets of %s in project %s: %w", invocationID, project, err)
+	}
+	return out, nil
+}
+
+// Tests returns one page of the tests of the build, in label order: all of
+// them, or with q.Status those with that status (PASSED, FAILED, FLAKY, ...).
+func Tests(ctx context.Context, db Querier, project, invocationID string, q PageQuery) ([]Test, error) {
+	args := []any{invocationID, project, q.After, q.limit()}
+	sql := sqlTestsPage
+	if q.Status != "" {
+		sql, args = sqlTestsByStatusPage, append(args, q.Status)
+	}
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("builds: tests of %s in project %s: %w", invocationID, project, err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Test, error) {
+		var t Test
+		err := r.Scan(&t.Label, &t.Status, &t.Attempts, &t.DurationMs, &t.Cached)
+		return t, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("builds: tests of %s in project %s: %w", invocationID, project, err)
+	}
+	return out, nil
+}
+
+// Head is Show's Build without its targets and tests (empty lists): for a
+// reader that pages through them.
+func Head(ctx context.Context, db Querier, project, invocationID string) (*Build, error) {
+	return show(ctx, db, project, invocationID, false)
+}
+
+// Counts are how many rows a build has.
+type Counts struct {
+	Targets, TargetsNotSucceeded, Tests int64
+}
+
+// CountRows counts the build's targets (and those that did not succeed:
+// failed, or never completed) and tests, with one scan of each primary
+// key's entries of the build.
+func CountRows(ctx context.Context, db Querier, project, invocationID string) (Counts, error) {
+	var c Counts
+	err := db.QueryRow(ctx, `select
+		(select count(*) from targets where invocation_id = $1 and project = $2),
+		(select count(*) from targets where invocation_id = $1 and project = $2 and success is not true),
+		(select count(*) from tests where invocation_id = $1 and project = $2)`, invocationID, project).Scan(
+		&c.Targets, &c.TargetsNotSucceeded, &c.Tests)
+	if err != nil {
+		return c, fmt.Errorf("builds: counts of %s in project %s: %w", invocationID, project, err)
+	}
+	return c, nil
+}
+
+// OutputSize is how much folded console output a build has, per stream.
+type OutputSize struct {
+	StdoutBytes, StderrBytes int64
+	StdoutPages, StderrPages int32
+}
+
+// OutputSizes returns the size of the build's folded output: pages of
+// OutputPageBytes (the last one shorter). A build still running has none
+// yet (Output reads its scratch chunks too).
+func OutputSizes(ctx context.Context, db Querier, project, invocationID string) (OutputSize, error) {
+	var s OutputSize
+	rows, err := db.Query(ctx, sqlOutputSize, invocationID, project)
+	if err != nil {
+		return s, fmt.Errorf("builds: output size of %s in project %s: %w", invocationID, project, err)
+	}
+	var (
+		stream int16
+		pages  int32
+		n      int64
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&stream, &pages, &n}, func() error {
+		if stream == StreamStdout {
+			s.StdoutPages, s.StdoutBytes = pages, n
+		} else {
+			s.StderrPages, s.StderrBytes = pages, n
+		}
+		return nil
+	}); err != nil {
+		return s, fmt.Errorf("builds: output size of %s in project %s: %w", invocationID, project, err)
+	}
+	if s.StdoutPages == 0 && s.StderrPages == 0 {
+		err := db.QueryRow(ctx, `select stdout_bytes, stderr_bytes from build_output where invocation_id = $1 and project = $2`,
+			invocationID, project).Scan(&s.StdoutBytes, &s.StderrBytes)
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return s, fmt.Errorf("builds: output size of %s in project %s: %w", invocationID, project, err)
+		default: // folded before pages: one page per stream
+			s.StdoutPages, s.StderrPages = 1, 1
+		}
+	}
+	return s, nil
+}
+
+// OutputPage returns page n (from 0) of one stream (StreamStdout or
+// StreamStderr) of the build's folded output, or ErrNotFound.
+func OutputPage(ctx context.Context, db Querier, project, invocationID string, stream int16, n int32) ([]byte, error) {
+	var out []byte
+	found := false
+	err := outputPages(ctx, db, invKey{project, invocationID}, stream, n, n, func(_ int32, plain []byte) error {
+		out, found = append([]byte{}, plain...), true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("builds: output of %s in project %s: %w", invocationID, project, err)
+	}
+	if !found {
+		return nil, ErrNotFound
+	}
+	return out, nil
+}
+
+// outputPages calls fn with pages from..to of one stream of a build's
+// folded output, in order. It is the one place that knows where folded
+// output lives: build_output_pages, or for a build folded before migration
+// 014 its one build_output row (page 0, whatever its size).
+func outputPages(ctx context.Context, db Querier, k invKey, stream int16, from, to int32, fn func(page int32, plain []byte) error) error {
+	rows, err := db.Query(ctx, sqlOutputPages, k.id, k.project, stream, from, to)
+	if err != nil {
+		return err
+	}
+	var (
+		dec   decompressor
+		page  int32
+		frame []byte
+		seen  bool
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&page, &frame}, func() error {
+		seen = true
+		plain, err := dec.decode(frame)
+		if err != nil {
+			return fmt.Errorf("page %d of stream %d: %w", page, stream, err)
+		}
+		return fn(page, plain)
+	}); err != nil || seen || from > 0 {
+		return err
+	}
+	col := "stdout"
+	if stream == StreamStderr {
+		col = "stderr"
+	}
+	err = db.QueryRow(ctx, `select `+col+` from build_output where invocation_id = $1 and project = $2`, k.id, k.project).Scan(&frame)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	plain, err := dec.decode(frame)
+	if err != nil {
+		return fmt.Errorf("stored output of stream %d: %w", stream, err)
+	}
+	if len(plain) == 0 {
+		return nil
+	}
+	return fn(0, plain)
+}
+
+// readOutput is Output's body: the folded pages of each stream, then the
+// scratch chunks of a build still running.
+func readOutput(ctx context.Context, db Querier, k invKey) (stdout, stderr []byte, err error) {
+	stdout, stderr = []byte{}, []byte{}
+	for _, s := range []struct {
+		stream int16
+		dst    *[]byte
+	}{{StreamStdout, &stdout}, {StreamStderr, &stderr}} {
+		if err := outputPages(ctx, db, k, s.stream, 0, math.MaxInt32, func(_ int32, plain []byte) error {
+			*s.dst = append(*s.dst, plain...)
+			return nil
+		}); err != nil {
+			return nil, nil, err
+		}
+	}
+	rows, err := db.Query(ctx, `select stdout, stderr from build_output_chunks
+		where invocation_id = $1 and project = $2 order by first_seq`, k.id, k.project)
+	if err != nil {
+		return nil, nil, err
+	}
+	var (
+		dec  decompressor
+		o, e []byte
+	)
+	_, err = pgx.ForEachRow(rows, []any{&o, &e}, func() error {
+		var err error
+		if stdout, err = dec.appendTo(stdout, o); err != nil {
+			return err
+		}
+		stderr, err = dec.appendTo(stderr, e)
+		return err
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return stdout, stderr, nil
+}
+
+// WriteJSON writes the build of project with the given invocation id as
+// `builds show --json` prints it (Show's Build, indented by two spaces, a
+// newline after it), without holding its targets and tests: they are read
+// by one query each and written row by row as they come, so a build of a
+// million events takes the memory of one row. It returns ErrNotFound for
+// an unknown build, before writing anything.
+func WriteJSON(ctx context.Context, db Querier, w io.Writer, project, invocationID string) error {
+	b, err := show(ctx, db, project, invocationID, false)
+	if err != nil {
+		return err
+	}
+	head, err := json.MarshalIndent(b, "", "  ")
+	if err != nil {
+		return err
+	}
+	// The rows go where Marshal wrote the two empty lists.
+	const targets, tests = `"targets": [],`, `"tests": [],`
+	i, j := bytes.Index(head, []byte("\n  "+targets)), bytes.Index(head, []byte("\n  "+tests))
+	if i < 0 || j < i {
+		return fmt.Errorf("builds: json of %s: no lists of targets and tests", invocationID)
+	}
+	i, j = i+len("\n  "+targets)-3, j+len("\n  "+tests)-3 // at each "[]"
+	bw := &errWriter{w: w}
+	bw.write(head[:i])
+	if err := writeRows(ctx, db, bw, `select label, coalesce(kind, ''), coalesce(success, false), failure_reason
+		from targets where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project,
+		func(rows pgx.Rows) (any, error) {
+			var t Target
+			err := rows.Scan(&t.Label, &t.Kind, &t.Success, &t.FailureReason)
+			return t, err
+		}); err != nil {
+		return fmt.Errorf("builds: json of %s targets: %w", invocationID, err)
+	}
+	bw.write(head[i+2 : j])
+	if err := writeRows(ctx, db, bw, `select label, status, attempts, duration_ms, cached
+		from tests where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project,
+		func(rows pgx.Rows) (any, error) {
+			var t Test
+			err := rows.Scan(&t.Label, &t.Status, &t.Attempts, &t.DurationMs, &t.Cached)
+			return t, err
+		}); err != nil {
+		return fmt.Errorf("builds: json of %s tests: %w", invocationID, err)
+	}
+	bw.write(head[j+2:])
+	bw.write([]byte("\n"))
+	return bw.err
+}
+
+// writeRows writes the rows of one query as the elements of a JSON list at
+// the second level of an indented document: "[]" when there are none.
+func writeRows(ctx context.Context, db Querier, w *errWriter, sql, id, project string, scan func(pgx.Rows) (any, error)) error {
+	rows, err := db.Query(ctx, sql, id, project)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	n := 0
+	for rows.Next() && w.err == nil {
+		v, err := scan(rows)
+		if err != nil {
+			return err
+		}
+		b, err := json.MarshalIndent(v, "    ", "  ")
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			w.write([]byte("[\n    "))
+		} else {
+			w.write([]byte(",\n    "))
+		}
+		w.write(b)
+		n++
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if n == 0 {
+		w.write([]byte("[]"))
+	} else {
+		w.write([]byte("\n  ]"))
+	}
+	return w.err
+}
+
+// errWriter keeps the first error of a run of writes.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) write(b []byte) {
+	if e.err == nil {
+		_, e.err = e.w.Write(b)
+	}
+}

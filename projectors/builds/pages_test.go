@@ -1,0 +1,385 @@
+package builds
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/millrace/millrace/internal/testenv"
+)
+
+// bigOutputBuild is a build whose output spans several pages of each
+// stream, in progress events of uneven sizes, with a late event after its
+// stream ended.
+func bigOutputBuild(s *stream, inv string) (b *builder, stdout, stderr []byte) {
+	b = s.invocation("acme", inv)
+	b.attemptStarted()
+	b.tool(startedEv(inv, s.now))
+	var o, e bytes.Buffer
+	for i := range 700 {
+		out := fmt.Sprintf("line %d %s\n", i, strings.Repeat("o", i%300))
+		errs := fmt.Sprintf("[%d / 700] %s\n", i, strings.Repeat("e", (i*7)%500))
+		o.WriteString(out)
+		e.WriteString(errs)
+		b.tool(progressEv(int32(i), out, errs))
+	}
+	b.tool(finishedEv(0, "SUCCESS", s.now))
+	b.finishStream()
+	return b, o.Bytes(), e.Bytes()
+}
+
+// TestOutputPages: output is cut into pages of OutputPageBytes at fixed
+// offsets, so the rows are the same whatever the batch boundaries (the
+// scratch chunks of many batches fold into the same pages as one batch's
+// output), a late event appends to the last page, and each page reads on
+// its own.
+func TestOutputPages(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	p := newProjector(t, Config{})
+	var want map[string]string
+	for _, n := range []int{5000, 1, 13, 200} {
+		truncate(t, pool)
+		s := newStream(t0)
+		b, stdout, stderr := bigOutputBuild(s, "inv-big")
+		late := "late output after the end\n"
+		b.tool(progressEv(9999, late, ""))
+		applyAll(t, pool, p, s.msgs, n)
+		stdout = append(stdout, late...)
+
+		if got := digest(t, pool); want == nil {
+			want = got
+		} else if !maps.Equal(want, got) {
+			t.Errorf("batches of %d: digest differs from one batch:\n got %v\nwant %v", n, got, want)
+		}
+		var chunks int
+		pool.QueryRow(ctx, `select count(*) from build_output_chunks`).Scan(&chunks)
+		if chunks != 0 {
+			t.Errorf("batches of %d: %d scratch chunks left after the build ended", n, chunks)
+		}
+		size, err := OutputSizes(ctx, pool, "acme", "inv-big")
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantPages := func(n int) int32 { return int32((n + OutputPageBytes - 1) / OutputPageBytes) }
+		if size.StdoutBytes != int64(len(stdout)) || size.StderrBytes != int64(len(stderr)) ||
+			size.StdoutPages != wantPages(len(stdout)) || size.StderrPages != wantPages(len(stderr)) || size.StdoutPages < 2 {
+			t.Fatalf("batches of %d: sizes %+v; want %d bytes (%d pages) and %d bytes (%d pages)", n, size,
+				len(stdout), wantPages(len(stdout)), len(stderr), wantPages(len(stderr)))
+		}
+		for _, c := range []struct {
+			stream int16
+			all    []byte
+			pages  int32
+		}{{StreamStdout, stdout, size.StdoutPages}, {StreamStderr, stderr, size.StderrPages}} {
+			for i := range c.pages {
+				got, err := OutputPage(ctx, pool, "acme", "inv-big", c.stream, i)
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := c.all[int(i)*OutputPageBytes : min(len(c.all), int(i+1)*OutputPageBytes)]
+				if !bytes.Equal(got, want) {
+					t.Fatalf("batches of %d: stream %d page %d: %d bytes differ from the output's %d", n, c.stream, i, len(got), len(want))
+				}
+			}
+			if _, err := OutputPage(ctx, pool, "acme", "inv-big", c.stream, c.pages); err != ErrNotFound {
+				t.Fatalf("page past the end: %v, want ErrNotFound", err)
+			}
+		}
+		o, e, err := Output(ctx, pool, "acme", "inv-big")
+		if err != nil || !bytes.Equal(o, stdout) || !bytes.Equal(e, stderr) {
+			t.Fatalf("batches of %d: Output: %d and %d bytes, %v; want %d and %d", n, len(o), len(e), err, len(stdout), len(stderr))
+		}
+	}
+}
+
+// TestLegacyOutputRow: a build folded before pages (one build_output row)
+// reads as one page per stream, and a late event of it moves its output
+// into pages.
+func TestLegacyOutputRow(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	p := newProjector(t, Config{})
+	s := newStream(t0)
+	b := s.invocation("acme", "inv-old")
+	b.tool(startedEv("inv-old", s.now))
+	b.tool(finishedEv(0, "SUCCESS", s.now))
+	b.finishStream()
+	applyAll(t, pool, p, s.msgs, 100)
+	old := strings.Repeat("before pages\n", 10000)
+	if _, err := pool.Exec(ctx, `insert into build_output (invocation_id, project, stdout, stderr, stdout_bytes, stderr_bytes)
+		values ('inv-old', 'acme', $1, $2, $3, 0)`, compress([]byte(old)), compress(nil), len(old)); err != nil {
+		t.Fatal(err)
+	}
+	got, err := OutputPage(ctx, pool, "acme", "inv-old", StreamStdout, 0)
+	if err != nil || string(got) != old {
+		t.Fatalf("legacy page 0: %d bytes, %v", len(got), err)
+	}
+	if size, err := OutputSizes(ctx, pool, "acme", "inv-old"); err != nil || size.StdoutBytes != int64(len(old)) || size.StdoutPages != 1 {
+		t.Fatalf("legacy sizes %+v, %v", size, err)
+	}
+
+	mark := len(s.msgs)
+	b.tool(progressEv(1, "late\n", ""))
+	applyAll(t, pool, p, s.msgs[mark:], 100)
+	var legacy, pages int
+	pool.QueryRow(ctx, `select (select count(*) from build_output), (select count(*) from build_output_pages)`).Scan(&legacy, &pages)
+	if want := (len(old) + 5 + OutputPageBytes - 1) / OutputPageBytes; legacy != 0 || pages != want {
+		t.Fatalf("after a late event: %d legacy rows and %d pages; want 0 and %d", legacy, pages, want)
+	}
+	o, _, err := Output(ctx, pool, "acme", "inv-old")
+	if err != nil || string(o) != old+"late\n" {
+		t.Fatalf("output after the move: %d bytes, %v", len(o), err)
+	}
+}
+
+// bigBuild writes a build of n targets (every third a test, every seventh
+// target failing, tests failing every fifth) straight into the tables,
+// for the reads.
+func bigBuild(exec func(string, ...any), project, inv string, n int) {
+	exec(`insert into invocations (id, project, first_event_at, last_event_at, status, exit_code, exit_code_name)
+		values ($1, $2, now(), now(), 'failed', 3, 'TESTS_FAILED')`, inv, project)
+	exec(`insert into targets (invocation_id, project, label, kind, success, failure_reason)
+		select $1, $2, format('//pkg%s:t%s', i / 100, i), 'genrule rule', i % 7 <> 3, case when i % 7 = 3 then 'broke' end
+		from generate_series(0, $3 - 1) i`, inv, project, n)
+	exec(`insert into tests (invocation_id, project, label, status, has_summary)
+		select $1, $2, format('//pkg%s:t%s', i / 100, i), case when i % 5 = 0 then 'FAILED' else 'PASSED' end, true
+		from generate_series(0, $3 - 1, 3) i`, inv, project, n)
+	exec(`analyze targets`)
+	exec(`analyze tests`)
+}
+
+func TestPagedReads(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	const n = 3000
+	bigBuild(exec, "acme", "inv-big", n)
+	bigBuild(exec, "beta", "inv-big", 50) // same id, other project: never mixed in
+
+	full, err := Show(ctx, pool, "acme", "inv-big")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Paging through yields Show's rows, in order, each page at most the limit.
+	walk := func(_ any, count int, next func(after string) (int, string, error)) {
+		t.Helper()
+		after, seen := "", 0
+		for {
+			got, last, err := next(after)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got == 0 {
+				break
+			}
+			seen += got
+			after = last
+		}
+		if seen != count {
+			t.Fatalf("paged through %d rows, want %d", seen, count)
+		}
+	}
+	var targets []Target
+	walk(nil, n, func(after string) (int, string, error) {
+		ts, err := Targets(ctx, pool, "acme", "inv-big", PageQuery{After: after, Limit: 250})
+		if len(ts) > 250 {
+			t.Fatalf("page of %d rows, limit 250", len(ts))
+		}
+		targets = append(targets, ts...)
+		if len(ts) == 0 {
+			return 0, "", err
+		}
+		return len(ts), ts[len(ts)-1].Label, err
+	})
+	if !reflect.DeepEqual(targets, full.Targets) {
+		t.Fatal("pages of targets differ from Show's targets")
+	}
+	var failed []Target
+	for _, tg := range full.Targets {
+		if !tg.Success {
+			failed = append(failed, tg)
+		}
+	}
+	var gotFailed []Target
+	walk(nil, len(failed), func(after string) (int, string, error) {
+		ts, err := Targets(ctx, pool, "acme", "inv-big", PageQuery{After: after, Limit: 100, Failed: true})
+		gotFailed = append(gotFailed, ts...)
+		if len(ts) == 0 {
+			return 0, "", err
+		}
+		return len(ts), ts[len(ts)-1].Label, err
+	})
+	if !reflect.DeepEqual(gotFailed, failed) {
+		t.Fatal("pages of failed targets differ from Show's failed targets")
+	}
+	for _, status := range []string{"", "FAILED", "PASSED", "FLAKY"} {
+		var want, got []Test
+		for _, ts := range full.Tests {
+			if status == "" || ts.Status == status {
+				want = append(want, ts)
+			}
+		}
+		walk(nil, len(want), func(after string) (int, string, error) {
+			ts, err := Tests(ctx, pool, "acme", "inv-big", PageQuery{After: after, Status: status})
+			got = append(got, ts...)
+			if len(ts) == 0 {
+				return 0, "", err
+			}
+			return len(ts), ts[len(ts)-1].Label, err
+		})
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("pages of tests with status %q differ from Show's", status)
+		}
+	}
+	if ts, _ := Targets(ctx, pool, "acme", "inv-big", PageQuery{Limit: 5000}); len(ts) != MaxPageRows {
+		t.Fatalf("a limit of 5000 gave %d rows, want MaxPageRows", len(ts))
+	}
+	if ts, _ := Targets(ctx, pool, "acme", "inv-big", PageQuery{}); len(ts) != DefaultPageRows {
+		t.Fatalf("no limit gave %d rows, want DefaultPageRows", len(ts))
+	}
+}
+
+// TestPagedReadsUseTheIndex: each paged read is one index scan of the
+// build's rows in label order: no sequential scan and no sort, so its cost
+// is that of the page, not of the build (a build of 100,000 targets here).
+func TestPagedReadsUseTheIndex(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	exec := func(sql string, args ...any) {
+		if _, err := pool.Exec(ctx, sql, args...); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	bigBuild(exec, "acme", "inv-big", 100_000)
+	bigBuild(exec, "acme", "inv-small", 20)
+	exec(`insert into build_output_pages (invocation_id, project, stream, page, bytes, data)
+		select 'inv-' || b, 'acme', s, p, 65536, '\x00' from generate_series(1, 2) s, generate_series(0, 999) p,
+		       unnest(array['big', 'other-1', 'other-2', 'other-3', 'other-4', 'other-5', 'other-6', 'other-7', 'other-8', 'other-9']) b`)
+	exec(`analyze build_output_pages`)
+	for _, c := range []struct {
+		name, sql, index string
+		args             []any
+	}{
+		{"targets", sqlTargetsPage, "targets_pkey", []any{"inv-big", "acme", "//pkg5:t5", 100}},
+		{"failed targets", sqlFailedTargetsPage, "targets_failed_idx", []any{"inv-big", "acme", "", 100}},
+		{"tests", sqlTestsPage, "tests_pkey", []any{"inv-big", "acme", "", 100}},
+		{"tests by status", sqlTestsByStatusPage, "tests_status_idx", []any{"inv-big", "acme", "", 100, "FAILED"}},
+		{"output page", sqlOutputPages, "build_output_pages_pkey", []any{"inv-big", "acme", int16(1), int32(7), int32(7)}},
+		{"output size", sqlOutputSize, "build_output_pages_pkey", []any{"inv-big", "acme"}},
+	} {
+		var plan []map[string]any
+		var raw []byte
+		if err := pool.QueryRow(ctx, "explain (format json) "+c.sql, c.args...).Scan(&raw); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if err := json.Unmarshal(raw, &plan); err != nil {
+			t.Fatal(err)
+		}
+		var nodes []string
+		var visit func(n map[string]any)
+		visit = func(n map[string]any) {
+			nodes = append(nodes, fmt.Sprintf("%v/%v", n["Node Type"], n["Index Name"]))
+			if kids, ok := n["Plans"].([]any); ok {
+				for _, k := range kids {
+					visit(k.(map[string]any))
+				}
+			}
+		}
+		visit(plan[0]["Plan"].(map[string]any))
+		s := strings.Join(nodes, " ")
+		if !strings.Contains(s, "Index Scan/"+c.index) && !strings.Contains(s, "Index Only Scan/"+c.index) {
+			t.Errorf("%s: plan %s does not scan %s", c.name, s, c.index)
+		}
+		// A bitmap scan reads the index too, but not in order: only the
+		// size, which sums every page of the build, may take one.
+		if strings.Contains(s, "Seq Scan") || strings.Contains(s, "Sort/") || (strings.Contains(s, "Bitmap") && c.name != "output size") {
+			t.Errorf("%s: plan %s scans or sorts the build's rows", c.name, s)
+		}
+	}
+}
+
+// TestWriteJSON: the streamed JSON is byte for byte what printing Show's
+// Build gives (json.Encoder, two-space indent), for builds with and
+// without targets and tests.
+func TestWriteJSON(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	p := newProjector(t, Config{})
+	s, ids := scenario()
+	applyAll(t, pool, p, s.msgs, 1000)
+	s2 := newStream(t0)
+	synthBuild(s2, "acme", "inv-synth", 40, true)
+	applyAll(t, pool, p, s2.msgs, 1000)
+	s3 := newStream(t0)
+	s3.invocation("acme", "inv-bare").tool(startedEv("inv-bare", t0))
+	applyAll(t, pool, p, s3.msgs, 1000)
+	for _, k := range append(ids, invKey{"acme", "inv-synth"}, invKey{"acme", "inv-bare"}) {
+		b, err := Show(ctx, pool, k.project, k.id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want, got bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetIndent("", "  ")
+		enc.Encode(b)
+		if err := WriteJSON(ctx, pool, &got, k.project, k.id); err != nil {
+			t.Fatal(err)
+		}
+		if got.String() != want.String() {
+			t.Fatalf("%s: streamed JSON differs:\n%s\nwant\n%s", k.id, got.String(), want.String())
+		}
+	}
+	if err := WriteJSON(ctx, pool, &bytes.Buffer{}, "acme", "nope"); err != ErrNotFound {
+		t.Fatalf("unknown build: %v, want ErrNotFound", err)
+	}
+}
+
+// TestProbesKeepTheirKeys: the indexes of the paged reads do not lure the
+// projector's probes of a batch's rows (by invocation, project and label)
+// away from the primary keys, even in a plan made while the tables are
+// empty, as the first batches' generic plans are. (An index that began
+// with invocation and project did: each probe of a build's tests scanned
+// all of them, and a build of a million events took minutes a batch.)
+func TestProbesKeepTheirKeys(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, sqlKeyedPlans); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ name, sql, index string }{
+		{"tests", sqlExistingTests, "tests_pkey"},
+		{"targets", sqlExistingTargets, "targets_pkey"},
+	} {
+		if _, err := tx.Exec(ctx, "prepare probe_"+c.name+" as "+c.sql); err != nil {
+			t.Fatal(err)
+		}
+		var raw []byte
+		if err := tx.QueryRow(ctx, "explain (format json) execute probe_"+c.name+"('{acme}', '{inv}', '{//a:b}')").Scan(&raw); err != nil {
+			t.Fatal(err)
+		}
+		var indexes []string
+		for _, m := range regexp.MustCompile(`"Index Name": "([a-z_]+)"`).FindAllStringSubmatch(string(raw), -1) {
+			indexes = append(indexes, m[1])
+		}
+		if !slices.Equal(indexes, []string{c.index}) {
+			t.Errorf("the probe of %s uses %v, want %s:\n%s", c.name, indexes, c.index, raw)
+		}
+	}
+}
