@@ -42,7 +42,7 @@ cross join lateral (
     where o.invocation_id = u.id and o.project = u.project and o.stream = s.stream
     order by o.page desc limit 1) p`
 
-// sqlLegacyOutput reads the output rows folded before migration 014 (one
+// sqlLegacyOutput reads the output rows folded before migration 012 (one
 // frame per stream), which a late event of their build moves into pages.
 const sqlLegacyOutput = `
 select o.project, o.invocation_id, o.stdout, o.stderr

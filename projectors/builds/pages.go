@@ -52,7 +52,7 @@ func (p PageQuery) limit() int {
 // The queries of the paged reads. Each names its index in the plan
 // (TestPagedReadsUseTheIndex): the primary keys, targets_failed_idx (whose
 // predicate the failed query repeats word for word, so that the planner
-// may use it) and tests_status_idx (migrations/014_builds_output_pages.sql).
+// may use it) and tests_status_idx (migrations/012_builds_output_pages.sql).
 const (
 	sqlTargetsPage = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason from targets
 where invocation_id = $1 and project = $2 and label > $3 order by label limit $4`
@@ -207,7 +207,7 @@ func OutputPage(ctx context.Context, db Querier, project, invocationID string, s
 // outputPages calls fn with pages from..to of one stream of a build's
 // folded output, in order. It is the one place that knows where folded
 // output lives: build_output_pages, or for a build folded before migration
-// 014 its one build_output row (page 0, whatever its size).
+// 012 its one build_output row (page 0, whatever its size).
 func outputPages(ctx context.Context, db Querier, k invKey, stream int16, from, to int32, fn func(page int32, plain []byte) error) error {
 	rows, err := db.Query(ctx, sqlOutputPages, k.id, k.project, stream, from, to)
 	if err != nil {
