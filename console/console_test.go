@@ -102,7 +102,7 @@ func TestConsolePagedRoutes(t *testing.T) {
 	ctx := context.Background()
 	for _, sql := range []string{
 		`insert into invocations (id, project, status, first_event_at, last_event_at) values ('big', 'acme', 'failed', now(), now())`,
-		`insert into targets (invocation_id, project, label, success) select 'big', 'acme', format('//p:t%s', i), i % 3 <> 0 from generate_series(10, 99) i`,
+		`insert into targets (invocation_id, project, label, success, failed) select 'big', 'acme', format('//p:t%s', i), i % 3 <> 0, case when i % 3 = 0 then true end from generate_series(10, 99) i`,
 		`insert into tests (invocation_id, project, label, status, has_summary) select 'big', 'acme', format('//p:t%s', i), case when i % 2 = 0 then 'PASSED' else 'FAILED' end, true from generate_series(10, 99) i`,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {

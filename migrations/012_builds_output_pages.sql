@@ -13,9 +13,14 @@
 --
 -- Indexes for paged reads by keyset (label after the last one shown): the
 -- failed targets of a build, and its tests by status. The failed-targets
--- index is partial and small (failures are few); its predicate column makes
--- the update that completes a target non-HOT (one more index entry per
--- target). Built concurrently: writers go on while they build.
+-- index is partial and small (failures are few). Its predicate is on a
+-- column of its own, targets.failed (true for a failed target, null
+-- otherwise), not on success: a column an index holds or filters on makes
+-- every update that changes it non-HOT, and success changes when every
+-- target completes (measured: 12 more WAL bytes per paced event, a new
+-- targets_pkey entry per completed target), failed only when one fails.
+-- Adding a nullable column rewrites nothing; the backfill touches the
+-- failed targets only. Built concurrently: writers go on while they build.
 
 ---- tern: disable-tx ----
 
@@ -30,8 +35,10 @@ create table if not exists build_output_pages (
 );
 alter table build_output_pages alter column data set storage external;
 
+alter table targets add column if not exists failed boolean;
+update targets set failed = true where success = false and failed is null;
 create index concurrently if not exists targets_failed_idx on targets (invocation_id, project, label)
-    where success = false;
+    where failed;
 -- Status leads: an index that began with (invocation_id, project) would be
 -- a way to probe a build's rows by label too, and a plan made while the
 -- table was empty may take it for the projector's probes (scanning all
@@ -44,4 +51,5 @@ create index concurrently if not exists tests_status_idx on tests (status, invoc
 
 drop index concurrently if exists tests_status_idx;
 drop index concurrently if exists targets_failed_idx;
+alter table targets drop column if exists failed;
 drop table if exists build_output_pages;

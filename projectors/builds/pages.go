@@ -57,7 +57,7 @@ const (
 	sqlTargetsPage = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason from targets
 where invocation_id = $1 and project = $2 and label > $3 order by label limit $4`
 	sqlFailedTargetsPage = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason from targets
-where invocation_id = $1 and project = $2 and label > $3 and success = false order by label limit $4`
+where invocation_id = $1 and project = $2 and label > $3 and failed order by label limit $4`
 	sqlTestsPage = `select label, status, attempts, duration_ms, cached from tests
 where invocation_id = $1 and project = $2 and label > $3 order by label limit $4`
 	sqlTestsByStatusPage = `select label, status, attempts, duration_ms, cached from tests

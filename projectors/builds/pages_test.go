@@ -12,7 +12,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/streams/projection"
 )
 
 // bigOutputBuild is a build whose output spans several pages of each
@@ -146,8 +149,9 @@ func TestLegacyOutputRow(t *testing.T) {
 func bigBuild(exec func(string, ...any), project, inv string, n int) {
 	exec(`insert into invocations (id, project, first_event_at, last_event_at, status, exit_code, exit_code_name)
 		values ($1, $2, now(), now(), 'failed', 3, 'TESTS_FAILED')`, inv, project)
-	exec(`insert into targets (invocation_id, project, label, kind, success, failure_reason)
-		select $1, $2, format('//pkg%s:t%s', i / 100, i), 'genrule rule', i % 7 <> 3, case when i % 7 = 3 then 'broke' end
+	exec(`insert into targets (invocation_id, project, label, kind, success, failure_reason, failed)
+		select $1, $2, format('//pkg%s:t%s', i / 100, i), 'genrule rule', i % 7 <> 3, case when i % 7 = 3 then 'broke' end,
+		       case when i % 7 = 3 then true end
 		from generate_series(0, $3 - 1) i`, inv, project, n)
 	exec(`insert into tests (invocation_id, project, label, status, has_summary)
 		select $1, $2, format('//pkg%s:t%s', i / 100, i), case when i % 5 = 0 then 'FAILED' else 'PASSED' end, true
@@ -381,5 +385,47 @@ func TestProbesKeepTheirKeys(t *testing.T) {
 		if !slices.Equal(indexes, []string{c.index}) {
 			t.Errorf("the probe of %s uses %v, want %s:\n%s", c.name, indexes, c.index, raw)
 		}
+	}
+}
+
+// Completing a target that succeeded changes no column an index holds or
+// filters on, so its update is HOT (no new index entries): the
+// failed-targets index filters on failed, which only a failure sets.
+func TestSuccessfulCompletionIsHOT(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	p := newProjector(t, Config{})
+	s := newStream(t0)
+	b := s.invocation("acme", "inv-hot")
+	b.tool(startedEv("inv-hot", s.now))
+	for i := range 20 {
+		b.tool(configuredEv(fmt.Sprintf("//pkg:t%02d", i), "genrule rule"))
+	}
+	configured := len(s.msgs)
+	for i := range 20 {
+		b.tool(completedEv(fmt.Sprintf("//pkg:t%02d", i), i != 7, ""))
+	}
+	applyAll(t, pool, p, s.msgs[:configured], 1000)
+	var upd, hot int64
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		batch := make([]projection.Message, 0, len(s.msgs)-configured)
+		for _, m := range s.msgs[configured:] {
+			batch = append(batch, m)
+		}
+		if err := p.Apply(ctx, tx, batch); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `select n_tup_upd, n_tup_hot_upd from pg_stat_xact_user_tables where relname = 'targets'`).Scan(&upd, &hot)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if upd != 20 || hot != 19 {
+		t.Fatalf("completing 20 targets (one failed): %d updates, %d HOT; want 20 and 19", upd, hot)
+	}
+	var failed []string
+	rows, _ := pool.Query(ctx, `select label from targets where failed order by label`)
+	if failed, err = pgx.CollectRows(rows, pgx.RowTo[string]); err != nil || len(failed) != 1 || failed[0] != "//pkg:t07" {
+		t.Fatalf("failed targets %v (%v), want //pkg:t07", failed, err)
 	}
 }

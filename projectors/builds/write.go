@@ -195,7 +195,10 @@ from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::text
 
 // sqlUpdateTargets: the first kind and tags win; a target succeeded only if
 // all its completions (one per configuration) did; the failure reason from
-// the strongest source wins, the first of equals.
+// the strongest source wins, the first of equals. failed is true for a
+// failed target and null otherwise (not false): targets_failed_idx is on
+// it, so a target that completes successfully changes no indexed column
+// and its update stays HOT (migrations/012_builds_output_pages.sql).
 const sqlUpdateTargets = `
 update targets t set
     kind           = coalesce(t.kind, u.kind),
@@ -204,6 +207,7 @@ update targets t set
                           else t.success and u.success end,
     failure_reason = case when u.rank > t.failure_rank then u.reason else t.failure_reason end,
     failure_rank   = greatest(t.failure_rank, u.rank),
+    failed         = case when t.success = false or u.success = false then true end,
     tags           = coalesce(t.tags, u.tags)
 from (` + targetRows + `) u
 where t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
@@ -525,7 +529,7 @@ func (w *writes) copyNew(ctx context.Context, tx pgx.Tx) error {
 		row     func(i int) []any
 	}{
 		{"targets", []string{"project", "invocation_id", "label", "kind", "success", "failure_reason",
-			"failure_rank", "tags"}, len(w.newTgt.inv), w.newTgt.row},
+			"failure_rank", "tags", "failed"}, len(w.newTgt.inv), w.newTgt.row},
 		{"tests", []string{"project", "invocation_id", "label", "status", "has_summary", "attempts", "run_count",
 			"shard_count", "total_run_count", "results", "duration_ms", "num_cached"}, len(w.newTst.inv), w.newTst.row},
 		{"build_output_chunks", []string{"project", "invocation_id", "first_seq", "stdout", "stderr"},
@@ -681,9 +685,13 @@ func (c *targetCols) add(k invKey, t *target) {
 
 // row is target i as sqlUpdateTargets' targetRows makes it of the arrays:
 // empty kind and reason are null, and tags are null unless an event set
-// them, else the list as string_to_array splits the joined one.
+// them, else the list as string_to_array splits the joined one; failed as
+// sqlUpdateTargets sets it.
 func (c *targetCols) row(i int) []any {
-	var kind, reason, tags any
+	var kind, reason, tags, failed any
+	if c.success[i].Valid && !c.success[i].Bool {
+		failed = true
+	}
 	if c.kind[i] != "" {
 		kind = c.kind[i]
 	}
@@ -693,7 +701,7 @@ func (c *targetCols) row(i int) []any {
 	if c.hasTags[i] {
 		tags = splitList(c.tags[i])
 	}
-	return []any{c.project[i], c.inv[i], c.label[i], kind, c.success[i], reason, c.rank[i], tags}
+	return []any{c.project[i], c.inv[i], c.label[i], kind, c.success[i], reason, c.rank[i], tags, failed}
 }
 
 func (c *targetCols) args() []any {
