@@ -466,7 +466,8 @@ func digest(t testing.TB, pool *pgxpool.Pool) map[string]string {
 func truncate(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(),
-		`truncate invocations, targets, tests, build_metrics, build_output, build_output_pages, build_output_chunks, hourly_rollups`); err != nil {
+		`truncate invocations, targets, tests, build_metrics, build_output, build_output_pages, build_output_chunks, hourly_rollups,
+		build_metadata, build_command_lines, build_failures, target_causes`); err != nil {
 		t.Fatal(err)
 	}
 }
