@@ -355,7 +355,7 @@ func synthBuild(s *stream, project, inv string, n int, finish bool) *builder {
 		StructuredCommandLine: &bep.BuildEventId_StructuredCommandLineId{CommandLineLabel: "original"}}}))
 	b.tool(simpleEv(&bep.BuildEventId{Id: &bep.BuildEventId_OptionsParsed{}}))
 	b.tool(&bep.BuildEvent{Id: &bep.BuildEventId{Id: &bep.BuildEventId_BuildMetadata{}},
-		Payload: &bep.BuildEvent_BuildMetadata{BuildMetadata: &bep.BuildMetadata{Metadata: map[string]string{"ROLE": "CI"}}}})
+		Payload: &bep.BuildEvent_BuildMetadata{BuildMetadata: &bep.BuildMetadata{Metadata: map[string]string{"ROLE": "CI", "COMMIT_SHA": "sha-of-" + project}}}})
 	b.tool(workspaceStatusEv("ci", "ci-7.example"))
 	b.tool(patternEv("//..."))
 	prog := int32(0)
