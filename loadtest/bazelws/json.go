@@ -92,7 +92,7 @@ type jsonEvent struct {
 	BuildMetadata *struct {
 		Metadata map[string]string `json:"metadata"`
 	} `json:"buildMetadata"`
-	Started     *struct {
+	Started *struct {
 		UUID    string `json:"uuid"`
 		Command string `json:"command"`
 	} `json:"started"`
