@@ -167,15 +167,24 @@ func TestNotConnectedYet(t *testing.T) {
 }
 
 func TestWriteBuild(t *testing.T) {
-	cmd, reason := "test", "compile error"
-	b := &builds.Build{ID: "i1", Project: "alpha", Status: "failed", Command: &cmd,
-		Targets: []builds.Target{{Label: "//a:ok", Success: true}, {Label: "//a:bad", FailureReason: &reason}},
-		Tests:   []builds.Test{{Label: "//a:t", Status: "PASSED"}}}
+	cmd, reason, user, host := "test", "compile error", "ci", "ci-7"
+	mnemonic, exit, uri := "Genrule", int32(2), "file:///tmp/stderr-1"
+	gen := builds.Cause{Kind: "action", Label: "//lib:gen", Mnemonic: &mnemonic, ExitCode: &exit, StderrURI: &uri}
+	b := &builds.Build{ID: "i1", Project: "alpha", Status: "failed", Command: &cmd, User: &user, Host: &host,
+		Targets: []builds.Target{{Label: "//a:ok", Success: true}, {Label: "//a:bad", FailureReason: &reason},
+			{Label: "//a:dep", RootCauses: []builds.Cause{gen}}},
+		Tests:           []builds.Test{{Label: "//a:t", Status: "PASSED"}},
+		BuildMetadata:   map[string]string{"COMMIT_SHA": "c0ffee"},
+		WorkspaceStatus: []builds.StatusItem{{Key: "BUILD_SCM_REVISION", Value: "c0ffee"}},
+		CommandLine:     []string{"bazel", "test", "//..."}}
 	var out bytes.Buffer
 	if err := WriteBuild(&out, b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"invocation  i1", "project     alpha", "command     test", "targets     2 (1 failed)", "FAILED    //a:bad  compile error", "PASSED    //a:t"} {
+	for _, want := range []string{"invocation  i1", "project     alpha", "command     test", "targets     3 (2 failed)",
+		"FAILED    //a:bad  compile error", "PASSED    //a:t", "by          ci@ci-7", "metadata    COMMIT_SHA=c0ffee",
+		"workspace   BUILD_SCM_REVISION=c0ffee (volatile)", "cmdline     bazel test //...",
+		"cause   //lib:gen Genrule exit 2, stderr at file:///tmp/stderr-1"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in\n%s", want, out.String())
 		}
