@@ -1,8 +1,8 @@
 -- What a build says about itself and why its targets failed
 -- (projectors/builds): workspace status keys (--workspace_status_command
 -- and Bazel's own: BUILD_USER, BUILD_HOST, BUILD_TIMESTAMP, ...) and
--- --build_metadata entries, one row per key; its command lines (structured,
--- unstructured, and the options Bazel parsed) as argument arrays; the
+-- --build_metadata entries, one row per key; its canonical command line
+-- and the options given explicitly, as argument arrays; the
 -- events that are root causes of failures (failed actions, with their exit
 -- code and stderr, and failed labels); and, per failed target, the root
 -- causes Bazel named in the event that reported its failure.
@@ -40,11 +40,13 @@ create table build_metadata (
 create index build_metadata_lookup on build_metadata (project, key, value);
 
 -- source: 'structured_command_line' (label: Bazel's command_line_label,
--- "original", "canonical" or "tool"), 'unstructured_command_line' (label
--- ''), 'options_parsed' (label: startup_options, explicit_startup_options,
--- cmd_line or explicit_cmd_line). argv is the command line as Bazel gave it
--- (a structured one flattened: chunks as they are, options in their
--- combined form), redacted by the edge.
+-- "canonical", or "tool" when it has arguments) or 'options_parsed' (label:
+-- explicit_startup_options or explicit_cmd_line: the options given
+-- explicitly). argv is the command line as Bazel gave it (a structured one
+-- flattened: chunks as they are, options in their combined form), redacted
+-- by the edge. The "original" and unstructured command lines and the full
+-- option lists repeat these and are not projected (projectors/builds,
+-- metadata.go).
 create table build_command_lines (
     project       text not null,
     invocation_id text not null,

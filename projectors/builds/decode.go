@@ -63,7 +63,6 @@ const (
 	payCompleted     = 8
 	payTestSummary   = 9
 	payTestResult    = 10
-	payUnstructured  = 12
 	payOptionsParsed = 13
 	payFinished      = 14
 	payWorkspace     = 16
@@ -393,8 +392,6 @@ func (e *bazelEvent) decode(b []byte) error {
 		e.msg = new(bep.BuildMetadata)
 	case payStructured:
 		e.msg, needID = new(bep.StructuredCommandLine), true
-	case payUnstructured:
-		e.msg = new(bep.UnstructuredCommandLine)
 	case payOptionsParsed:
 		e.msg = new(bep.OptionsParsed)
 	case payTestResult:

@@ -99,7 +99,8 @@ func metadataBuild(s *stream, project, inv, commit string) {
 			Args: []string{"build", "--keep_going", "//..."}}}})
 	b.tool(&bep.BuildEvent{Id: &bep.BuildEventId{Id: &bep.BuildEventId_OptionsParsed{}},
 		Payload: &bep.BuildEvent_OptionsParsed{OptionsParsed: &bep.OptionsParsed{
-			StartupOptions: []string{"--batch"}, CmdLine: []string{"--keep_going"}, ExplicitCmdLine: []string{"--keep_going"}}}})
+			StartupOptions: []string{"--batch"}, ExplicitStartupOptions: []string{"--batch"},
+			CmdLine: []string{"--keep_going", "--color=no"}, ExplicitCmdLine: []string{"--keep_going"}}}})
 	b.tool(statusEv("BUILD_EMBED_LABEL", "", "BUILD_HOST", "ci-7", "BUILD_SCM_REVISION", commit, "BUILD_SCM_STATUS", "clean",
 		"BUILD_TIMESTAMP", "1710000000", "BUILD_USER", "ci", "STABLE_REPO", "https://git.example/r"))
 	for _, l := range []string{"//lib:gen", "//app:bin", "//app:viz"} {
@@ -193,12 +194,9 @@ func TestMetadataAndRootCauses(t *testing.T) {
 		lines = append(lines, c.Source+"/"+c.Label+":"+strings.Join(c.Args, " "))
 	}
 	wantLines := []string{
-		"options_parsed/cmd_line:--keep_going",
 		"options_parsed/explicit_cmd_line:--keep_going",
-		"options_parsed/startup_options:--batch",
+		"options_parsed/explicit_startup_options:--batch",
 		"structured_command_line/canonical:" + strings.Join(wantCanonical, " "),
-		"structured_command_line/original:bazel --batch build --keep_going --remote_header=Authorization=<redacted> //...",
-		"unstructured_command_line/:build --keep_going //...",
 	}
 	if !slices.Equal(lines, wantLines) {
 		t.Errorf("command lines:\n got %q\nwant %q", lines, wantLines)

@@ -48,8 +48,8 @@ type Build struct {
 	BuildMetadata   map[string]string `json:"build_metadata"`
 	WorkspaceStatus []StatusItem      `json:"workspace_status"`
 	// CommandLine is the canonical command line (null until Bazel sent
-	// it); CommandLines every command line and option list Bazel reported,
-	// by source and label. Both as the edge stored them: redacted.
+	// it); CommandLines it and the options given explicitly, by source
+	// and label. Both as the edge stored them: redacted.
 	CommandLine  []string      `json:"command_line"`
 	CommandLines []CommandLine `json:"command_lines"`
 }

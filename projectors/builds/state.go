@@ -311,9 +311,6 @@ func (v *inv) applyBazel(e *event) {
 	case payStructured:
 		v.addStructured(be)
 
-	case payUnstructured:
-		v.addCmdLine(sourceUnstructured, "", be.msg.(*bep.UnstructuredCommandLine).GetArgs())
-
 	case payOptionsParsed:
 		v.addOptions(be.msg.(*bep.OptionsParsed))
 
