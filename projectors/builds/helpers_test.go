@@ -386,9 +386,11 @@ func synthBuild(s *stream, project, inv string, n int, finish bool) *builder {
 		b.tool(namedSetEv(strconv.Itoa(i)))
 		if failing {
 			exitCode, exitName = 1, "BUILD_FAILURE"
-			b.tool(actionEv(l, "bazel-out/k8-fastbuild/bin/"+l[2:]+".txt", false, 1,
-				"Executing genrule "+l+" failed: (Exit 1): bash failed: error executing command"))
-			b.tool(completedEv(l, false, ""))
+			out := "bazel-out/k8-fastbuild/bin/" + l[2:] + ".txt"
+			b.tool(actionEv(l, out, false, 1, "Executing genrule "+l+" failed: (Exit 1): bash failed: error executing command"))
+			c := completedEv(l, false, "")
+			c.Children = []*bep.BuildEventId{actionID(l, out)}
+			b.tool(c)
 			continue
 		}
 		b.tool(actionEv(l, "bazel-out/k8-fastbuild/bin/"+l[2:]+".txt", true, 0, ""))
