@@ -211,9 +211,6 @@ func (v *inv) addActionFailure(id *bep.BuildEventId, m *bep.ActionExecuted) {
 	if k.label == "" {
 		k.label = clean(m.GetLabel())
 	}
-	if k.output == "" {
-		k.output = clean(m.GetPrimaryOutput().GetUri())
-	}
 	v.failures = append(v.failures, failure{
 		key:       k,
 		mnemonic:  clean(m.GetType()),

@@ -217,8 +217,8 @@ func secretEvents(t testing.TB) ([][]byte, []string) {
 	// with credentials (the builds projection stores both).
 	action := marshal(&bep.BuildEvent{Payload: &bep.BuildEvent_Action{Action: &bep.ActionExecuted{
 		ExitCode: 1, Type: "Genrule",
-		Stderr:   &bep.File{Name: "stderr", File: &bep.File_Contents{Contents: []byte("curl -H 'Authorization: token " + ghToken + "'\n")}},
-		Stdout:   &bep.File{Name: "stdout", File: &bep.File_Uri{Uri: "https://u:SECRET4@logs.example/1"}},
+		Stderr: &bep.File{Name: "stderr", File: &bep.File_Contents{Contents: []byte("curl -H 'Authorization: token " + ghToken + "'\n")}},
+		Stdout: &bep.File{Name: "stdout", File: &bep.File_Uri{Uri: "https://u:SECRET4@logs.example/1"}},
 	}}})
 	return [][]byte{unstructured, parsed, started, metadata, status, structured, progress, action}, secrets
 }
