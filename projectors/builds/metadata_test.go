@@ -275,3 +275,38 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// TestRepeatedMetadataFirstWins: a client may send a key twice (two
+// BuildMetadata events, a repeated action); the first value is kept
+// whatever the batch boundaries, and the repeat fails no batch.
+func TestRepeatedMetadataFirstWins(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	p := newProjector(t, Config{})
+	s := newStream(t0)
+	b := s.invocation("acme", "inv-r")
+	b.tool(startedEv("inv-r", s.now))
+	b.tool(buildMetadataEv(map[string]string{"COMMIT_SHA": "first"}))
+	b.tool(buildMetadataEv(map[string]string{"COMMIT_SHA": "second", "BRANCH": "main"}))
+	b.tool(configuredEv("//lib:gen", "genrule rule"))
+	b.tool(actionEv("//lib:gen", genOut, false, 2, "first failure"))
+	b.tool(actionEv("//lib:gen", genOut, false, 3, "second failure"))
+	gen := completedEv("//lib:gen", false, "first failure")
+	gen.Children = []*bep.BuildEventId{actionID("//lib:gen", genOut), actionID("//lib:gen", genOut)}
+	b.tool(gen)
+	b.finishStream()
+	for _, n := range []int{1000, 1, 2} {
+		truncate(t, pool)
+		applyAll(t, pool, p, s.msgs, n)
+		got, err := Show(ctx, pool, "acme", "inv-r")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.BuildMetadata["COMMIT_SHA"] != "first" || got.BuildMetadata["BRANCH"] != "main" {
+			t.Errorf("batches of %d: metadata %v, want the first COMMIT_SHA and the BRANCH", n, got.BuildMetadata)
+		}
+		if c := got.Targets[0].RootCauses; len(c) != 1 || c[0].ExitCode == nil || *c[0].ExitCode != 2 {
+			t.Errorf("batches of %d: root causes %+v, want the first failure once", n, c)
+		}
+	}
+}
