@@ -2,6 +2,7 @@ package builds
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -404,42 +405,67 @@ func (b *Build) readMetadata(ctx context.Context, q Querier) error {
 	return nil
 }
 
-// readCauses fills the root causes of b's targets (sorted by label).
-func (b *Build) readCauses(ctx context.Context, q Querier) error {
-	for i := range b.Targets {
-		b.Targets[i].RootCauses = []Cause{}
+// causesColumn is a column of a query over targets (not aliased): a
+// failed target's root causes as a JSON array of Cause, null if it has
+// none. Only a target that did not succeed probes target_causes (by its
+// primary key) and build_failures (by theirs).
+const causesColumn = `case when targets.success is not true then (
+    select json_agg(json_build_object('kind', c.cause_kind, 'label', c.cause_label,
+               'primary_output', c.cause_output, 'configuration', c.cause_configuration, 'mnemonic', f.mnemonic,
+               'exit_code', f.exit_code, 'message', f.message, 'stderr_uri', f.stderr_uri, 'stderr', f.stderr)
+           order by c.cause_label collate "C", c.cause_output collate "C", c.cause_kind collate "C",
+                    c.cause_configuration collate "C")
+    from target_causes c
+    left join build_failures f on f.invocation_id = c.invocation_id and f.project = c.project
+         and f.kind = c.cause_kind and f.label = c.cause_label and f.primary_output = c.cause_output
+         and f.configuration = c.cause_configuration
+    where c.invocation_id = targets.invocation_id and c.project = targets.project and c.label = targets.label) end`
+
+// setCauses sets t's root causes from causesColumn's value.
+func (t *Target) setCauses(raw []byte) error {
+	t.RootCauses = []Cause{}
+	if raw == nil {
+		return nil
 	}
-	rows, err := q.Query(ctx, `
-		select c.label, c.cause_kind, c.cause_label, c.cause_output, c.cause_configuration,
-		       f.mnemonic, f.exit_code, f.message, f.stderr_uri, f.stderr
-		from target_causes c
-		left join build_failures f on f.invocation_id = c.invocation_id and f.project = c.project
-		     and f.kind = c.cause_kind and f.label = c.cause_label and f.primary_output = c.cause_output
-		     and f.configuration = c.cause_configuration
-		where c.invocation_id = $1 and c.project = $2
-		order by c.label collate "C", c.cause_label collate "C", c.cause_output collate "C",
-		         c.cause_kind collate "C", c.cause_configuration collate "C"`, b.ID, b.Project)
+	return json.Unmarshal(raw, &t.RootCauses)
+}
+
+// sqlPageCauses reads the root causes of some of a build's targets.
+const sqlPageCauses = `select label, ` + causesColumn + ` from targets
+where invocation_id = $1 and project = $2 and label = any($3::text[])`
+
+// pageCauses fills the root causes of a page of targets, in one query for
+// those that did not succeed.
+func pageCauses(ctx context.Context, db Querier, project, invocationID string, ts []Target) error {
+	var failed []string
+	for i := range ts {
+		ts[i].RootCauses = []Cause{}
+		if !ts[i].Success {
+			failed = append(failed, ts[i].Label)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	rows, err := db.Query(ctx, sqlPageCauses, invocationID, project, failed)
 	if err != nil {
-		return fmt.Errorf("root causes: %w", err)
+		return err
 	}
+	byLabel := make(map[string][]byte, len(failed))
 	var (
 		label string
-		c     Cause
+		raw   []byte
 	)
-	i := 0
-	_, err = pgx.ForEachRow(rows, []any{&label, &c.Kind, &c.Label, &c.PrimaryOutput, &c.Configuration,
-		&c.Mnemonic, &c.ExitCode, &c.Message, &c.StderrURI, &c.Stderr}, func() error {
-		// Both lists are in label order (collate "C", as Go compares).
-		for i < len(b.Targets) && b.Targets[i].Label < label {
-			i++
-		}
-		if i < len(b.Targets) && b.Targets[i].Label == label {
-			b.Targets[i].RootCauses = append(b.Targets[i].RootCauses, c)
-		}
+	if _, err := pgx.ForEachRow(rows, []any{&label, &raw}, func() error {
+		byLabel[label] = slices.Clone(raw)
 		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("root causes: %w", err)
+	}); err != nil {
+		return err
+	}
+	for i := range ts {
+		if err := ts[i].setCauses(byLabel[ts[i].Label]); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -172,23 +172,28 @@ func show(ctx context.Context, q Querier, project, invocationID string, rows boo
 	return b, nil
 }
 
+// sqlAllTargets reads every target of a build, with its root causes.
+const sqlAllTargets = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason, ` + causesColumn + `
+from targets where invocation_id = $1 and project = $2 order by label collate "C"`
+
 // showRows reads all the build's targets and tests into b.
 func showRows(ctx context.Context, q Querier, b *Build, project, invocationID string) error {
-	rows, err := q.Query(ctx, `
-		select label, coalesce(kind, ''), coalesce(success, false), failure_reason
-		from targets where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project)
+	rows, err := q.Query(ctx, sqlAllTargets, invocationID, project)
 	if err != nil {
 		return fmt.Errorf("builds: show %s targets: %w", invocationID, err)
 	}
-	var t Target
-	if _, err := pgx.ForEachRow(rows, []any{&t.Label, &t.Kind, &t.Success, &t.FailureReason}, func() error {
+	var (
+		t      Target
+		causes []byte
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&t.Label, &t.Kind, &t.Success, &t.FailureReason, &causes}, func() error {
+		if err := t.setCauses(causes); err != nil {
+			return err
+		}
 		b.Targets = append(b.Targets, t)
 		return nil
 	}); err != nil {
 		return fmt.Errorf("builds: show %s targets: %w", invocationID, err)
-	}
-	if err := b.readCauses(ctx, q); err != nil {
-		return fmt.Errorf("builds: show %s of project %s: %w", invocationID, project, err)
 	}
 
 	rows, err = q.Query(ctx, `
