@@ -167,15 +167,24 @@ func TestNotConnectedYet(t *testing.T) {
 }
 
 func TestWriteBuild(t *testing.T) {
-	cmd, reason := "test", "compile error"
-	b := &builds.Build{ID: "i1", Project: "alpha", Status: "failed", Command: &cmd,
-		Targets: []builds.Target{{Label: "//a:ok", Success: true}, {Label: "//a:bad", FailureReason: &reason}},
-		Tests:   []builds.Test{{Label: "//a:t", Status: "PASSED"}}}
+	cmd, reason, user, host := "test", "compile error", "ci", "ci-7"
+	mnemonic, exit, uri := "Genrule", int32(2), "file:///tmp/stderr-1"
+	gen := builds.Cause{Kind: "action", Label: "//lib:gen", Mnemonic: &mnemonic, ExitCode: &exit, StderrURI: &uri}
+	b := &builds.Build{ID: "i1", Project: "alpha", Status: "failed", Command: &cmd, User: &user, Host: &host,
+		Targets: []builds.Target{{Label: "//a:ok", Success: true}, {Label: "//a:bad", FailureReason: &reason},
+			{Label: "//a:dep", RootCauses: []builds.Cause{gen}}},
+		Tests:           []builds.Test{{Label: "//a:t", Status: "PASSED"}},
+		BuildMetadata:   map[string]string{"COMMIT_SHA": "c0ffee"},
+		WorkspaceStatus: []builds.StatusItem{{Key: "BUILD_SCM_REVISION", Value: "c0ffee"}},
+		CommandLine:     []string{"bazel", "test", "//..."}}
 	var out bytes.Buffer
 	if err := WriteBuild(&out, b); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"invocation  i1", "project     alpha", "command     test", "targets     2 (1 failed)", "FAILED    //a:bad  compile error", "PASSED    //a:t"} {
+	for _, want := range []string{"invocation  i1", "project     alpha", "command     test", "targets     3 (2 failed)",
+		"FAILED    //a:bad  compile error", "PASSED    //a:t", "by          ci@ci-7", "metadata    COMMIT_SHA=c0ffee",
+		"workspace   BUILD_SCM_REVISION=c0ffee (volatile)", "cmdline     bazel test //...",
+		"cause   //lib:gen Genrule exit 2, stderr at file:///tmp/stderr-1"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in\n%s", want, out.String())
 		}
@@ -197,6 +206,13 @@ func TestWriteBuildPaged(t *testing.T) {
 		`insert into targets (invocation_id, project, label) values ('i1', 'alpha', '//a:never')`,
 		`insert into tests (invocation_id, project, label, status, has_summary)
 			select 'i1', 'alpha', format('//a:t%s', i), 'PASSED', true from generate_series(1000, 1500) i`,
+		// The failed targets' root cause, and what the build says of itself.
+		`insert into build_failures (project, invocation_id, kind, label, primary_output, configuration, mnemonic, exit_code, stderr_uri)
+			values ('alpha', 'i1', 'action', '//lib:gen', 'bazel-out/gen.txt', 'cfg', 'Genrule', 2, 'file:///tmp/stderr-1')`,
+		`insert into target_causes (project, invocation_id, label, cause_kind, cause_label, cause_output, cause_configuration)
+			select 'alpha', 'i1', format('//a:t%s', i), 'action', '//lib:gen', 'bazel-out/gen.txt', 'cfg'
+			from generate_series(1000, 3999) i where i % 500 = 7`,
+		`insert into build_metadata (project, invocation_id, source, key, value) values ('alpha', 'i1', 'build_metadata', 'COMMIT_SHA', 'c0ffee')`,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
@@ -223,6 +239,11 @@ func TestWriteBuildPaged(t *testing.T) {
 	}
 	if !slices.Equal(fields(paged.String()), fields(whole.String())) {
 		t.Fatalf("paged:\n%s\nwhole:\n%s", paged.String(), whole.String())
+	}
+	for _, want := range []string{"metadata COMMIT_SHA=c0ffee", "cause //lib:gen Genrule exit 2, stderr at file:///tmp/stderr-1"} {
+		if n := strings.Count(strings.Join(fields(paged.String()), "\n"), want); n == 0 {
+			t.Errorf("no %q in the paged text", want)
+		}
 	}
 	if err := WriteBuildPaged(ctx, &paged, pool, "alpha", "nope"); !errors.Is(err, builds.ErrNotFound) {
 		t.Fatalf("an unknown build: %v", err)

@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -11,7 +14,9 @@ import (
 )
 
 // WriteBuild writes one build for a person at a terminal: its status,
-// command, exit, duration, failed targets and tests.
+// command, exit, duration, who built what (user, host, build metadata,
+// workspace status, the canonical command line), failed targets with
+// their root causes, and tests.
 func WriteBuild(out io.Writer, b *builds.Build) error {
 	w := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	writeHead(w, b)
@@ -24,11 +29,7 @@ func WriteBuild(out io.Writer, b *builds.Build) error {
 	fmt.Fprintf(w, "targets\t%d (%d failed)\n", len(b.Targets), failed)
 	for _, t := range b.Targets {
 		if !t.Success {
-			reason := ""
-			if t.FailureReason != nil {
-				reason = *t.FailureReason
-			}
-			fmt.Fprintf(w, "  FAILED\t%s\t%s\n", t.Label, reason)
+			writeFailed(w, t)
 		}
 	}
 	fmt.Fprintf(w, "tests\t%d\n", len(b.Tests))
@@ -48,6 +49,34 @@ func writeHead(w io.Writer, b *builds.Build) {
 	}
 	if b.DurationMs != nil {
 		fmt.Fprintf(w, "duration\t%s\n", time.Duration(*b.DurationMs)*time.Millisecond)
+	}
+	if b.User != nil || b.Host != nil {
+		fmt.Fprintf(w, "by\t%s@%s\n", deref(b.User), deref(b.Host))
+	}
+	for _, k := range slices.Sorted(maps.Keys(b.BuildMetadata)) {
+		fmt.Fprintf(w, "metadata\t%s=%s\n", k, b.BuildMetadata[k])
+	}
+	for _, it := range b.WorkspaceStatus {
+		file := "volatile"
+		if it.Stable {
+			file = "stable"
+		}
+		fmt.Fprintf(w, "workspace\t%s=%s (%s)\n", it.Key, it.Value, file)
+	}
+	if b.CommandLine != nil {
+		fmt.Fprintf(w, "cmdline\t%s\n", strings.Join(b.CommandLine, " "))
+	}
+}
+
+// writeFailed writes a failed target: its own reason, and what caused it.
+func writeFailed(w io.Writer, t builds.Target) {
+	reason := ""
+	if t.FailureReason != nil {
+		reason = oneLine(*t.FailureReason)
+	}
+	fmt.Fprintf(w, "  FAILED\t%s\t%s\n", t.Label, reason)
+	for _, c := range t.RootCauses {
+		fmt.Fprintf(w, "    cause\t%s\n", cause(c))
 	}
 }
 
@@ -77,11 +106,7 @@ func WriteBuildPaged(ctx context.Context, out io.Writer, q builds.Querier, proje
 		}
 		for _, t := range ts {
 			if !t.Success {
-				reason := ""
-				if t.FailureReason != nil {
-					reason = *t.FailureReason
-				}
-				fmt.Fprintf(w, "  FAILED\t%s\t%s\n", t.Label, reason)
+				writeFailed(w, t)
 			}
 		}
 		if err := w.Flush(); err != nil {
@@ -107,4 +132,39 @@ func WriteBuildPaged(ctx context.Context, out io.Writer, q builds.Querier, proje
 		after = ts[len(ts)-1].Label
 	}
 	return w.Flush()
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "?"
+	}
+	return *s
+}
+
+// oneLine keeps a message to its first line, for a table row.
+func oneLine(s string) string {
+	first, _, _ := strings.Cut(s, "\n")
+	return first
+}
+
+// cause says what a root cause is: a failed action (label, mnemonic,
+// exit code, where its stderr is) or a label that did not load or analyse.
+func cause(c builds.Cause) string {
+	if c.Kind != "action" {
+		return fmt.Sprintf("%s (%s): %s", c.Label, strings.ReplaceAll(c.Kind, "_", " "), oneLine(deref(c.Message)))
+	}
+	s := c.Label
+	if c.Mnemonic != nil {
+		s += " " + *c.Mnemonic
+	}
+	if c.ExitCode != nil {
+		s += fmt.Sprintf(" exit %d", *c.ExitCode)
+	}
+	switch {
+	case c.Stderr != nil:
+		s += ", stderr: " + oneLine(*c.Stderr)
+	case c.StderrURI != nil:
+		s += ", stderr at " + *c.StderrURI
+	}
+	return s
 }

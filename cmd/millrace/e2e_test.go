@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -361,6 +362,41 @@ func compare(t *testing.T, got map[string]any, s *bazelws.JSONSummary) {
 	if d := diff(s.Tests, tests); d != "" {
 		t.Errorf("tests differ from Bazel's JSON (-bazel +projection):\n%s", d)
 	}
+	// Root causes: each failed target names what Bazel named, and only a
+	// target that is its own cause has a failure reason.
+	causes := map[string]string{}
+	for _, x := range asList(got["targets"]) {
+		m := x.(map[string]any)
+		if m["success"] == true {
+			continue
+		}
+		label, labels := m["label"].(string), []string{}
+		for _, c := range asList(m["root_causes"]) {
+			if l := c.(map[string]any)["label"].(string); !slices.Contains(labels, l) {
+				labels = append(labels, l)
+			}
+		}
+		slices.Sort(labels)
+		causes[label] = strings.Join(labels, " ")
+		if own := len(labels) == 0 || slices.Contains(labels, label); own != (m["failure_reason"] != nil) {
+			t.Errorf("failed target %s: failure reason %v with root causes %v", label, m["failure_reason"], labels)
+		}
+	}
+	wantCauses := map[string]string{}
+	for l, c := range s.RootCauses {
+		wantCauses[l] = strings.Join(c, " ")
+	}
+	if d := diff(wantCauses, causes); d != "" {
+		t.Errorf("root causes differ from Bazel's JSON (-bazel +projection):\n%s", d)
+	}
+	status := map[string]string{}
+	for _, x := range asList(got["workspace_status"]) {
+		m := x.(map[string]any)
+		status[m["key"].(string)] = m["value"].(string)
+	}
+	if d := diff(s.WorkspaceStatus, status); d != "" {
+		t.Errorf("workspace status differs from Bazel's JSON (-bazel +projection):\n%s", d)
+	}
 }
 
 func asList(v any) []any {
@@ -397,9 +433,18 @@ func TestBazelEndToEnd(t *testing.T) {
 		t.Errorf("millrace dev took %v to serve BES; Bazel's retries span about 9 s", d)
 	}
 	run := newBazelRun(t, 60, dev.besAddr)
+	// Who and what the build is: CI metadata and a workspace status
+	// command's keys, volatile and stable.
+	status := filepath.Join(run.opt.Dir, "status.sh")
+	if err := os.WriteFile(status, []byte("#!/bin/sh\necho BUILD_SCM_REVISION 0123abcd\necho BUILD_SCM_STATUS clean\necho STABLE_E2E_BRANCH main\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	run.opt.Extra = append(run.opt.Extra, "--build_metadata=COMMIT_SHA=0123abcd", "--build_metadata=ROLE=CI",
+		"--workspace_status_command="+status)
 	code, out := run.start(t)()
 	run.checkExit(t, code, out, "", dev.output())
 	run.checkProjection(t, db)
+	checkMetadata(t, showJSON(t, db, run.project, run.invocationID))
 	dev.stop()
 
 	// Replay rebuilds exactly the same rows (every row of every table digested).
@@ -417,6 +462,33 @@ func TestBazelEndToEnd(t *testing.T) {
 	}
 	if len(live) == 0 {
 		t.Fatal("no tables digested")
+	}
+}
+
+// checkMetadata checks what TestBazelEndToEnd's build said about itself.
+func checkMetadata(t *testing.T, got map[string]any) {
+	t.Helper()
+	md, _ := got["build_metadata"].(map[string]any)
+	if md["COMMIT_SHA"] != "0123abcd" || md["ROLE"] != "CI" {
+		t.Errorf("build metadata %v, want COMMIT_SHA=0123abcd and ROLE=CI", md)
+	}
+	stable := map[string]any{}
+	for _, x := range asList(got["workspace_status"]) {
+		m := x.(map[string]any)
+		stable[m["key"].(string)] = m["stable"]
+	}
+	for key, want := range map[string]bool{"BUILD_SCM_REVISION": false, "BUILD_SCM_STATUS": false, "STABLE_E2E_BRANCH": true,
+		"BUILD_USER": true, "BUILD_TIMESTAMP": false} {
+		if stable[key] != want {
+			t.Errorf("workspace status %s: stable %v, want %v", key, stable[key], want)
+		}
+	}
+	var argv []string
+	for _, a := range asList(got["command_line"]) {
+		argv = append(argv, a.(string))
+	}
+	if len(argv) == 0 || argv[0] != "bazel" || !slices.Contains(argv, "--build_metadata=COMMIT_SHA=0123abcd") {
+		t.Errorf("canonical command line %q", argv)
 	}
 }
 

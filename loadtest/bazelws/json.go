@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 )
 
@@ -35,6 +37,19 @@ type JSONSummary struct {
 	TestTargets map[string]bool
 	// Tests maps each label with a test_summary event to its overall status.
 	Tests map[string]string
+
+	// RootCauses maps each target whose target_completed or aborted event
+	// failed to the labels its children name as root causes (failed
+	// actions' labels, labels that did not load or analyse), sorted, once
+	// each; a failed target without children has none.
+	RootCauses map[string][]string
+	// FailedActions maps the label of each failed action_completed event to
+	// its exit code.
+	FailedActions map[string]int
+	// WorkspaceStatus and BuildMetadata are the items of the
+	// workspace_status and build_metadata events.
+	WorkspaceStatus map[string]string
+	BuildMetadata   map[string]string
 }
 
 // TestStatuses returns a status for every test target of a `bazel test` run: the test summary's, or,
@@ -61,8 +76,23 @@ func (s *JSONSummary) TestStatuses() map[string]string {
 // jsonEvent holds the parts of a build_event_stream.BuildEvent that JSONSummary reads.
 type jsonEvent struct {
 	ID          map[string]json.RawMessage `json:"id"`
+	Children    []map[string]jsonLabelID   `json:"children"`
 	LastMessage bool                       `json:"lastMessage"`
-	Started     *struct {
+	Action      *struct {
+		Success  bool   `json:"success"`
+		ExitCode int    `json:"exitCode"`
+		Label    string `json:"label"`
+	} `json:"action"`
+	WorkspaceStatus *struct {
+		Item []struct {
+			Key   string `json:"key"`
+			Value string `json:"value"`
+		} `json:"item"`
+	} `json:"workspaceStatus"`
+	BuildMetadata *struct {
+		Metadata map[string]string `json:"metadata"`
+	} `json:"buildMetadata"`
+	Started *struct {
 		UUID    string `json:"uuid"`
 		Command string `json:"command"`
 	} `json:"started"`
@@ -91,6 +121,27 @@ type jsonLabelID struct {
 	Label string `json:"label"`
 }
 
+// addCauses records the root-cause labels among a failed target's
+// children.
+func (s *JSONSummary) addCauses(label string, children []map[string]jsonLabelID) {
+	causes := s.RootCauses[label]
+	for _, c := range children {
+		for kind, id := range c {
+			switch kind {
+			case "actionCompleted", "configuredLabel", "unconfiguredLabel":
+				if !slices.Contains(causes, id.Label) {
+					causes = append(causes, id.Label)
+				}
+			}
+		}
+	}
+	if causes == nil {
+		causes = []string{}
+	}
+	slices.Sort(causes)
+	s.RootCauses[label] = causes
+}
+
 // ParseJSONFile reads the file Bazel wrote with --build_event_json_file.
 func ParseJSONFile(path string) (*JSONSummary, error) {
 	f, err := os.Open(path)
@@ -114,6 +165,11 @@ func ParseJSON(r io.Reader) (*JSONSummary, error) {
 		TargetKinds: map[string]string{},
 		TestTargets: map[string]bool{},
 		Tests:       map[string]string{},
+
+		RootCauses:      map[string][]string{},
+		FailedActions:   map[string]int{},
+		WorkspaceStatus: map[string]string{},
+		BuildMetadata:   map[string]string{},
 	}
 	dec := json.NewDecoder(r)
 	for {
@@ -172,8 +228,24 @@ func (s *JSONSummary) add(ev *jsonEvent) error {
 	case kind == "targetCompleted" && ev.Completed != nil:
 		prev, seen := s.Targets[id.Label]
 		s.Targets[id.Label] = ev.Completed.Success && (!seen || prev)
+		if !ev.Completed.Success {
+			s.addCauses(id.Label, ev.Children)
+		}
 	case (kind == "targetCompleted" || kind == "targetConfigured") && ev.Aborted != nil:
 		s.Targets[id.Label] = false
+		s.addCauses(id.Label, ev.Children)
+	case kind == "actionCompleted" && ev.Action != nil && !ev.Action.Success:
+		var aid jsonLabelID
+		if err := json.Unmarshal(raw, &aid); err != nil {
+			return fmt.Errorf("%s id: %w", kind, err)
+		}
+		s.FailedActions[aid.Label] = ev.Action.ExitCode
+	case kind == "workspaceStatus" && ev.WorkspaceStatus != nil:
+		for _, it := range ev.WorkspaceStatus.Item {
+			s.WorkspaceStatus[it.Key] = it.Value
+		}
+	case kind == "buildMetadata" && ev.BuildMetadata != nil:
+		maps.Copy(s.BuildMetadata, ev.BuildMetadata.Metadata)
 	case kind == "testSummary" && ev.TestSummary != nil:
 		st := ev.TestSummary.OverallStatus
 		if st == "" {

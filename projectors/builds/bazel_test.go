@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -223,11 +224,31 @@ func TestBazelFixture(t *testing.T) {
 		t.Errorf("status %s, want %s", b.Status, wantStatus)
 	}
 	gotTargets := map[string]bool{}
+	dependents := 0
 	for _, tg := range b.Targets {
 		gotTargets[tg.Label] = tg.Success
-		if !tg.Success && tg.FailureReason == nil {
-			t.Errorf("failed target %s has no failure reason", tg.Label)
+		if tg.Success {
+			continue
 		}
+		// A failed target either failed itself (its reason, and itself
+		// among its root causes) or because of a dependency (no copy of
+		// the dependency's message: the root cause carries it).
+		own := len(tg.RootCauses) == 0 || slices.ContainsFunc(tg.RootCauses, func(c Cause) bool { return c.Label == tg.Label })
+		if !own {
+			dependents++
+		}
+		if own != (tg.FailureReason != nil) {
+			t.Errorf("failed target %s: failure reason %q with root causes %+v", tg.Label, deref(tg.FailureReason), tg.RootCauses)
+		}
+		for _, c := range tg.RootCauses {
+			if c.Kind != "action" || c.ExitCode == nil || *c.ExitCode == 0 || c.Message == nil ||
+				!strings.HasPrefix(deref(c.StderrURI), "file://") || deref(c.Mnemonic) != "Genrule" {
+				t.Errorf("failed target %s: root cause %+v, want the failed genrule's action", tg.Label, c)
+			}
+		}
+	}
+	if dependents == 0 {
+		t.Error("no target failed because of a dependency (the fixture has tests of failing genrules)")
 	}
 	if !maps.Equal(gotTargets, want.Targets) {
 		t.Errorf("targets differ from Bazel's:\n got %v\nwant %v", gotTargets, want.Targets)
@@ -321,6 +342,7 @@ func TestRecordedFixtures(t *testing.T) {
 			if !maps.Equal(gotTests, want.Tests) {
 				t.Errorf("test statuses differ from Bazel's JSON:\n got %v\nwant %v", gotTests, want.Tests)
 			}
+			checkAgainstJSON(t, b, want)
 			var events int64
 			pool.QueryRow(ctx, `select event_count from invocations where id = $1 and project = $2`,
 				want.InvocationID, projects[0]).Scan(&events)
@@ -328,5 +350,49 @@ func TestRecordedFixtures(t *testing.T) {
 				t.Errorf("event_count %d, want %d bazel events + 1", events, want.Events)
 			}
 		})
+	}
+}
+
+// checkAgainstJSON compares what the projection says of a build's
+// metadata and failures with Bazel's own JSON file of the same run.
+func checkAgainstJSON(t *testing.T, b *Build, want *bazelws.JSONSummary) {
+	t.Helper()
+	status := map[string]string{}
+	for _, it := range b.WorkspaceStatus {
+		status[it.Key] = it.Value
+	}
+	if !maps.Equal(status, want.WorkspaceStatus) {
+		t.Errorf("workspace status differs from Bazel's JSON:\n got %v\nwant %v", status, want.WorkspaceStatus)
+	}
+	if !maps.Equal(b.BuildMetadata, want.BuildMetadata) {
+		t.Errorf("build metadata differs from Bazel's JSON:\n got %v\nwant %v", b.BuildMetadata, want.BuildMetadata)
+	}
+	if len(b.CommandLine) == 0 || b.CommandLine[0] != "bazel" {
+		t.Errorf("canonical command line %q", b.CommandLine)
+	}
+	causes := map[string][]string{}
+	for _, tg := range b.Targets {
+		if tg.Success {
+			if len(tg.RootCauses) > 0 {
+				t.Errorf("target %s succeeded but has root causes %+v", tg.Label, tg.RootCauses)
+			}
+			continue
+		}
+		labels := []string{}
+		for _, c := range tg.RootCauses {
+			if !slices.Contains(labels, c.Label) {
+				labels = append(labels, c.Label)
+			}
+			if c.Kind == "action" {
+				if code, ok := want.FailedActions[c.Label]; !ok || c.ExitCode == nil || int(*c.ExitCode) != code {
+					t.Errorf("target %s: root cause %s exit code %v, Bazel's %d", tg.Label, c.Label, c.ExitCode, code)
+				}
+			}
+		}
+		slices.Sort(labels)
+		causes[tg.Label] = labels
+	}
+	if !maps.EqualFunc(causes, want.RootCauses, slices.Equal) {
+		t.Errorf("root causes differ from Bazel's JSON:\n got %v\nwant %v", causes, want.RootCauses)
 	}
 }

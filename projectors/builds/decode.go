@@ -52,20 +52,24 @@ const (
 // Field numbers of build_event_stream.BuildEvent (see schemas/proto).
 const (
 	beID          = 1
+	beChildren    = 2
 	beLastMessage = 20
 
-	payProgress     = 3
-	payAborted      = 4
-	payStarted      = 5
-	payExpanded     = 6
-	payAction       = 7
-	payCompleted    = 8
-	payTestSummary  = 9
-	payTestResult   = 10
-	payFinished     = 14
-	payWorkspace    = 16
-	payConfigured   = 18
-	payBuildMetrics = 24
+	payProgress      = 3
+	payAborted       = 4
+	payStarted       = 5
+	payExpanded      = 6
+	payAction        = 7
+	payCompleted     = 8
+	payTestSummary   = 9
+	payTestResult    = 10
+	payOptionsParsed = 13
+	payFinished      = 14
+	payWorkspace     = 16
+	payConfigured    = 18
+	payStructured    = 22
+	payBuildMetrics  = 24
+	payBuildMetadata = 26
 
 	progressStdout = 1
 	progressStderr = 2
@@ -125,6 +129,9 @@ type bazelEvent struct {
 	// action, or the test label of a test event; "" if none. Aspect events
 	// have none: they would collide with their target's row.
 	label string
+	// children are the ids a failed TargetComplete or a target's Aborted
+	// event names: its root causes. Decoded for those events only.
+	children []*bep.BuildEventId
 }
 
 // setLabel computes label from the id (and a failed action's payload).
@@ -345,6 +352,7 @@ func (e *bazelEvent) decode(b []byte) error {
 		err     error
 		id      []byte
 		payload []byte
+		all     = b
 	)
 	for len(b) > 0 {
 		if f, b, err = next(b); err != nil {
@@ -380,6 +388,12 @@ func (e *bazelEvent) decode(b []byte) error {
 		e.msg, needID, e.failedAction = new(bep.ActionExecuted), true, true
 	case payCompleted:
 		e.msg, needID = new(bep.TargetComplete), true
+	case payBuildMetadata:
+		e.msg = new(bep.BuildMetadata)
+	case payStructured:
+		e.msg, needID = new(bep.StructuredCommandLine), true
+	case payOptionsParsed:
+		e.msg = new(bep.OptionsParsed)
 	case payTestResult:
 		e.msg, needID = new(bep.TestResult), true
 	case payTestSummary:
@@ -404,6 +418,47 @@ func (e *bazelEvent) decode(b []byte) error {
 		}
 	}
 	e.setLabel()
+	if e.label != "" && e.failedTarget() {
+		return e.decodeChildren(all)
+	}
+	return nil
+}
+
+// failedTarget reports whether the event reports a target's failure: a
+// TargetComplete with success false, or an Aborted event about a target.
+func (e *bazelEvent) failedTarget() bool {
+	switch e.payload {
+	case payCompleted:
+		return !e.msg.(*bep.TargetComplete).GetSuccess()
+	case payAborted:
+		return true
+	}
+	return false
+}
+
+// decodeChildren reads the children ids of the BuildEvent b. Only the
+// kinds of id that can be a root cause are kept (a failed action, a label
+// that failed to load or analyse); Bazel lists no others in a failed
+// target's event, and an Aborted target lists none at all when it was
+// only skipped.
+func (e *bazelEvent) decodeChildren(b []byte) error {
+	for len(b) > 0 {
+		f, rest, err := next(b)
+		if err != nil {
+			return err
+		}
+		b = rest
+		if f.num != beChildren || f.typ != protowire.BytesType {
+			continue
+		}
+		id := new(bep.BuildEventId)
+		if err := unmarshal(f.b, id); err != nil {
+			return fmt.Errorf("child id: %w", err)
+		}
+		if id.GetActionCompleted() != nil || id.GetConfiguredLabel() != nil || id.GetUnconfiguredLabel() != nil {
+			e.children = append(e.children, id)
+		}
+	}
 	return nil
 }
 

@@ -30,6 +30,18 @@ func FuzzDecode(f *testing.F) {
 	for _, m := range s.msgs {
 		f.Add(m.data)
 	}
+	// Metadata, command lines and failed targets with root causes.
+	s = newStream(t0)
+	metadataBuild(s, "acme", "inv", "c0ffee")
+	for _, m := range s.msgs {
+		f.Add(m.data)
+	}
+	if rec, err := os.Open("../../loadtest/fixtures/bazel-test-60.besrec"); err == nil {
+		for _, m := range recordingMessages(f, rec) {
+			f.Add(m.data)
+		}
+		rec.Close()
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		b, err := decodeBody(data)
 		if err != nil {
@@ -53,6 +65,21 @@ func FuzzDecode(f *testing.F) {
 		}
 		for _, ts := range v.tests {
 			texts = append(texts, ts.label, ts.status)
+		}
+		var once onceCols
+		once.add(v)
+		for _, m := range v.meta {
+			if len(m.key) > maxMetaKey || len(m.value) > maxMetaValue {
+				t.Fatalf("metadata %d+%d bytes: not cut to fit the index", len(m.key), len(m.value))
+			}
+		}
+		for _, l := range v.cmdLines {
+			texts = append(texts, l.label, joinList(l.argv))
+		}
+		for _, col := range [][]string{once.meta.key, once.meta.value, once.cmd.argv, once.fail.label,
+			once.fail.output, once.fail.config, once.fail.message, once.fail.stderr, once.fail.stderrURI,
+			once.fail.mnemonic, once.cause.label, once.cause.cLabel, once.cause.output} {
+			texts = append(texts, col...)
 		}
 		for _, s := range texts {
 			if !utf8.ValidString(s) || strings.ContainsRune(s, 0) {

@@ -355,7 +355,7 @@ func synthBuild(s *stream, project, inv string, n int, finish bool) *builder {
 		StructuredCommandLine: &bep.BuildEventId_StructuredCommandLineId{CommandLineLabel: "original"}}}))
 	b.tool(simpleEv(&bep.BuildEventId{Id: &bep.BuildEventId_OptionsParsed{}}))
 	b.tool(&bep.BuildEvent{Id: &bep.BuildEventId{Id: &bep.BuildEventId_BuildMetadata{}},
-		Payload: &bep.BuildEvent_BuildMetadata{BuildMetadata: &bep.BuildMetadata{Metadata: map[string]string{"ROLE": "CI"}}}})
+		Payload: &bep.BuildEvent_BuildMetadata{BuildMetadata: &bep.BuildMetadata{Metadata: map[string]string{"ROLE": "CI", "COMMIT_SHA": "sha-of-" + project}}}})
 	b.tool(workspaceStatusEv("ci", "ci-7.example"))
 	b.tool(patternEv("//..."))
 	prog := int32(0)
@@ -386,9 +386,11 @@ func synthBuild(s *stream, project, inv string, n int, finish bool) *builder {
 		b.tool(namedSetEv(strconv.Itoa(i)))
 		if failing {
 			exitCode, exitName = 1, "BUILD_FAILURE"
-			b.tool(actionEv(l, "bazel-out/k8-fastbuild/bin/"+l[2:]+".txt", false, 1,
-				"Executing genrule "+l+" failed: (Exit 1): bash failed: error executing command"))
-			b.tool(completedEv(l, false, ""))
+			out := "bazel-out/k8-fastbuild/bin/" + l[2:] + ".txt"
+			b.tool(actionEv(l, out, false, 1, "Executing genrule "+l+" failed: (Exit 1): bash failed: error executing command"))
+			c := completedEv(l, false, "")
+			c.Children = []*bep.BuildEventId{actionID(l, out)}
+			b.tool(c)
 			continue
 		}
 		b.tool(actionEv(l, "bazel-out/k8-fastbuild/bin/"+l[2:]+".txt", true, 0, ""))
@@ -466,7 +468,8 @@ func digest(t testing.TB, pool *pgxpool.Pool) map[string]string {
 func truncate(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(),
-		`truncate invocations, targets, tests, build_metrics, build_output, build_output_pages, build_output_chunks, hourly_rollups`); err != nil {
+		`truncate invocations, targets, tests, build_metrics, build_output, build_output_pages, build_output_chunks, hourly_rollups,
+		build_metadata, build_command_lines, build_failures, target_causes`); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -71,7 +71,8 @@ where invocation_id = $1 and project = $2 group by stream`
 // Targets returns one page of the targets of the build of project with the
 // given invocation id, in label order: all of them, or with q.Failed those
 // whose completion failed (success false; a target still being built is
-// not among them). An unknown build has no targets.
+// not among them). An unknown build has no targets. A failed target comes
+// with its root causes (one more query for the page's failed targets).
 func Targets(ctx context.Context, db Querier, project, invocationID string, q PageQuery) ([]Target, error) {
 	sql := sqlTargetsPage
 	if q.Failed {
@@ -88,6 +89,9 @@ func Targets(ctx context.Context, db Querier, project, invocationID string, q Pa
 	})
 	if err != nil {
 		return nil, fmt.Errorf("builds: targets of %s in project %s: %w", invocationID, project, err)
+	}
+	if err := pageCauses(ctx, db, project, invocationID, out); err != nil {
+		return nil, fmt.Errorf("builds: root causes of %s in project %s: %w", invocationID, project, err)
 	}
 	return out, nil
 }
@@ -312,12 +316,16 @@ func WriteJSON(ctx context.Context, db Querier, w io.Writer, project, invocation
 	i, j = i+len("\n  "+targets)-3, j+len("\n  "+tests)-3 // at each "[]"
 	bw := &errWriter{w: w}
 	bw.write(head[:i])
-	if err := writeRows(ctx, db, bw, `select label, coalesce(kind, ''), coalesce(success, false), failure_reason
-		from targets where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project,
+	if err := writeRows(ctx, db, bw, sqlAllTargets, invocationID, project,
 		func(rows pgx.Rows) (any, error) {
-			var t Target
-			err := rows.Scan(&t.Label, &t.Kind, &t.Success, &t.FailureReason)
-			return t, err
+			var (
+				t      Target
+				causes []byte
+			)
+			if err := rows.Scan(&t.Label, &t.Kind, &t.Success, &t.FailureReason, &causes); err != nil {
+				return t, err
+			}
+			return t, t.setCauses(causes)
 		}); err != nil {
 		return fmt.Errorf("builds: json of %s targets: %w", invocationID, err)
 	}

@@ -23,6 +23,8 @@ func (p *Projector) Reset(ctx context.Context, tx pgx.Tx) error {
 var rowTables = map[string]string{
 	"invocations": "id", "targets": "invocation_id", "tests": "invocation_id", "build_metrics": "invocation_id",
 	"build_output": "invocation_id", "build_output_pages": "invocation_id", "build_output_chunks": "invocation_id",
+	"build_metadata": "invocation_id", "build_command_lines": "invocation_id", "build_failures": "invocation_id",
+	"target_causes": "invocation_id",
 }
 
 // ResetExcept empties the projection but for the builds in keep, whose raw

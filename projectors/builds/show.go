@@ -40,14 +40,33 @@ type Build struct {
 	Targets      []Target   `json:"targets"` // sorted by label
 	Tests        []Test     `json:"tests"`   // sorted by label
 	Metrics      *Metrics   `json:"metrics"` // null until BuildMetrics came
+	// User and Host are the workspace status keys BUILD_USER and BUILD_HOST.
+	User *string `json:"user"`
+	Host *string `json:"host"`
+	// BuildMetadata are the --build_metadata entries (COMMIT_SHA, BRANCH,
+	// ROLE, ...); WorkspaceStatus every workspace status key, sorted.
+	BuildMetadata   map[string]string `json:"build_metadata"`
+	WorkspaceStatus []StatusItem      `json:"workspace_status"`
+	// CommandLine is the canonical command line (null until Bazel sent
+	// it); CommandLines it and the options given explicitly, by source
+	// and label. Both as the edge stored them: redacted.
+	CommandLine  []string      `json:"command_line"`
+	CommandLines []CommandLine `json:"command_lines"`
 }
 
 // Target is one target of a build.
 type Target struct {
-	Label         string  `json:"label"`
-	Kind          string  `json:"kind"` // e.g. "genrule rule"; "" if Bazel did not say
-	Success       bool    `json:"success"`
+	Label   string `json:"label"`
+	Kind    string `json:"kind"` // e.g. "genrule rule"; "" if Bazel did not say
+	Success bool   `json:"success"`
+	// FailureReason is the target's own failure (its failure detail, an
+	// Aborted event or its failed action); null for a target that failed
+	// only because a dependency did: RootCauses names what did.
 	FailureReason *string `json:"failure_reason"`
+	// RootCauses are what Bazel named as the causes of the target's
+	// failure (the target itself when its own action failed); empty for a
+	// target that did not fail.
+	RootCauses []Cause `json:"root_causes"`
 }
 
 // Test is one test target's outcome.
@@ -106,10 +125,11 @@ func Show(ctx context.Context, q Querier, project, invocationID string) (*Build,
 func show(ctx context.Context, q Querier, project, invocationID string, rows bool) (*Build, error) {
 	b := &Build{Targets: []Target{}, Tests: []Test{}}
 	err := q.QueryRow(ctx, `
-		select id, status, exit_code, exit_code_name, project, command, started_at, finished_at, duration_ms
+		select id, status, exit_code, exit_code_name, project, command, started_at, finished_at, duration_ms,
+		       user_name, host
 		from invocations where id = $1 and project = $2`, invocationID, project).Scan(
 		&b.ID, &b.Status, &b.ExitCode, &b.ExitCodeName, &b.Project, &b.Command,
-		&b.StartedAt, &b.FinishedAt, &b.DurationMs)
+		&b.StartedAt, &b.FinishedAt, &b.DurationMs, &b.User, &b.Host)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}
@@ -126,6 +146,9 @@ func show(ctx context.Context, q Querier, project, invocationID string, rows boo
 		if err := showRows(ctx, q, b, project, invocationID); err != nil {
 			return nil, err
 		}
+	}
+	if err := b.readMetadata(ctx, q); err != nil {
+		return nil, fmt.Errorf("builds: show %s of project %s: %w", invocationID, project, err)
 	}
 
 	var m Metrics
@@ -149,16 +172,24 @@ func show(ctx context.Context, q Querier, project, invocationID string, rows boo
 	return b, nil
 }
 
+// sqlAllTargets reads every target of a build, with its root causes.
+const sqlAllTargets = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason, ` + causesColumn + `
+from targets where invocation_id = $1 and project = $2 order by label collate "C"`
+
 // showRows reads all the build's targets and tests into b.
 func showRows(ctx context.Context, q Querier, b *Build, project, invocationID string) error {
-	rows, err := q.Query(ctx, `
-		select label, coalesce(kind, ''), coalesce(success, false), failure_reason
-		from targets where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project)
+	rows, err := q.Query(ctx, sqlAllTargets, invocationID, project)
 	if err != nil {
 		return fmt.Errorf("builds: show %s targets: %w", invocationID, err)
 	}
-	var t Target
-	if _, err := pgx.ForEachRow(rows, []any{&t.Label, &t.Kind, &t.Success, &t.FailureReason}, func() error {
+	var (
+		t      Target
+		causes []byte
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&t.Label, &t.Kind, &t.Success, &t.FailureReason, &causes}, func() error {
+		if err := t.setCauses(causes); err != nil {
+			return err
+		}
 		b.Targets = append(b.Targets, t)
 		return nil
 	}); err != nil {
@@ -204,16 +235,23 @@ func Output(ctx context.Context, q Querier, project, invocationID string) (stdou
 // DigestTables are the tables that make up the projection, in the order
 // Digest reports them. build_output_chunks (scratch whose rows depend on
 // batch boundaries) and consumer_positions are not among them.
-var DigestTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages", "hourly_rollups"}
+var DigestTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages",
+	"hourly_rollups", "build_metadata", "build_command_lines", "build_failures", "target_causes"}
 
 var digestOrder = map[string]string{
-	"invocations":        `id collate "C", project collate "C"`,
-	"targets":            `invocation_id collate "C", project collate "C", label collate "C"`,
-	"tests":              `invocation_id collate "C", project collate "C", label collate "C"`,
-	"build_metrics":      `invocation_id collate "C", project collate "C"`,
-	"build_output":       `invocation_id collate "C", project collate "C"`,
-	"build_output_pages": `invocation_id collate "C", project collate "C", stream, page`,
-	"hourly_rollups":     `project collate "C", hour`,
+	"invocations":         `id collate "C", project collate "C"`,
+	"targets":             `invocation_id collate "C", project collate "C", label collate "C"`,
+	"tests":               `invocation_id collate "C", project collate "C", label collate "C"`,
+	"build_metrics":       `invocation_id collate "C", project collate "C"`,
+	"build_output":        `invocation_id collate "C", project collate "C"`,
+	"build_output_pages":  `invocation_id collate "C", project collate "C", stream, page`,
+	"hourly_rollups":      `project collate "C", hour`,
+	"build_metadata":      `invocation_id collate "C", project collate "C", source collate "C", key collate "C"`,
+	"build_command_lines": `invocation_id collate "C", project collate "C", source collate "C", label collate "C"`,
+	"build_failures": `invocation_id collate "C", project collate "C", kind collate "C", label collate "C",
+		primary_output collate "C", configuration collate "C"`,
+	"target_causes": `invocation_id collate "C", project collate "C", label collate "C", cause_kind collate "C",
+		cause_label collate "C", cause_output collate "C", cause_configuration collate "C"`,
 }
 
 // Digest returns, per projection table, the md5 of all its rows (their text

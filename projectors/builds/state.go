@@ -111,6 +111,12 @@ type inv struct {
 	tests       map[string]*test
 	testOrder   []string
 	metrics     *bep.BuildMetrics
+
+	// Rows of the tables that take a build's events once (metadata.go).
+	meta     []metaRow
+	cmdLines []cmdLine
+	failures []failure
+	causes   []cause
 }
 
 type target struct {
@@ -296,7 +302,17 @@ func (v *inv) applyBazel(e *event) {
 			case "BUILD_HOST":
 				v.host = setIf(v.host, it.GetValue())
 			}
+			v.addMeta(statusSource(it.GetKey()), it.GetKey(), it.GetValue())
 		}
+
+	case payBuildMetadata:
+		v.addBuildMetadata(be.msg.(*bep.BuildMetadata))
+
+	case payStructured:
+		v.addStructured(be)
+
+	case payOptionsParsed:
+		v.addOptions(be.msg.(*bep.OptionsParsed))
 
 	case payExpanded:
 		for _, p := range be.id.GetPattern().GetPattern() {
@@ -312,6 +328,9 @@ func (v *inv) applyBazel(e *event) {
 		switch {
 		case be.label != "":
 			v.target(be.label).fail(rankAborted, reason)
+			v.addCauses(be)
+		case be.id.GetConfiguredLabel() != nil, be.id.GetUnconfiguredLabel() != nil:
+			v.addLabelFailure(be.id, reason)
 		case be.id.GetPattern() != nil:
 			for _, p := range be.id.GetPattern().GetPattern() {
 				v.patterns = append(v.patterns, clean(p))
@@ -329,10 +348,14 @@ func (v *inv) applyBazel(e *event) {
 		t.setTags(m.GetTag())
 
 	case payAction:
-		if be.label == "" {
+		if !be.failedAction {
 			return // successful actions are not even unmarshalled
 		}
 		m := be.msg.(*bep.ActionExecuted)
+		v.addActionFailure(be.id, m)
+		if be.label == "" {
+			return
+		}
 		reason := m.GetFailureDetail().GetMessage()
 		if reason == "" {
 			typ := m.GetType()
@@ -355,7 +378,16 @@ func (v *inv) applyBazel(e *event) {
 		if m.GetSuccess() {
 			t.succeed()
 		} else {
-			t.fail(rankComplete, m.GetFailureDetail().GetMessage())
+			// Bazel copies the root cause's failure detail into every
+			// target that failed because of it; the target keeps it as its
+			// own failure reason only if it is one of its root causes, and
+			// names the others in target_causes.
+			reason := m.GetFailureDetail().GetMessage()
+			if !ownCause(be) {
+				reason = ""
+			}
+			t.fail(rankComplete, reason)
+			v.addCauses(be)
 		}
 
 	case payTestResult:

@@ -78,6 +78,15 @@ func TestSameInvocationIDTwoProjects(t *testing.T) {
 				if b.Project != k.project || b.Status == "running" {
 					t.Errorf("%v: project %q status %q, want %q and finished", k, b.Project, b.Status, k.project)
 				}
+				// Each build's metadata and root causes are its own.
+				if got, want := b.BuildMetadata["COMMIT_SHA"], "sha-of-"+k.project; got != want {
+					t.Errorf("%v: COMMIT_SHA %q, want %q", k, got, want)
+				}
+				for _, tg := range b.Targets {
+					if !tg.Success && len(tg.RootCauses) != 1 {
+						t.Errorf("%v: failed target %s has root causes %+v, want its own action", k, tg.Label, tg.RootCauses)
+					}
+				}
 				var events int64
 				if err := pool.QueryRow(ctx, `select event_count from invocations where id = $1 and project = $2`,
 					k.id, k.project).Scan(&events); err != nil {

@@ -378,6 +378,7 @@ type writes struct {
 	newTgt, oldTgt targetCols
 	newTst, oldTst testCols
 	met            metricCols
+	once           onceCols // metadata.go
 	chunks         chunkCols
 	finalize       map[invKey]*inv
 	finIDs         []invKey
@@ -459,6 +460,7 @@ func (s *state) collect(w *writes, v *inv) {
 	if v.metrics != nil {
 		w.met.add(id, v)
 	}
+	w.once.add(v)
 
 	abandoned := v.storedStatus == "abandoned" && !v.hasExit && v.result == ""
 	final := v.storedDone || v.done || abandoned
@@ -511,6 +513,7 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 	if len(w.met.inv) > 0 {
 		b.Queue(sqlMetrics, w.met.args()...)
 	}
+	w.once.queue(b)
 	// Rollups read invocations and tests, so they come after them.
 	if len(w.reconcIDs) > 0 {
 		projects, ids := splitKeys(w.reconcIDs)

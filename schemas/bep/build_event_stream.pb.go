@@ -5,8 +5,8 @@
 // not a copy of it: it declares only the messages and fields the projectors
 // read, with Bazel's field numbers and wire types, so that the bytes Bazel
 // sends decode with these types. Everything else Bazel sends (named sets of
-// files, structured command lines, option policies, ...) is kept as unknown
-// fields by the protobuf runtime and ignored.
+// files, option policies and effect tags, output groups, ...) is kept as
+// unknown fields by the protobuf runtime and ignored.
 //
 // The package is build_event_stream so that the type URL of the google.protobuf.Any
 // in a BES bazel_event, "type.googleapis.com/build_event_stream.BuildEvent",
@@ -2229,11 +2229,16 @@ func (*NamedSetOfFiles) Descriptor() ([]byte, []int) {
 	return file_build_event_stream_proto_rawDescGZIP(), []int{21}
 }
 
-// StructuredCommandLine stands for Bazel's command_line.CommandLine.
+// StructuredCommandLine stands for Bazel's command_line.CommandLine
+// (src/main/protobuf/command_line.proto): a labelled command line
+// ("original", "canonical", "tool") in sections of plain chunks (the
+// executable, the command, the residue) or of options.
 type StructuredCommandLine struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state            protoimpl.MessageState `protogen:"open.v1"`
+	CommandLineLabel string                 `protobuf:"bytes,1,opt,name=command_line_label,json=commandLineLabel,proto3" json:"command_line_label,omitempty"`
+	Sections         []*CommandLineSection  `protobuf:"bytes,2,rep,name=sections,proto3" json:"sections,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *StructuredCommandLine) Reset() {
@@ -2266,6 +2271,261 @@ func (*StructuredCommandLine) Descriptor() ([]byte, []int) {
 	return file_build_event_stream_proto_rawDescGZIP(), []int{22}
 }
 
+func (x *StructuredCommandLine) GetCommandLineLabel() string {
+	if x != nil {
+		return x.CommandLineLabel
+	}
+	return ""
+}
+
+func (x *StructuredCommandLine) GetSections() []*CommandLineSection {
+	if x != nil {
+		return x.Sections
+	}
+	return nil
+}
+
+// CommandLineSection, ChunkList, OptionList and Option model the messages
+// of the same names in command_line.proto; an Option's effect and metadata
+// tags (4, 5) stay unknown.
+type CommandLineSection struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	SectionLabel string                 `protobuf:"bytes,1,opt,name=section_label,json=sectionLabel,proto3" json:"section_label,omitempty"`
+	// Types that are valid to be assigned to SectionType:
+	//
+	//	*CommandLineSection_ChunkList
+	//	*CommandLineSection_OptionList
+	SectionType   isCommandLineSection_SectionType `protobuf_oneof:"section_type"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommandLineSection) Reset() {
+	*x = CommandLineSection{}
+	mi := &file_build_event_stream_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommandLineSection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommandLineSection) ProtoMessage() {}
+
+func (x *CommandLineSection) ProtoReflect() protoreflect.Message {
+	mi := &file_build_event_stream_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommandLineSection.ProtoReflect.Descriptor instead.
+func (*CommandLineSection) Descriptor() ([]byte, []int) {
+	return file_build_event_stream_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *CommandLineSection) GetSectionLabel() string {
+	if x != nil {
+		return x.SectionLabel
+	}
+	return ""
+}
+
+func (x *CommandLineSection) GetSectionType() isCommandLineSection_SectionType {
+	if x != nil {
+		return x.SectionType
+	}
+	return nil
+}
+
+func (x *CommandLineSection) GetChunkList() *ChunkList {
+	if x != nil {
+		if x, ok := x.SectionType.(*CommandLineSection_ChunkList); ok {
+			return x.ChunkList
+		}
+	}
+	return nil
+}
+
+func (x *CommandLineSection) GetOptionList() *OptionList {
+	if x != nil {
+		if x, ok := x.SectionType.(*CommandLineSection_OptionList); ok {
+			return x.OptionList
+		}
+	}
+	return nil
+}
+
+type isCommandLineSection_SectionType interface {
+	isCommandLineSection_SectionType()
+}
+
+type CommandLineSection_ChunkList struct {
+	ChunkList *ChunkList `protobuf:"bytes,2,opt,name=chunk_list,json=chunkList,proto3,oneof"`
+}
+
+type CommandLineSection_OptionList struct {
+	OptionList *OptionList `protobuf:"bytes,3,opt,name=option_list,json=optionList,proto3,oneof"`
+}
+
+func (*CommandLineSection_ChunkList) isCommandLineSection_SectionType() {}
+
+func (*CommandLineSection_OptionList) isCommandLineSection_SectionType() {}
+
+type ChunkList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Chunk         []string               `protobuf:"bytes,1,rep,name=chunk,proto3" json:"chunk,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ChunkList) Reset() {
+	*x = ChunkList{}
+	mi := &file_build_event_stream_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ChunkList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ChunkList) ProtoMessage() {}
+
+func (x *ChunkList) ProtoReflect() protoreflect.Message {
+	mi := &file_build_event_stream_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ChunkList.ProtoReflect.Descriptor instead.
+func (*ChunkList) Descriptor() ([]byte, []int) {
+	return file_build_event_stream_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ChunkList) GetChunk() []string {
+	if x != nil {
+		return x.Chunk
+	}
+	return nil
+}
+
+type OptionList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Option        []*Option              `protobuf:"bytes,1,rep,name=option,proto3" json:"option,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OptionList) Reset() {
+	*x = OptionList{}
+	mi := &file_build_event_stream_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OptionList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OptionList) ProtoMessage() {}
+
+func (x *OptionList) ProtoReflect() protoreflect.Message {
+	mi := &file_build_event_stream_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OptionList.ProtoReflect.Descriptor instead.
+func (*OptionList) Descriptor() ([]byte, []int) {
+	return file_build_event_stream_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *OptionList) GetOption() []*Option {
+	if x != nil {
+		return x.Option
+	}
+	return nil
+}
+
+type Option struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	CombinedForm  string                 `protobuf:"bytes,1,opt,name=combined_form,json=combinedForm,proto3" json:"combined_form,omitempty"`
+	OptionName    string                 `protobuf:"bytes,2,opt,name=option_name,json=optionName,proto3" json:"option_name,omitempty"`
+	OptionValue   string                 `protobuf:"bytes,3,opt,name=option_value,json=optionValue,proto3" json:"option_value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Option) Reset() {
+	*x = Option{}
+	mi := &file_build_event_stream_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Option) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Option) ProtoMessage() {}
+
+func (x *Option) ProtoReflect() protoreflect.Message {
+	mi := &file_build_event_stream_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Option.ProtoReflect.Descriptor instead.
+func (*Option) Descriptor() ([]byte, []int) {
+	return file_build_event_stream_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *Option) GetCombinedForm() string {
+	if x != nil {
+		return x.CombinedForm
+	}
+	return ""
+}
+
+func (x *Option) GetOptionName() string {
+	if x != nil {
+		return x.OptionName
+	}
+	return ""
+}
+
+func (x *Option) GetOptionValue() string {
+	if x != nil {
+		return x.OptionValue
+	}
+	return ""
+}
+
 type Fetch struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Success       bool                   `protobuf:"varint,1,opt,name=success,proto3" json:"success,omitempty"`
@@ -2275,7 +2535,7 @@ type Fetch struct {
 
 func (x *Fetch) Reset() {
 	*x = Fetch{}
-	mi := &file_build_event_stream_proto_msgTypes[23]
+	mi := &file_build_event_stream_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2287,7 +2547,7 @@ func (x *Fetch) String() string {
 func (*Fetch) ProtoMessage() {}
 
 func (x *Fetch) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[23]
+	mi := &file_build_event_stream_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2300,7 +2560,7 @@ func (x *Fetch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Fetch.ProtoReflect.Descriptor instead.
 func (*Fetch) Descriptor() ([]byte, []int) {
-	return file_build_event_stream_proto_rawDescGZIP(), []int{23}
+	return file_build_event_stream_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *Fetch) GetSuccess() bool {
@@ -2318,7 +2578,7 @@ type BuildToolLogs struct {
 
 func (x *BuildToolLogs) Reset() {
 	*x = BuildToolLogs{}
-	mi := &file_build_event_stream_proto_msgTypes[24]
+	mi := &file_build_event_stream_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2330,7 +2590,7 @@ func (x *BuildToolLogs) String() string {
 func (*BuildToolLogs) ProtoMessage() {}
 
 func (x *BuildToolLogs) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[24]
+	mi := &file_build_event_stream_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2343,7 +2603,7 @@ func (x *BuildToolLogs) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildToolLogs.ProtoReflect.Descriptor instead.
 func (*BuildToolLogs) Descriptor() ([]byte, []int) {
-	return file_build_event_stream_proto_rawDescGZIP(), []int{24}
+	return file_build_event_stream_proto_rawDescGZIP(), []int{28}
 }
 
 type WorkspaceConfig struct {
@@ -2354,7 +2614,7 @@ type WorkspaceConfig struct {
 
 func (x *WorkspaceConfig) Reset() {
 	*x = WorkspaceConfig{}
-	mi := &file_build_event_stream_proto_msgTypes[25]
+	mi := &file_build_event_stream_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2626,7 @@ func (x *WorkspaceConfig) String() string {
 func (*WorkspaceConfig) ProtoMessage() {}
 
 func (x *WorkspaceConfig) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[25]
+	mi := &file_build_event_stream_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2639,7 @@ func (x *WorkspaceConfig) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkspaceConfig.ProtoReflect.Descriptor instead.
 func (*WorkspaceConfig) Descriptor() ([]byte, []int) {
-	return file_build_event_stream_proto_rawDescGZIP(), []int{25}
+	return file_build_event_stream_proto_rawDescGZIP(), []int{29}
 }
 
 type ConvenienceSymlinksIdentified struct {
@@ -2390,7 +2650,7 @@ type ConvenienceSymlinksIdentified struct {
 
 func (x *ConvenienceSymlinksIdentified) Reset() {
 	*x = ConvenienceSymlinksIdentified{}
-	mi := &file_build_event_stream_proto_msgTypes[26]
+	mi := &file_build_event_stream_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2402,7 +2662,7 @@ func (x *ConvenienceSymlinksIdentified) String() string {
 func (*ConvenienceSymlinksIdentified) ProtoMessage() {}
 
 func (x *ConvenienceSymlinksIdentified) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[26]
+	mi := &file_build_event_stream_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2415,7 +2675,7 @@ func (x *ConvenienceSymlinksIdentified) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConvenienceSymlinksIdentified.ProtoReflect.Descriptor instead.
 func (*ConvenienceSymlinksIdentified) Descriptor() ([]byte, []int) {
-	return file_build_event_stream_proto_rawDescGZIP(), []int{26}
+	return file_build_event_stream_proto_rawDescGZIP(), []int{30}
 }
 
 // BuildEvent is one event of a Bazel build event stream.
@@ -2456,7 +2716,7 @@ type BuildEvent struct {
 
 func (x *BuildEvent) Reset() {
 	*x = BuildEvent{}
-	mi := &file_build_event_stream_proto_msgTypes[27]
+	mi := &file_build_event_stream_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2468,7 +2728,7 @@ func (x *BuildEvent) String() string {
 func (*BuildEvent) ProtoMessage() {}
 
 func (x *BuildEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[27]
+	mi := &file_build_event_stream_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2481,7 +2741,7 @@ func (x *BuildEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use BuildEvent.ProtoReflect.Descriptor instead.
 func (*BuildEvent) Descriptor() ([]byte, []int) {
-	return file_build_event_stream_proto_rawDescGZIP(), []int{27}
+	return file_build_event_stream_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *BuildEvent) GetId() *BuildEventId {
@@ -2870,7 +3130,7 @@ type BuildEventId_UnknownBuildEventId struct {
 
 func (x *BuildEventId_UnknownBuildEventId) Reset() {
 	*x = BuildEventId_UnknownBuildEventId{}
-	mi := &file_build_event_stream_proto_msgTypes[28]
+	mi := &file_build_event_stream_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2882,7 +3142,7 @@ func (x *BuildEventId_UnknownBuildEventId) String() string {
 func (*BuildEventId_UnknownBuildEventId) ProtoMessage() {}
 
 func (x *BuildEventId_UnknownBuildEventId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[28]
+	mi := &file_build_event_stream_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2914,7 +3174,7 @@ type BuildEventId_ProgressId struct {
 
 func (x *BuildEventId_ProgressId) Reset() {
 	*x = BuildEventId_ProgressId{}
-	mi := &file_build_event_stream_proto_msgTypes[29]
+	mi := &file_build_event_stream_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2926,7 +3186,7 @@ func (x *BuildEventId_ProgressId) String() string {
 func (*BuildEventId_ProgressId) ProtoMessage() {}
 
 func (x *BuildEventId_ProgressId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[29]
+	mi := &file_build_event_stream_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2957,7 +3217,7 @@ type BuildEventId_BuildStartedId struct {
 
 func (x *BuildEventId_BuildStartedId) Reset() {
 	*x = BuildEventId_BuildStartedId{}
-	mi := &file_build_event_stream_proto_msgTypes[30]
+	mi := &file_build_event_stream_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2969,7 +3229,7 @@ func (x *BuildEventId_BuildStartedId) String() string {
 func (*BuildEventId_BuildStartedId) ProtoMessage() {}
 
 func (x *BuildEventId_BuildStartedId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[30]
+	mi := &file_build_event_stream_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2993,7 +3253,7 @@ type BuildEventId_UnstructuredCommandLineId struct {
 
 func (x *BuildEventId_UnstructuredCommandLineId) Reset() {
 	*x = BuildEventId_UnstructuredCommandLineId{}
-	mi := &file_build_event_stream_proto_msgTypes[31]
+	mi := &file_build_event_stream_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3005,7 +3265,7 @@ func (x *BuildEventId_UnstructuredCommandLineId) String() string {
 func (*BuildEventId_UnstructuredCommandLineId) ProtoMessage() {}
 
 func (x *BuildEventId_UnstructuredCommandLineId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[31]
+	mi := &file_build_event_stream_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3030,7 +3290,7 @@ type BuildEventId_StructuredCommandLineId struct {
 
 func (x *BuildEventId_StructuredCommandLineId) Reset() {
 	*x = BuildEventId_StructuredCommandLineId{}
-	mi := &file_build_event_stream_proto_msgTypes[32]
+	mi := &file_build_event_stream_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3042,7 +3302,7 @@ func (x *BuildEventId_StructuredCommandLineId) String() string {
 func (*BuildEventId_StructuredCommandLineId) ProtoMessage() {}
 
 func (x *BuildEventId_StructuredCommandLineId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[32]
+	mi := &file_build_event_stream_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3073,7 +3333,7 @@ type BuildEventId_WorkspaceStatusId struct {
 
 func (x *BuildEventId_WorkspaceStatusId) Reset() {
 	*x = BuildEventId_WorkspaceStatusId{}
-	mi := &file_build_event_stream_proto_msgTypes[33]
+	mi := &file_build_event_stream_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3085,7 +3345,7 @@ func (x *BuildEventId_WorkspaceStatusId) String() string {
 func (*BuildEventId_WorkspaceStatusId) ProtoMessage() {}
 
 func (x *BuildEventId_WorkspaceStatusId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[33]
+	mi := &file_build_event_stream_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3109,7 +3369,7 @@ type BuildEventId_OptionsParsedId struct {
 
 func (x *BuildEventId_OptionsParsedId) Reset() {
 	*x = BuildEventId_OptionsParsedId{}
-	mi := &file_build_event_stream_proto_msgTypes[34]
+	mi := &file_build_event_stream_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3121,7 +3381,7 @@ func (x *BuildEventId_OptionsParsedId) String() string {
 func (*BuildEventId_OptionsParsedId) ProtoMessage() {}
 
 func (x *BuildEventId_OptionsParsedId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[34]
+	mi := &file_build_event_stream_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3146,7 +3406,7 @@ type BuildEventId_FetchId struct {
 
 func (x *BuildEventId_FetchId) Reset() {
 	*x = BuildEventId_FetchId{}
-	mi := &file_build_event_stream_proto_msgTypes[35]
+	mi := &file_build_event_stream_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3158,7 +3418,7 @@ func (x *BuildEventId_FetchId) String() string {
 func (*BuildEventId_FetchId) ProtoMessage() {}
 
 func (x *BuildEventId_FetchId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[35]
+	mi := &file_build_event_stream_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3190,7 +3450,7 @@ type BuildEventId_PatternExpandedId struct {
 
 func (x *BuildEventId_PatternExpandedId) Reset() {
 	*x = BuildEventId_PatternExpandedId{}
-	mi := &file_build_event_stream_proto_msgTypes[36]
+	mi := &file_build_event_stream_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3202,7 +3462,7 @@ func (x *BuildEventId_PatternExpandedId) String() string {
 func (*BuildEventId_PatternExpandedId) ProtoMessage() {}
 
 func (x *BuildEventId_PatternExpandedId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[36]
+	mi := &file_build_event_stream_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3233,7 +3493,7 @@ type BuildEventId_WorkspaceConfigId struct {
 
 func (x *BuildEventId_WorkspaceConfigId) Reset() {
 	*x = BuildEventId_WorkspaceConfigId{}
-	mi := &file_build_event_stream_proto_msgTypes[37]
+	mi := &file_build_event_stream_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3245,7 +3505,7 @@ func (x *BuildEventId_WorkspaceConfigId) String() string {
 func (*BuildEventId_WorkspaceConfigId) ProtoMessage() {}
 
 func (x *BuildEventId_WorkspaceConfigId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[37]
+	mi := &file_build_event_stream_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3269,7 +3529,7 @@ type BuildEventId_BuildMetadataId struct {
 
 func (x *BuildEventId_BuildMetadataId) Reset() {
 	*x = BuildEventId_BuildMetadataId{}
-	mi := &file_build_event_stream_proto_msgTypes[38]
+	mi := &file_build_event_stream_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3281,7 +3541,7 @@ func (x *BuildEventId_BuildMetadataId) String() string {
 func (*BuildEventId_BuildMetadataId) ProtoMessage() {}
 
 func (x *BuildEventId_BuildMetadataId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[38]
+	mi := &file_build_event_stream_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3307,7 +3567,7 @@ type BuildEventId_TargetConfiguredId struct {
 
 func (x *BuildEventId_TargetConfiguredId) Reset() {
 	*x = BuildEventId_TargetConfiguredId{}
-	mi := &file_build_event_stream_proto_msgTypes[39]
+	mi := &file_build_event_stream_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3319,7 +3579,7 @@ func (x *BuildEventId_TargetConfiguredId) String() string {
 func (*BuildEventId_TargetConfiguredId) ProtoMessage() {}
 
 func (x *BuildEventId_TargetConfiguredId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[39]
+	mi := &file_build_event_stream_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3358,7 +3618,7 @@ type BuildEventId_NamedSetOfFilesId struct {
 
 func (x *BuildEventId_NamedSetOfFilesId) Reset() {
 	*x = BuildEventId_NamedSetOfFilesId{}
-	mi := &file_build_event_stream_proto_msgTypes[40]
+	mi := &file_build_event_stream_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3370,7 +3630,7 @@ func (x *BuildEventId_NamedSetOfFilesId) String() string {
 func (*BuildEventId_NamedSetOfFilesId) ProtoMessage() {}
 
 func (x *BuildEventId_NamedSetOfFilesId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[40]
+	mi := &file_build_event_stream_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3402,7 +3662,7 @@ type BuildEventId_ConfigurationId struct {
 
 func (x *BuildEventId_ConfigurationId) Reset() {
 	*x = BuildEventId_ConfigurationId{}
-	mi := &file_build_event_stream_proto_msgTypes[41]
+	mi := &file_build_event_stream_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3414,7 +3674,7 @@ func (x *BuildEventId_ConfigurationId) String() string {
 func (*BuildEventId_ConfigurationId) ProtoMessage() {}
 
 func (x *BuildEventId_ConfigurationId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[41]
+	mi := &file_build_event_stream_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3448,7 +3708,7 @@ type BuildEventId_TargetCompletedId struct {
 
 func (x *BuildEventId_TargetCompletedId) Reset() {
 	*x = BuildEventId_TargetCompletedId{}
-	mi := &file_build_event_stream_proto_msgTypes[42]
+	mi := &file_build_event_stream_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3460,7 +3720,7 @@ func (x *BuildEventId_TargetCompletedId) String() string {
 func (*BuildEventId_TargetCompletedId) ProtoMessage() {}
 
 func (x *BuildEventId_TargetCompletedId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[42]
+	mi := &file_build_event_stream_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3508,7 +3768,7 @@ type BuildEventId_ActionCompletedId struct {
 
 func (x *BuildEventId_ActionCompletedId) Reset() {
 	*x = BuildEventId_ActionCompletedId{}
-	mi := &file_build_event_stream_proto_msgTypes[43]
+	mi := &file_build_event_stream_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3520,7 +3780,7 @@ func (x *BuildEventId_ActionCompletedId) String() string {
 func (*BuildEventId_ActionCompletedId) ProtoMessage() {}
 
 func (x *BuildEventId_ActionCompletedId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[43]
+	mi := &file_build_event_stream_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3566,7 +3826,7 @@ type BuildEventId_UnconfiguredLabelId struct {
 
 func (x *BuildEventId_UnconfiguredLabelId) Reset() {
 	*x = BuildEventId_UnconfiguredLabelId{}
-	mi := &file_build_event_stream_proto_msgTypes[44]
+	mi := &file_build_event_stream_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3578,7 +3838,7 @@ func (x *BuildEventId_UnconfiguredLabelId) String() string {
 func (*BuildEventId_UnconfiguredLabelId) ProtoMessage() {}
 
 func (x *BuildEventId_UnconfiguredLabelId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[44]
+	mi := &file_build_event_stream_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3611,7 +3871,7 @@ type BuildEventId_ConfiguredLabelId struct {
 
 func (x *BuildEventId_ConfiguredLabelId) Reset() {
 	*x = BuildEventId_ConfiguredLabelId{}
-	mi := &file_build_event_stream_proto_msgTypes[45]
+	mi := &file_build_event_stream_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3623,7 +3883,7 @@ func (x *BuildEventId_ConfiguredLabelId) String() string {
 func (*BuildEventId_ConfiguredLabelId) ProtoMessage() {}
 
 func (x *BuildEventId_ConfiguredLabelId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[45]
+	mi := &file_build_event_stream_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3666,7 +3926,7 @@ type BuildEventId_TestResultId struct {
 
 func (x *BuildEventId_TestResultId) Reset() {
 	*x = BuildEventId_TestResultId{}
-	mi := &file_build_event_stream_proto_msgTypes[46]
+	mi := &file_build_event_stream_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3678,7 +3938,7 @@ func (x *BuildEventId_TestResultId) String() string {
 func (*BuildEventId_TestResultId) ProtoMessage() {}
 
 func (x *BuildEventId_TestResultId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[46]
+	mi := &file_build_event_stream_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3739,7 +3999,7 @@ type BuildEventId_TestSummaryId struct {
 
 func (x *BuildEventId_TestSummaryId) Reset() {
 	*x = BuildEventId_TestSummaryId{}
-	mi := &file_build_event_stream_proto_msgTypes[47]
+	mi := &file_build_event_stream_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3751,7 +4011,7 @@ func (x *BuildEventId_TestSummaryId) String() string {
 func (*BuildEventId_TestSummaryId) ProtoMessage() {}
 
 func (x *BuildEventId_TestSummaryId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[47]
+	mi := &file_build_event_stream_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3791,7 +4051,7 @@ type BuildEventId_TargetSummaryId struct {
 
 func (x *BuildEventId_TargetSummaryId) Reset() {
 	*x = BuildEventId_TargetSummaryId{}
-	mi := &file_build_event_stream_proto_msgTypes[48]
+	mi := &file_build_event_stream_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3803,7 +4063,7 @@ func (x *BuildEventId_TargetSummaryId) String() string {
 func (*BuildEventId_TargetSummaryId) ProtoMessage() {}
 
 func (x *BuildEventId_TargetSummaryId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[48]
+	mi := &file_build_event_stream_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3841,7 +4101,7 @@ type BuildEventId_BuildFinishedId struct {
 
 func (x *BuildEventId_BuildFinishedId) Reset() {
 	*x = BuildEventId_BuildFinishedId{}
-	mi := &file_build_event_stream_proto_msgTypes[49]
+	mi := &file_build_event_stream_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3853,7 +4113,7 @@ func (x *BuildEventId_BuildFinishedId) String() string {
 func (*BuildEventId_BuildFinishedId) ProtoMessage() {}
 
 func (x *BuildEventId_BuildFinishedId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[49]
+	mi := &file_build_event_stream_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3877,7 +4137,7 @@ type BuildEventId_BuildToolLogsId struct {
 
 func (x *BuildEventId_BuildToolLogsId) Reset() {
 	*x = BuildEventId_BuildToolLogsId{}
-	mi := &file_build_event_stream_proto_msgTypes[50]
+	mi := &file_build_event_stream_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3889,7 +4149,7 @@ func (x *BuildEventId_BuildToolLogsId) String() string {
 func (*BuildEventId_BuildToolLogsId) ProtoMessage() {}
 
 func (x *BuildEventId_BuildToolLogsId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[50]
+	mi := &file_build_event_stream_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3913,7 +4173,7 @@ type BuildEventId_BuildMetricsId struct {
 
 func (x *BuildEventId_BuildMetricsId) Reset() {
 	*x = BuildEventId_BuildMetricsId{}
-	mi := &file_build_event_stream_proto_msgTypes[51]
+	mi := &file_build_event_stream_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3925,7 +4185,7 @@ func (x *BuildEventId_BuildMetricsId) String() string {
 func (*BuildEventId_BuildMetricsId) ProtoMessage() {}
 
 func (x *BuildEventId_BuildMetricsId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[51]
+	mi := &file_build_event_stream_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3949,7 +4209,7 @@ type BuildEventId_ConvenienceSymlinksIdentifiedId struct {
 
 func (x *BuildEventId_ConvenienceSymlinksIdentifiedId) Reset() {
 	*x = BuildEventId_ConvenienceSymlinksIdentifiedId{}
-	mi := &file_build_event_stream_proto_msgTypes[52]
+	mi := &file_build_event_stream_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3961,7 +4221,7 @@ func (x *BuildEventId_ConvenienceSymlinksIdentifiedId) String() string {
 func (*BuildEventId_ConvenienceSymlinksIdentifiedId) ProtoMessage() {}
 
 func (x *BuildEventId_ConvenienceSymlinksIdentifiedId) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[52]
+	mi := &file_build_event_stream_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3987,7 +4247,7 @@ type WorkspaceStatus_Item struct {
 
 func (x *WorkspaceStatus_Item) Reset() {
 	*x = WorkspaceStatus_Item{}
-	mi := &file_build_event_stream_proto_msgTypes[53]
+	mi := &file_build_event_stream_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3999,7 +4259,7 @@ func (x *WorkspaceStatus_Item) String() string {
 func (*WorkspaceStatus_Item) ProtoMessage() {}
 
 func (x *WorkspaceStatus_Item) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[53]
+	mi := &file_build_event_stream_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4041,7 +4301,7 @@ type TestResult_ExecutionInfo struct {
 
 func (x *TestResult_ExecutionInfo) Reset() {
 	*x = TestResult_ExecutionInfo{}
-	mi := &file_build_event_stream_proto_msgTypes[55]
+	mi := &file_build_event_stream_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4053,7 +4313,7 @@ func (x *TestResult_ExecutionInfo) String() string {
 func (*TestResult_ExecutionInfo) ProtoMessage() {}
 
 func (x *TestResult_ExecutionInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[55]
+	mi := &file_build_event_stream_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4107,7 +4367,7 @@ type BuildFinished_ExitCode struct {
 
 func (x *BuildFinished_ExitCode) Reset() {
 	*x = BuildFinished_ExitCode{}
-	mi := &file_build_event_stream_proto_msgTypes[56]
+	mi := &file_build_event_stream_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4119,7 +4379,7 @@ func (x *BuildFinished_ExitCode) String() string {
 func (*BuildFinished_ExitCode) ProtoMessage() {}
 
 func (x *BuildFinished_ExitCode) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[56]
+	mi := &file_build_event_stream_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4162,7 +4422,7 @@ type BuildMetrics_ActionSummary struct {
 
 func (x *BuildMetrics_ActionSummary) Reset() {
 	*x = BuildMetrics_ActionSummary{}
-	mi := &file_build_event_stream_proto_msgTypes[57]
+	mi := &file_build_event_stream_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4174,7 +4434,7 @@ func (x *BuildMetrics_ActionSummary) String() string {
 func (*BuildMetrics_ActionSummary) ProtoMessage() {}
 
 func (x *BuildMetrics_ActionSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[57]
+	mi := &file_build_event_stream_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4236,7 +4496,7 @@ type BuildMetrics_MemoryMetrics struct {
 
 func (x *BuildMetrics_MemoryMetrics) Reset() {
 	*x = BuildMetrics_MemoryMetrics{}
-	mi := &file_build_event_stream_proto_msgTypes[58]
+	mi := &file_build_event_stream_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4248,7 +4508,7 @@ func (x *BuildMetrics_MemoryMetrics) String() string {
 func (*BuildMetrics_MemoryMetrics) ProtoMessage() {}
 
 func (x *BuildMetrics_MemoryMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[58]
+	mi := &file_build_event_stream_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4296,7 +4556,7 @@ type BuildMetrics_TargetMetrics struct {
 
 func (x *BuildMetrics_TargetMetrics) Reset() {
 	*x = BuildMetrics_TargetMetrics{}
-	mi := &file_build_event_stream_proto_msgTypes[59]
+	mi := &file_build_event_stream_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4308,7 +4568,7 @@ func (x *BuildMetrics_TargetMetrics) String() string {
 func (*BuildMetrics_TargetMetrics) ProtoMessage() {}
 
 func (x *BuildMetrics_TargetMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[59]
+	mi := &file_build_event_stream_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4354,7 +4614,7 @@ type BuildMetrics_PackageMetrics struct {
 
 func (x *BuildMetrics_PackageMetrics) Reset() {
 	*x = BuildMetrics_PackageMetrics{}
-	mi := &file_build_event_stream_proto_msgTypes[60]
+	mi := &file_build_event_stream_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4366,7 +4626,7 @@ func (x *BuildMetrics_PackageMetrics) String() string {
 func (*BuildMetrics_PackageMetrics) ProtoMessage() {}
 
 func (x *BuildMetrics_PackageMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[60]
+	mi := &file_build_event_stream_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4401,7 +4661,7 @@ type BuildMetrics_TimingMetrics struct {
 
 func (x *BuildMetrics_TimingMetrics) Reset() {
 	*x = BuildMetrics_TimingMetrics{}
-	mi := &file_build_event_stream_proto_msgTypes[61]
+	mi := &file_build_event_stream_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4413,7 +4673,7 @@ func (x *BuildMetrics_TimingMetrics) String() string {
 func (*BuildMetrics_TimingMetrics) ProtoMessage() {}
 
 func (x *BuildMetrics_TimingMetrics) ProtoReflect() protoreflect.Message {
-	mi := &file_build_event_stream_proto_msgTypes[61]
+	mi := &file_build_event_stream_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4717,8 +4977,27 @@ const file_build_event_stream_proto_rawDesc = "" +
 	"\x19analysis_phase_time_in_ms\x18\x03 \x01(\x03R\x15analysisPhaseTimeInMs\x12:\n" +
 	"\x1aexecution_phase_time_in_ms\x18\x04 \x01(\x03R\x16executionPhaseTimeInMs\"\x11\n" +
 	"\x0fPatternExpanded\"\x11\n" +
-	"\x0fNamedSetOfFiles\"\x17\n" +
-	"\x15StructuredCommandLine\"!\n" +
+	"\x0fNamedSetOfFiles\"\x89\x01\n" +
+	"\x15StructuredCommandLine\x12,\n" +
+	"\x12command_line_label\x18\x01 \x01(\tR\x10commandLineLabel\x12B\n" +
+	"\bsections\x18\x02 \x03(\v2&.build_event_stream.CommandLineSectionR\bsections\"\xcc\x01\n" +
+	"\x12CommandLineSection\x12#\n" +
+	"\rsection_label\x18\x01 \x01(\tR\fsectionLabel\x12>\n" +
+	"\n" +
+	"chunk_list\x18\x02 \x01(\v2\x1d.build_event_stream.ChunkListH\x00R\tchunkList\x12A\n" +
+	"\voption_list\x18\x03 \x01(\v2\x1e.build_event_stream.OptionListH\x00R\n" +
+	"optionListB\x0e\n" +
+	"\fsection_type\"!\n" +
+	"\tChunkList\x12\x14\n" +
+	"\x05chunk\x18\x01 \x03(\tR\x05chunk\"@\n" +
+	"\n" +
+	"OptionList\x122\n" +
+	"\x06option\x18\x01 \x03(\v2\x1a.build_event_stream.OptionR\x06option\"q\n" +
+	"\x06Option\x12#\n" +
+	"\rcombined_form\x18\x01 \x01(\tR\fcombinedForm\x12\x1f\n" +
+	"\voption_name\x18\x02 \x01(\tR\n" +
+	"optionName\x12!\n" +
+	"\foption_value\x18\x03 \x01(\tR\voptionValue\"!\n" +
 	"\x05Fetch\x12\x18\n" +
 	"\asuccess\x18\x01 \x01(\bR\asuccess\"\x0f\n" +
 	"\rBuildToolLogs\"\x11\n" +
@@ -4792,7 +5071,7 @@ func file_build_event_stream_proto_rawDescGZIP() []byte {
 }
 
 var file_build_event_stream_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_build_event_stream_proto_msgTypes = make([]protoimpl.MessageInfo, 62)
+var file_build_event_stream_proto_msgTypes = make([]protoimpl.MessageInfo, 66)
 var file_build_event_stream_proto_goTypes = []any{
 	(TestSize)(0),                                        // 0: build_event_stream.TestSize
 	(TestStatus)(0),                                      // 1: build_event_stream.TestStatus
@@ -4820,142 +5099,150 @@ var file_build_event_stream_proto_goTypes = []any{
 	(*PatternExpanded)(nil),                              // 23: build_event_stream.PatternExpanded
 	(*NamedSetOfFiles)(nil),                              // 24: build_event_stream.NamedSetOfFiles
 	(*StructuredCommandLine)(nil),                        // 25: build_event_stream.StructuredCommandLine
-	(*Fetch)(nil),                                        // 26: build_event_stream.Fetch
-	(*BuildToolLogs)(nil),                                // 27: build_event_stream.BuildToolLogs
-	(*WorkspaceConfig)(nil),                              // 28: build_event_stream.WorkspaceConfig
-	(*ConvenienceSymlinksIdentified)(nil),                // 29: build_event_stream.ConvenienceSymlinksIdentified
-	(*BuildEvent)(nil),                                   // 30: build_event_stream.BuildEvent
-	(*BuildEventId_UnknownBuildEventId)(nil),             // 31: build_event_stream.BuildEventId.UnknownBuildEventId
-	(*BuildEventId_ProgressId)(nil),                      // 32: build_event_stream.BuildEventId.ProgressId
-	(*BuildEventId_BuildStartedId)(nil),                  // 33: build_event_stream.BuildEventId.BuildStartedId
-	(*BuildEventId_UnstructuredCommandLineId)(nil),       // 34: build_event_stream.BuildEventId.UnstructuredCommandLineId
-	(*BuildEventId_StructuredCommandLineId)(nil),         // 35: build_event_stream.BuildEventId.StructuredCommandLineId
-	(*BuildEventId_WorkspaceStatusId)(nil),               // 36: build_event_stream.BuildEventId.WorkspaceStatusId
-	(*BuildEventId_OptionsParsedId)(nil),                 // 37: build_event_stream.BuildEventId.OptionsParsedId
-	(*BuildEventId_FetchId)(nil),                         // 38: build_event_stream.BuildEventId.FetchId
-	(*BuildEventId_PatternExpandedId)(nil),               // 39: build_event_stream.BuildEventId.PatternExpandedId
-	(*BuildEventId_WorkspaceConfigId)(nil),               // 40: build_event_stream.BuildEventId.WorkspaceConfigId
-	(*BuildEventId_BuildMetadataId)(nil),                 // 41: build_event_stream.BuildEventId.BuildMetadataId
-	(*BuildEventId_TargetConfiguredId)(nil),              // 42: build_event_stream.BuildEventId.TargetConfiguredId
-	(*BuildEventId_NamedSetOfFilesId)(nil),               // 43: build_event_stream.BuildEventId.NamedSetOfFilesId
-	(*BuildEventId_ConfigurationId)(nil),                 // 44: build_event_stream.BuildEventId.ConfigurationId
-	(*BuildEventId_TargetCompletedId)(nil),               // 45: build_event_stream.BuildEventId.TargetCompletedId
-	(*BuildEventId_ActionCompletedId)(nil),               // 46: build_event_stream.BuildEventId.ActionCompletedId
-	(*BuildEventId_UnconfiguredLabelId)(nil),             // 47: build_event_stream.BuildEventId.UnconfiguredLabelId
-	(*BuildEventId_ConfiguredLabelId)(nil),               // 48: build_event_stream.BuildEventId.ConfiguredLabelId
-	(*BuildEventId_TestResultId)(nil),                    // 49: build_event_stream.BuildEventId.TestResultId
-	(*BuildEventId_TestSummaryId)(nil),                   // 50: build_event_stream.BuildEventId.TestSummaryId
-	(*BuildEventId_TargetSummaryId)(nil),                 // 51: build_event_stream.BuildEventId.TargetSummaryId
-	(*BuildEventId_BuildFinishedId)(nil),                 // 52: build_event_stream.BuildEventId.BuildFinishedId
-	(*BuildEventId_BuildToolLogsId)(nil),                 // 53: build_event_stream.BuildEventId.BuildToolLogsId
-	(*BuildEventId_BuildMetricsId)(nil),                  // 54: build_event_stream.BuildEventId.BuildMetricsId
-	(*BuildEventId_ConvenienceSymlinksIdentifiedId)(nil), // 55: build_event_stream.BuildEventId.ConvenienceSymlinksIdentifiedId
-	(*WorkspaceStatus_Item)(nil),                         // 56: build_event_stream.WorkspaceStatus.Item
-	nil,                                                  // 57: build_event_stream.BuildMetadata.MetadataEntry
-	(*TestResult_ExecutionInfo)(nil),                     // 58: build_event_stream.TestResult.ExecutionInfo
-	(*BuildFinished_ExitCode)(nil),                       // 59: build_event_stream.BuildFinished.ExitCode
-	(*BuildMetrics_ActionSummary)(nil),                   // 60: build_event_stream.BuildMetrics.ActionSummary
-	(*BuildMetrics_MemoryMetrics)(nil),                   // 61: build_event_stream.BuildMetrics.MemoryMetrics
-	(*BuildMetrics_TargetMetrics)(nil),                   // 62: build_event_stream.BuildMetrics.TargetMetrics
-	(*BuildMetrics_PackageMetrics)(nil),                  // 63: build_event_stream.BuildMetrics.PackageMetrics
-	(*BuildMetrics_TimingMetrics)(nil),                   // 64: build_event_stream.BuildMetrics.TimingMetrics
-	(*timestamppb.Timestamp)(nil),                        // 65: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),                          // 66: google.protobuf.Duration
+	(*CommandLineSection)(nil),                           // 26: build_event_stream.CommandLineSection
+	(*ChunkList)(nil),                                    // 27: build_event_stream.ChunkList
+	(*OptionList)(nil),                                   // 28: build_event_stream.OptionList
+	(*Option)(nil),                                       // 29: build_event_stream.Option
+	(*Fetch)(nil),                                        // 30: build_event_stream.Fetch
+	(*BuildToolLogs)(nil),                                // 31: build_event_stream.BuildToolLogs
+	(*WorkspaceConfig)(nil),                              // 32: build_event_stream.WorkspaceConfig
+	(*ConvenienceSymlinksIdentified)(nil),                // 33: build_event_stream.ConvenienceSymlinksIdentified
+	(*BuildEvent)(nil),                                   // 34: build_event_stream.BuildEvent
+	(*BuildEventId_UnknownBuildEventId)(nil),             // 35: build_event_stream.BuildEventId.UnknownBuildEventId
+	(*BuildEventId_ProgressId)(nil),                      // 36: build_event_stream.BuildEventId.ProgressId
+	(*BuildEventId_BuildStartedId)(nil),                  // 37: build_event_stream.BuildEventId.BuildStartedId
+	(*BuildEventId_UnstructuredCommandLineId)(nil),       // 38: build_event_stream.BuildEventId.UnstructuredCommandLineId
+	(*BuildEventId_StructuredCommandLineId)(nil),         // 39: build_event_stream.BuildEventId.StructuredCommandLineId
+	(*BuildEventId_WorkspaceStatusId)(nil),               // 40: build_event_stream.BuildEventId.WorkspaceStatusId
+	(*BuildEventId_OptionsParsedId)(nil),                 // 41: build_event_stream.BuildEventId.OptionsParsedId
+	(*BuildEventId_FetchId)(nil),                         // 42: build_event_stream.BuildEventId.FetchId
+	(*BuildEventId_PatternExpandedId)(nil),               // 43: build_event_stream.BuildEventId.PatternExpandedId
+	(*BuildEventId_WorkspaceConfigId)(nil),               // 44: build_event_stream.BuildEventId.WorkspaceConfigId
+	(*BuildEventId_BuildMetadataId)(nil),                 // 45: build_event_stream.BuildEventId.BuildMetadataId
+	(*BuildEventId_TargetConfiguredId)(nil),              // 46: build_event_stream.BuildEventId.TargetConfiguredId
+	(*BuildEventId_NamedSetOfFilesId)(nil),               // 47: build_event_stream.BuildEventId.NamedSetOfFilesId
+	(*BuildEventId_ConfigurationId)(nil),                 // 48: build_event_stream.BuildEventId.ConfigurationId
+	(*BuildEventId_TargetCompletedId)(nil),               // 49: build_event_stream.BuildEventId.TargetCompletedId
+	(*BuildEventId_ActionCompletedId)(nil),               // 50: build_event_stream.BuildEventId.ActionCompletedId
+	(*BuildEventId_UnconfiguredLabelId)(nil),             // 51: build_event_stream.BuildEventId.UnconfiguredLabelId
+	(*BuildEventId_ConfiguredLabelId)(nil),               // 52: build_event_stream.BuildEventId.ConfiguredLabelId
+	(*BuildEventId_TestResultId)(nil),                    // 53: build_event_stream.BuildEventId.TestResultId
+	(*BuildEventId_TestSummaryId)(nil),                   // 54: build_event_stream.BuildEventId.TestSummaryId
+	(*BuildEventId_TargetSummaryId)(nil),                 // 55: build_event_stream.BuildEventId.TargetSummaryId
+	(*BuildEventId_BuildFinishedId)(nil),                 // 56: build_event_stream.BuildEventId.BuildFinishedId
+	(*BuildEventId_BuildToolLogsId)(nil),                 // 57: build_event_stream.BuildEventId.BuildToolLogsId
+	(*BuildEventId_BuildMetricsId)(nil),                  // 58: build_event_stream.BuildEventId.BuildMetricsId
+	(*BuildEventId_ConvenienceSymlinksIdentifiedId)(nil), // 59: build_event_stream.BuildEventId.ConvenienceSymlinksIdentifiedId
+	(*WorkspaceStatus_Item)(nil),                         // 60: build_event_stream.WorkspaceStatus.Item
+	nil,                                                  // 61: build_event_stream.BuildMetadata.MetadataEntry
+	(*TestResult_ExecutionInfo)(nil),                     // 62: build_event_stream.TestResult.ExecutionInfo
+	(*BuildFinished_ExitCode)(nil),                       // 63: build_event_stream.BuildFinished.ExitCode
+	(*BuildMetrics_ActionSummary)(nil),                   // 64: build_event_stream.BuildMetrics.ActionSummary
+	(*BuildMetrics_MemoryMetrics)(nil),                   // 65: build_event_stream.BuildMetrics.MemoryMetrics
+	(*BuildMetrics_TargetMetrics)(nil),                   // 66: build_event_stream.BuildMetrics.TargetMetrics
+	(*BuildMetrics_PackageMetrics)(nil),                  // 67: build_event_stream.BuildMetrics.PackageMetrics
+	(*BuildMetrics_TimingMetrics)(nil),                   // 68: build_event_stream.BuildMetrics.TimingMetrics
+	(*timestamppb.Timestamp)(nil),                        // 69: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),                          // 70: google.protobuf.Duration
 }
 var file_build_event_stream_proto_depIdxs = []int32{
-	31, // 0: build_event_stream.BuildEventId.unknown:type_name -> build_event_stream.BuildEventId.UnknownBuildEventId
-	32, // 1: build_event_stream.BuildEventId.progress:type_name -> build_event_stream.BuildEventId.ProgressId
-	33, // 2: build_event_stream.BuildEventId.started:type_name -> build_event_stream.BuildEventId.BuildStartedId
-	34, // 3: build_event_stream.BuildEventId.unstructured_command_line:type_name -> build_event_stream.BuildEventId.UnstructuredCommandLineId
-	35, // 4: build_event_stream.BuildEventId.structured_command_line:type_name -> build_event_stream.BuildEventId.StructuredCommandLineId
-	36, // 5: build_event_stream.BuildEventId.workspace_status:type_name -> build_event_stream.BuildEventId.WorkspaceStatusId
-	37, // 6: build_event_stream.BuildEventId.options_parsed:type_name -> build_event_stream.BuildEventId.OptionsParsedId
-	38, // 7: build_event_stream.BuildEventId.fetch:type_name -> build_event_stream.BuildEventId.FetchId
-	44, // 8: build_event_stream.BuildEventId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
-	42, // 9: build_event_stream.BuildEventId.target_configured:type_name -> build_event_stream.BuildEventId.TargetConfiguredId
-	39, // 10: build_event_stream.BuildEventId.pattern:type_name -> build_event_stream.BuildEventId.PatternExpandedId
-	39, // 11: build_event_stream.BuildEventId.pattern_skipped:type_name -> build_event_stream.BuildEventId.PatternExpandedId
-	43, // 12: build_event_stream.BuildEventId.named_set:type_name -> build_event_stream.BuildEventId.NamedSetOfFilesId
-	45, // 13: build_event_stream.BuildEventId.target_completed:type_name -> build_event_stream.BuildEventId.TargetCompletedId
-	46, // 14: build_event_stream.BuildEventId.action_completed:type_name -> build_event_stream.BuildEventId.ActionCompletedId
-	47, // 15: build_event_stream.BuildEventId.unconfigured_label:type_name -> build_event_stream.BuildEventId.UnconfiguredLabelId
-	48, // 16: build_event_stream.BuildEventId.configured_label:type_name -> build_event_stream.BuildEventId.ConfiguredLabelId
-	49, // 17: build_event_stream.BuildEventId.test_result:type_name -> build_event_stream.BuildEventId.TestResultId
-	50, // 18: build_event_stream.BuildEventId.test_summary:type_name -> build_event_stream.BuildEventId.TestSummaryId
-	51, // 19: build_event_stream.BuildEventId.target_summary:type_name -> build_event_stream.BuildEventId.TargetSummaryId
-	52, // 20: build_event_stream.BuildEventId.build_finished:type_name -> build_event_stream.BuildEventId.BuildFinishedId
-	53, // 21: build_event_stream.BuildEventId.build_tool_logs:type_name -> build_event_stream.BuildEventId.BuildToolLogsId
-	54, // 22: build_event_stream.BuildEventId.build_metrics:type_name -> build_event_stream.BuildEventId.BuildMetricsId
-	40, // 23: build_event_stream.BuildEventId.workspace:type_name -> build_event_stream.BuildEventId.WorkspaceConfigId
-	41, // 24: build_event_stream.BuildEventId.build_metadata:type_name -> build_event_stream.BuildEventId.BuildMetadataId
-	55, // 25: build_event_stream.BuildEventId.convenience_symlinks_identified:type_name -> build_event_stream.BuildEventId.ConvenienceSymlinksIdentifiedId
+	35, // 0: build_event_stream.BuildEventId.unknown:type_name -> build_event_stream.BuildEventId.UnknownBuildEventId
+	36, // 1: build_event_stream.BuildEventId.progress:type_name -> build_event_stream.BuildEventId.ProgressId
+	37, // 2: build_event_stream.BuildEventId.started:type_name -> build_event_stream.BuildEventId.BuildStartedId
+	38, // 3: build_event_stream.BuildEventId.unstructured_command_line:type_name -> build_event_stream.BuildEventId.UnstructuredCommandLineId
+	39, // 4: build_event_stream.BuildEventId.structured_command_line:type_name -> build_event_stream.BuildEventId.StructuredCommandLineId
+	40, // 5: build_event_stream.BuildEventId.workspace_status:type_name -> build_event_stream.BuildEventId.WorkspaceStatusId
+	41, // 6: build_event_stream.BuildEventId.options_parsed:type_name -> build_event_stream.BuildEventId.OptionsParsedId
+	42, // 7: build_event_stream.BuildEventId.fetch:type_name -> build_event_stream.BuildEventId.FetchId
+	48, // 8: build_event_stream.BuildEventId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
+	46, // 9: build_event_stream.BuildEventId.target_configured:type_name -> build_event_stream.BuildEventId.TargetConfiguredId
+	43, // 10: build_event_stream.BuildEventId.pattern:type_name -> build_event_stream.BuildEventId.PatternExpandedId
+	43, // 11: build_event_stream.BuildEventId.pattern_skipped:type_name -> build_event_stream.BuildEventId.PatternExpandedId
+	47, // 12: build_event_stream.BuildEventId.named_set:type_name -> build_event_stream.BuildEventId.NamedSetOfFilesId
+	49, // 13: build_event_stream.BuildEventId.target_completed:type_name -> build_event_stream.BuildEventId.TargetCompletedId
+	50, // 14: build_event_stream.BuildEventId.action_completed:type_name -> build_event_stream.BuildEventId.ActionCompletedId
+	51, // 15: build_event_stream.BuildEventId.unconfigured_label:type_name -> build_event_stream.BuildEventId.UnconfiguredLabelId
+	52, // 16: build_event_stream.BuildEventId.configured_label:type_name -> build_event_stream.BuildEventId.ConfiguredLabelId
+	53, // 17: build_event_stream.BuildEventId.test_result:type_name -> build_event_stream.BuildEventId.TestResultId
+	54, // 18: build_event_stream.BuildEventId.test_summary:type_name -> build_event_stream.BuildEventId.TestSummaryId
+	55, // 19: build_event_stream.BuildEventId.target_summary:type_name -> build_event_stream.BuildEventId.TargetSummaryId
+	56, // 20: build_event_stream.BuildEventId.build_finished:type_name -> build_event_stream.BuildEventId.BuildFinishedId
+	57, // 21: build_event_stream.BuildEventId.build_tool_logs:type_name -> build_event_stream.BuildEventId.BuildToolLogsId
+	58, // 22: build_event_stream.BuildEventId.build_metrics:type_name -> build_event_stream.BuildEventId.BuildMetricsId
+	44, // 23: build_event_stream.BuildEventId.workspace:type_name -> build_event_stream.BuildEventId.WorkspaceConfigId
+	45, // 24: build_event_stream.BuildEventId.build_metadata:type_name -> build_event_stream.BuildEventId.BuildMetadataId
+	59, // 25: build_event_stream.BuildEventId.convenience_symlinks_identified:type_name -> build_event_stream.BuildEventId.ConvenienceSymlinksIdentifiedId
 	2,  // 26: build_event_stream.Aborted.reason:type_name -> build_event_stream.Aborted.AbortReason
-	65, // 27: build_event_stream.BuildStarted.start_time:type_name -> google.protobuf.Timestamp
-	56, // 28: build_event_stream.WorkspaceStatus.item:type_name -> build_event_stream.WorkspaceStatus.Item
-	57, // 29: build_event_stream.BuildMetadata.metadata:type_name -> build_event_stream.BuildMetadata.MetadataEntry
+	69, // 27: build_event_stream.BuildStarted.start_time:type_name -> google.protobuf.Timestamp
+	60, // 28: build_event_stream.WorkspaceStatus.item:type_name -> build_event_stream.WorkspaceStatus.Item
+	61, // 29: build_event_stream.BuildMetadata.metadata:type_name -> build_event_stream.BuildMetadata.MetadataEntry
 	0,  // 30: build_event_stream.TargetConfigured.test_size:type_name -> build_event_stream.TestSize
 	13, // 31: build_event_stream.ActionExecuted.stdout:type_name -> build_event_stream.File
 	13, // 32: build_event_stream.ActionExecuted.stderr:type_name -> build_event_stream.File
 	13, // 33: build_event_stream.ActionExecuted.primary_output:type_name -> build_event_stream.File
 	14, // 34: build_event_stream.ActionExecuted.failure_detail:type_name -> build_event_stream.FailureDetail
-	65, // 35: build_event_stream.ActionExecuted.start_time:type_name -> google.protobuf.Timestamp
-	65, // 36: build_event_stream.ActionExecuted.end_time:type_name -> google.protobuf.Timestamp
+	69, // 35: build_event_stream.ActionExecuted.start_time:type_name -> google.protobuf.Timestamp
+	69, // 36: build_event_stream.ActionExecuted.end_time:type_name -> google.protobuf.Timestamp
 	0,  // 37: build_event_stream.TargetComplete.test_size:type_name -> build_event_stream.TestSize
 	14, // 38: build_event_stream.TargetComplete.failure_detail:type_name -> build_event_stream.FailureDetail
 	1,  // 39: build_event_stream.TestResult.status:type_name -> build_event_stream.TestStatus
-	65, // 40: build_event_stream.TestResult.test_attempt_start:type_name -> google.protobuf.Timestamp
-	66, // 41: build_event_stream.TestResult.test_attempt_duration:type_name -> google.protobuf.Duration
-	58, // 42: build_event_stream.TestResult.execution_info:type_name -> build_event_stream.TestResult.ExecutionInfo
+	69, // 40: build_event_stream.TestResult.test_attempt_start:type_name -> google.protobuf.Timestamp
+	70, // 41: build_event_stream.TestResult.test_attempt_duration:type_name -> google.protobuf.Duration
+	62, // 42: build_event_stream.TestResult.execution_info:type_name -> build_event_stream.TestResult.ExecutionInfo
 	1,  // 43: build_event_stream.TestSummary.overall_status:type_name -> build_event_stream.TestStatus
-	65, // 44: build_event_stream.TestSummary.first_start_time:type_name -> google.protobuf.Timestamp
-	65, // 45: build_event_stream.TestSummary.last_stop_time:type_name -> google.protobuf.Timestamp
-	66, // 46: build_event_stream.TestSummary.total_run_duration:type_name -> google.protobuf.Duration
+	69, // 44: build_event_stream.TestSummary.first_start_time:type_name -> google.protobuf.Timestamp
+	69, // 45: build_event_stream.TestSummary.last_stop_time:type_name -> google.protobuf.Timestamp
+	70, // 46: build_event_stream.TestSummary.total_run_duration:type_name -> google.protobuf.Duration
 	1,  // 47: build_event_stream.TargetSummary.overall_test_status:type_name -> build_event_stream.TestStatus
-	59, // 48: build_event_stream.BuildFinished.exit_code:type_name -> build_event_stream.BuildFinished.ExitCode
-	65, // 49: build_event_stream.BuildFinished.finish_time:type_name -> google.protobuf.Timestamp
+	63, // 48: build_event_stream.BuildFinished.exit_code:type_name -> build_event_stream.BuildFinished.ExitCode
+	69, // 49: build_event_stream.BuildFinished.finish_time:type_name -> google.protobuf.Timestamp
 	14, // 50: build_event_stream.BuildFinished.failure_detail:type_name -> build_event_stream.FailureDetail
-	60, // 51: build_event_stream.BuildMetrics.action_summary:type_name -> build_event_stream.BuildMetrics.ActionSummary
-	61, // 52: build_event_stream.BuildMetrics.memory_metrics:type_name -> build_event_stream.BuildMetrics.MemoryMetrics
-	62, // 53: build_event_stream.BuildMetrics.target_metrics:type_name -> build_event_stream.BuildMetrics.TargetMetrics
-	63, // 54: build_event_stream.BuildMetrics.package_metrics:type_name -> build_event_stream.BuildMetrics.PackageMetrics
-	64, // 55: build_event_stream.BuildMetrics.timing_metrics:type_name -> build_event_stream.BuildMetrics.TimingMetrics
-	3,  // 56: build_event_stream.BuildEvent.id:type_name -> build_event_stream.BuildEventId
-	3,  // 57: build_event_stream.BuildEvent.children:type_name -> build_event_stream.BuildEventId
-	4,  // 58: build_event_stream.BuildEvent.progress:type_name -> build_event_stream.Progress
-	5,  // 59: build_event_stream.BuildEvent.aborted:type_name -> build_event_stream.Aborted
-	6,  // 60: build_event_stream.BuildEvent.started:type_name -> build_event_stream.BuildStarted
-	7,  // 61: build_event_stream.BuildEvent.unstructured_command_line:type_name -> build_event_stream.UnstructuredCommandLine
-	25, // 62: build_event_stream.BuildEvent.structured_command_line:type_name -> build_event_stream.StructuredCommandLine
-	8,  // 63: build_event_stream.BuildEvent.options_parsed:type_name -> build_event_stream.OptionsParsed
-	9,  // 64: build_event_stream.BuildEvent.workspace_status:type_name -> build_event_stream.WorkspaceStatus
-	26, // 65: build_event_stream.BuildEvent.fetch:type_name -> build_event_stream.Fetch
-	11, // 66: build_event_stream.BuildEvent.configuration:type_name -> build_event_stream.Configuration
-	23, // 67: build_event_stream.BuildEvent.expanded:type_name -> build_event_stream.PatternExpanded
-	12, // 68: build_event_stream.BuildEvent.configured:type_name -> build_event_stream.TargetConfigured
-	15, // 69: build_event_stream.BuildEvent.action:type_name -> build_event_stream.ActionExecuted
-	24, // 70: build_event_stream.BuildEvent.named_set_of_files:type_name -> build_event_stream.NamedSetOfFiles
-	16, // 71: build_event_stream.BuildEvent.completed:type_name -> build_event_stream.TargetComplete
-	17, // 72: build_event_stream.BuildEvent.test_result:type_name -> build_event_stream.TestResult
-	18, // 73: build_event_stream.BuildEvent.test_summary:type_name -> build_event_stream.TestSummary
-	19, // 74: build_event_stream.BuildEvent.target_summary:type_name -> build_event_stream.TargetSummary
-	20, // 75: build_event_stream.BuildEvent.finished:type_name -> build_event_stream.BuildFinished
-	27, // 76: build_event_stream.BuildEvent.build_tool_logs:type_name -> build_event_stream.BuildToolLogs
-	22, // 77: build_event_stream.BuildEvent.build_metrics:type_name -> build_event_stream.BuildMetrics
-	28, // 78: build_event_stream.BuildEvent.workspace_info:type_name -> build_event_stream.WorkspaceConfig
-	10, // 79: build_event_stream.BuildEvent.build_metadata:type_name -> build_event_stream.BuildMetadata
-	29, // 80: build_event_stream.BuildEvent.convenience_symlinks_identified:type_name -> build_event_stream.ConvenienceSymlinksIdentified
-	44, // 81: build_event_stream.BuildEventId.TargetCompletedId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
-	44, // 82: build_event_stream.BuildEventId.ActionCompletedId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
-	44, // 83: build_event_stream.BuildEventId.ConfiguredLabelId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
-	44, // 84: build_event_stream.BuildEventId.TestResultId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
-	44, // 85: build_event_stream.BuildEventId.TestSummaryId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
-	44, // 86: build_event_stream.BuildEventId.TargetSummaryId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
-	21, // 87: build_event_stream.BuildMetrics.ActionSummary.action_cache_statistics:type_name -> build_event_stream.ActionCacheStatistics
-	88, // [88:88] is the sub-list for method output_type
-	88, // [88:88] is the sub-list for method input_type
-	88, // [88:88] is the sub-list for extension type_name
-	88, // [88:88] is the sub-list for extension extendee
-	0,  // [0:88] is the sub-list for field type_name
+	64, // 51: build_event_stream.BuildMetrics.action_summary:type_name -> build_event_stream.BuildMetrics.ActionSummary
+	65, // 52: build_event_stream.BuildMetrics.memory_metrics:type_name -> build_event_stream.BuildMetrics.MemoryMetrics
+	66, // 53: build_event_stream.BuildMetrics.target_metrics:type_name -> build_event_stream.BuildMetrics.TargetMetrics
+	67, // 54: build_event_stream.BuildMetrics.package_metrics:type_name -> build_event_stream.BuildMetrics.PackageMetrics
+	68, // 55: build_event_stream.BuildMetrics.timing_metrics:type_name -> build_event_stream.BuildMetrics.TimingMetrics
+	26, // 56: build_event_stream.StructuredCommandLine.sections:type_name -> build_event_stream.CommandLineSection
+	27, // 57: build_event_stream.CommandLineSection.chunk_list:type_name -> build_event_stream.ChunkList
+	28, // 58: build_event_stream.CommandLineSection.option_list:type_name -> build_event_stream.OptionList
+	29, // 59: build_event_stream.OptionList.option:type_name -> build_event_stream.Option
+	3,  // 60: build_event_stream.BuildEvent.id:type_name -> build_event_stream.BuildEventId
+	3,  // 61: build_event_stream.BuildEvent.children:type_name -> build_event_stream.BuildEventId
+	4,  // 62: build_event_stream.BuildEvent.progress:type_name -> build_event_stream.Progress
+	5,  // 63: build_event_stream.BuildEvent.aborted:type_name -> build_event_stream.Aborted
+	6,  // 64: build_event_stream.BuildEvent.started:type_name -> build_event_stream.BuildStarted
+	7,  // 65: build_event_stream.BuildEvent.unstructured_command_line:type_name -> build_event_stream.UnstructuredCommandLine
+	25, // 66: build_event_stream.BuildEvent.structured_command_line:type_name -> build_event_stream.StructuredCommandLine
+	8,  // 67: build_event_stream.BuildEvent.options_parsed:type_name -> build_event_stream.OptionsParsed
+	9,  // 68: build_event_stream.BuildEvent.workspace_status:type_name -> build_event_stream.WorkspaceStatus
+	30, // 69: build_event_stream.BuildEvent.fetch:type_name -> build_event_stream.Fetch
+	11, // 70: build_event_stream.BuildEvent.configuration:type_name -> build_event_stream.Configuration
+	23, // 71: build_event_stream.BuildEvent.expanded:type_name -> build_event_stream.PatternExpanded
+	12, // 72: build_event_stream.BuildEvent.configured:type_name -> build_event_stream.TargetConfigured
+	15, // 73: build_event_stream.BuildEvent.action:type_name -> build_event_stream.ActionExecuted
+	24, // 74: build_event_stream.BuildEvent.named_set_of_files:type_name -> build_event_stream.NamedSetOfFiles
+	16, // 75: build_event_stream.BuildEvent.completed:type_name -> build_event_stream.TargetComplete
+	17, // 76: build_event_stream.BuildEvent.test_result:type_name -> build_event_stream.TestResult
+	18, // 77: build_event_stream.BuildEvent.test_summary:type_name -> build_event_stream.TestSummary
+	19, // 78: build_event_stream.BuildEvent.target_summary:type_name -> build_event_stream.TargetSummary
+	20, // 79: build_event_stream.BuildEvent.finished:type_name -> build_event_stream.BuildFinished
+	31, // 80: build_event_stream.BuildEvent.build_tool_logs:type_name -> build_event_stream.BuildToolLogs
+	22, // 81: build_event_stream.BuildEvent.build_metrics:type_name -> build_event_stream.BuildMetrics
+	32, // 82: build_event_stream.BuildEvent.workspace_info:type_name -> build_event_stream.WorkspaceConfig
+	10, // 83: build_event_stream.BuildEvent.build_metadata:type_name -> build_event_stream.BuildMetadata
+	33, // 84: build_event_stream.BuildEvent.convenience_symlinks_identified:type_name -> build_event_stream.ConvenienceSymlinksIdentified
+	48, // 85: build_event_stream.BuildEventId.TargetCompletedId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
+	48, // 86: build_event_stream.BuildEventId.ActionCompletedId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
+	48, // 87: build_event_stream.BuildEventId.ConfiguredLabelId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
+	48, // 88: build_event_stream.BuildEventId.TestResultId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
+	48, // 89: build_event_stream.BuildEventId.TestSummaryId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
+	48, // 90: build_event_stream.BuildEventId.TargetSummaryId.configuration:type_name -> build_event_stream.BuildEventId.ConfigurationId
+	21, // 91: build_event_stream.BuildMetrics.ActionSummary.action_cache_statistics:type_name -> build_event_stream.ActionCacheStatistics
+	92, // [92:92] is the sub-list for method output_type
+	92, // [92:92] is the sub-list for method input_type
+	92, // [92:92] is the sub-list for extension type_name
+	92, // [92:92] is the sub-list for extension extendee
+	0,  // [0:92] is the sub-list for field type_name
 }
 
 func init() { file_build_event_stream_proto_init() }
@@ -4996,7 +5283,11 @@ func file_build_event_stream_proto_init() {
 		(*File_Contents)(nil),
 		(*File_SymlinkTargetPath)(nil),
 	}
-	file_build_event_stream_proto_msgTypes[27].OneofWrappers = []any{
+	file_build_event_stream_proto_msgTypes[23].OneofWrappers = []any{
+		(*CommandLineSection_ChunkList)(nil),
+		(*CommandLineSection_OptionList)(nil),
+	}
+	file_build_event_stream_proto_msgTypes[31].OneofWrappers = []any{
 		(*BuildEvent_Progress)(nil),
 		(*BuildEvent_Aborted)(nil),
 		(*BuildEvent_Started)(nil),
@@ -5027,7 +5318,7 @@ func file_build_event_stream_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_build_event_stream_proto_rawDesc), len(file_build_event_stream_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   62,
+			NumMessages:   66,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

@@ -100,7 +100,8 @@ type storageReport struct {
 }
 
 // buildsTables are the builds projection's tables the scenario measures.
-var buildsTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages", "build_output_chunks", "hourly_rollups"}
+var buildsTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages",
+	"build_output_chunks", "hourly_rollups", "build_metadata", "build_command_lines", "build_failures", "target_causes"}
 
 func (b *bench) storageScenario(ctx context.Context, rep *scenarioReport) error {
 	sc := b.cfg.storage

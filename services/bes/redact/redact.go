@@ -12,11 +12,17 @@ import (
 const Marker = "<redacted>"
 
 // DefaultAllow are the variable names whose values are kept by default:
-// what every client environment holds and no one keeps a secret in.
-// Bazel sends the whole client environment as --client_env=NAME=VALUE.
+// what every client environment holds and no one keeps a secret in
+// (Bazel sends the whole client environment as --client_env=NAME=VALUE),
+// and the --build_metadata keys that CI systems set to say which commit,
+// branch and run a build is, which the builds projection indexes
+// (projectors/builds, build_metadata): a build of a commit cannot be found
+// by a value that was redacted. Their values are still scanned for token
+// shapes and URL credentials (a REPO_URL with a token in it loses the token).
 var DefaultAllow = []string{
 	"PATH", "HOME", "PWD", "OLDPWD", "USER", "LOGNAME", "SHELL", "SHLVL", "TERM",
 	"LANG", "LANGUAGE", "LC_*", "TZ", "TMPDIR", "HOSTNAME",
+	"COMMIT_SHA", "BRANCH", "REPO_URL", "ROLE", "CI_RUN_URL",
 }
 
 // Config of a Redactor. The zero value redacts with the built-in rules and

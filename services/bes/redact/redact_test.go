@@ -213,7 +213,41 @@ func secretEvents(t testing.TB) ([][]byte, []string) {
 		Stderr: "INFO: Options provided by the client:\n  'build' options: --remote_header=Authorization=Bearer SECRET1\n" +
 			"export GH=" + ghToken + " AWS=" + awsKey + "\nAuthorization: " + jwt + "\n" + pemKey + "\n",
 	}}})
-	return [][]byte{unstructured, parsed, started, metadata, status, structured, progress}, secrets
+	// A failed action whose stderr came inline and whose stdout is a URL
+	// with credentials (the builds projection stores both).
+	action := marshal(&bep.BuildEvent{Payload: &bep.BuildEvent_Action{Action: &bep.ActionExecuted{
+		ExitCode: 1, Type: "Genrule",
+		Stderr: &bep.File{Name: "stderr", File: &bep.File_Contents{Contents: []byte("curl -H 'Authorization: token " + ghToken + "'\n")}},
+		Stdout: &bep.File{Name: "stdout", File: &bep.File_Uri{Uri: "https://u:SECRET4@logs.example/1"}},
+	}}})
+	return [][]byte{unstructured, parsed, started, metadata, status, structured, progress, action}, secrets
+}
+
+// TestDefaultAllowKeepsCIMetadata: the --build_metadata keys CI systems set
+// to say which commit, branch and run a build is keep their values by
+// default (the builds projection finds builds by them); credentials in them
+// still go, and every other key's value too.
+func TestDefaultAllowKeepsCIMetadata(t *testing.T) {
+	r := MustNew(Config{Allow: DefaultAllow})
+	ev, err := proto.Marshal(&bep.BuildEvent{Payload: &bep.BuildEvent_BuildMetadata{BuildMetadata: &bep.BuildMetadata{
+		Metadata: map[string]string{"COMMIT_SHA": "c0ffee", "BRANCH": "main", "ROLE": "CI",
+			"CI_RUN_URL": "https://ci.example/run/7", "REPO_URL": "https://u:SECRET4@git.example/r", "DEPLOY_KEY": "SECRET3"},
+	}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := r.BuildEvent(ev)
+	var be bep.BuildEvent
+	if err := proto.Unmarshal(out, &be); err != nil {
+		t.Fatal(err)
+	}
+	got := be.GetBuildMetadata().GetMetadata()
+	for k, want := range map[string]string{"COMMIT_SHA": "c0ffee", "BRANCH": "main", "ROLE": "CI",
+		"CI_RUN_URL": "https://ci.example/run/7", "REPO_URL": "https://" + Marker + "@git.example/r", "DEPLOY_KEY": Marker} {
+		if got[k] != want {
+			t.Errorf("%s: %q, want %q", k, got[k], want)
+		}
+	}
 }
 
 func TestBuildEventRemovesSecrets(t *testing.T) {

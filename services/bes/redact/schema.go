@@ -61,6 +61,10 @@ var (
 
 	failureDetail = msg(map[int]field{1: text})
 
+	// File: uri (2) and inline contents (3), which the builds projection
+	// stores for a failed action's stdout and stderr.
+	file = msg(map[int]field{2: text, 3: text})
+
 	// command_line.CommandLine: sections (2) of a chunk list (2) or an
 	// option list (3).
 	commandLine = msg(map[int]field{
@@ -83,20 +87,20 @@ var (
 
 	buildEvent = msg(map[int]field{
 		1:  sub(buildEventID),
-		2:  sub(buildEventID),                                        // children
-		3:  sub(msg(map[int]field{1: text, 2: text})),                // Progress stdout, stderr
-		4:  sub(msg(map[int]field{2: text})),                         // Aborted.description
-		5:  sub(msg(map[int]field{4: {kind: kShellArgs}})),           // BuildStarted.options_description
-		7:  sub(msg(map[int]field{9: text, 11: sub(failureDetail)})), // ActionExecuted command_line, failure_detail
-		8:  sub(msg(map[int]field{9: sub(failureDetail)})),           // TargetComplete.failure_detail
-		10: sub(msg(map[int]field{7: text, 9: text})),                // TestResult warning, status_details
-		12: sub(msg(map[int]field{1: arg})),                          // UnstructuredCommandLine.args
-		13: sub(optionsParsed),                                       //
-		14: sub(msg(map[int]field{6: sub(failureDetail)})),           // BuildFinished.failure_detail
-		16: sub(msg(map[int]field{1: {kind: kStatusKV}})),            // WorkspaceStatus.item
-		17: sub(msg(map[int]field{4: {kind: kTextKV}})),              // Configuration.make_variable
-		22: sub(commandLine),                                         // structured_command_line
-		26: sub(msg(map[int]field{1: {kind: kSecretKV}})),            // BuildMetadata.metadata
+		2:  sub(buildEventID),                                                                    // children
+		3:  sub(msg(map[int]field{1: text, 2: text})),                                            // Progress stdout, stderr
+		4:  sub(msg(map[int]field{2: text})),                                                     // Aborted.description
+		5:  sub(msg(map[int]field{4: {kind: kShellArgs}})),                                       // BuildStarted.options_description
+		7:  sub(msg(map[int]field{3: sub(file), 4: sub(file), 9: text, 11: sub(failureDetail)})), // ActionExecuted stdout, stderr, command_line, failure_detail
+		8:  sub(msg(map[int]field{9: sub(failureDetail)})),                                       // TargetComplete.failure_detail
+		10: sub(msg(map[int]field{7: text, 9: text})),                                            // TestResult warning, status_details
+		12: sub(msg(map[int]field{1: arg})),                                                      // UnstructuredCommandLine.args
+		13: sub(optionsParsed),                                                                   //
+		14: sub(msg(map[int]field{6: sub(failureDetail)})),                                       // BuildFinished.failure_detail
+		16: sub(msg(map[int]field{1: {kind: kStatusKV}})),                                        // WorkspaceStatus.item
+		17: sub(msg(map[int]field{4: {kind: kTextKV}})),                                          // Configuration.make_variable
+		22: sub(commandLine),                                                                     // structured_command_line
+		26: sub(msg(map[int]field{1: {kind: kSecretKV}})),                                        // BuildMetadata.metadata
 		// ExecRequestConstructed (bazel run): working_directory, argv, and
 		// environment_variable, name (1) / value (2) pairs of the client's
 		// environment, whose values go unless the name is allowed.

@@ -1,0 +1,471 @@
+package builds
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/millrace/millrace/schemas/bep"
+)
+
+// What a build says about itself (workspace status, --build_metadata, its
+// command lines) and the root causes of its failures
+// (migrations/013_builds_metadata.sql). Each comes in an event that a build
+// sends once, so these rows cost nothing per event: the batch that holds
+// the event inserts them, with ON CONFLICT DO NOTHING, so that the first
+// value of a key wins whatever the batch boundaries (a key seen twice would
+// be a client's repeat; the resend guard already skips Bazel's).
+
+// Sources of build_metadata rows.
+const (
+	sourceBuildMetadata = "build_metadata"
+	sourceStable        = "stable"
+	sourceVolatile      = "volatile"
+)
+
+// Sources of build_command_lines rows.
+//
+// Of the command lines Bazel reports, the projection keeps the canonical
+// structured one (every option as Bazel understood it, rc files expanded),
+// a "tool" one when it has arguments, and the options given explicitly
+// (OptionsParsed's explicit_startup_options and explicit_cmd_line). The
+// "original" structured line, the unstructured one and OptionsParsed's full
+// lists repeat what those hold (about 8 KB a build in all, where these are
+// 3 KB: at 1,000 paced builds all of them cost about 60 WAL bytes per
+// event, BenchmarkApplyPaced); they stay in the stream.
+const (
+	sourceStructured = "structured_command_line"
+	sourceOptions    = "options_parsed"
+)
+
+// Kinds of build_failures rows (and of target_causes.cause_kind).
+const (
+	causeAction            = "action"
+	causeConfiguredLabel   = "configured_label"
+	causeUnconfiguredLabel = "unconfigured_label"
+)
+
+// A btree entry must fit a third of a page (about 2,700 bytes), and
+// build_metadata_lookup indexes (project, key, value): keys and values are
+// cut to these many bytes, at a character boundary.
+const maxMetaKey, maxMetaValue = 256, 1024
+
+// cut returns s cut to at most n bytes, at a character boundary.
+func cut(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
+}
+
+type metaRow struct{ source, key, value string }
+
+type cmdLine struct {
+	source, label string
+	argv          []string
+}
+
+// failure is a build_failures row; key is its primary key but the build.
+type failure struct {
+	key                          causeKey
+	mnemonic, message            string
+	hasExit                      bool
+	exitCode                     int32
+	stderrURI, stderr, stdoutURI string
+}
+
+type causeKey struct{ kind, label, output, config string }
+
+type cause struct {
+	label string
+	key   causeKey
+}
+
+// statusSource says which workspace status file a key belongs to, by
+// Bazel's rule (its WorkspaceStatusAction): keys that start with STABLE_
+// and Bazel's own BUILD_EMBED_LABEL, BUILD_HOST and BUILD_USER are stable,
+// every other key is volatile. Bazel reports both files in one event.
+func statusSource(key string) string {
+	switch {
+	case strings.HasPrefix(key, "STABLE_"), key == "BUILD_EMBED_LABEL", key == "BUILD_HOST", key == "BUILD_USER":
+		return sourceStable
+	}
+	return sourceVolatile
+}
+
+func (v *inv) addMeta(source, key, value string) {
+	v.meta = append(v.meta, metaRow{source, cut(clean(key), maxMetaKey), cut(clean(value), maxMetaValue)})
+}
+
+func (v *inv) addBuildMetadata(m *bep.BuildMetadata) {
+	md := m.GetMetadata()
+	keys := make([]string, 0, len(md))
+	for k := range md {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		v.addMeta(sourceBuildMetadata, k, md[k])
+	}
+}
+
+func (v *inv) addCmdLine(source, label string, args []string) {
+	argv := make([]string, len(args))
+	for i, a := range args {
+		argv[i] = clean(a)
+	}
+	v.cmdLines = append(v.cmdLines, cmdLine{source, clean(label), argv})
+}
+
+// addStructured flattens a command_line.CommandLine into its arguments:
+// chunks as they are, options in their combined form ("--name=value").
+func (v *inv) addStructured(be *bazelEvent) {
+	m := be.msg.(*bep.StructuredCommandLine)
+	label := m.GetCommandLineLabel()
+	if label == "" {
+		label = be.id.GetStructuredCommandLine().GetCommandLineLabel()
+	}
+	var args []string
+	for _, s := range m.GetSections() {
+		args = append(args, s.GetChunkList().GetChunk()...)
+		for _, o := range s.GetOptionList().GetOption() {
+			switch {
+			case o.GetCombinedForm() != "":
+				args = append(args, o.GetCombinedForm())
+			case o.GetOptionName() != "":
+				args = append(args, "--"+o.GetOptionName()+"="+o.GetOptionValue())
+			}
+		}
+	}
+	if label == "canonical" || (label != "original" && len(args) > 0) {
+		v.addCmdLine(sourceStructured, label, args)
+	}
+}
+
+func (v *inv) addOptions(m *bep.OptionsParsed) {
+	for _, o := range []struct {
+		label string
+		args  []string
+	}{
+		{"explicit_startup_options", m.GetExplicitStartupOptions()},
+		{"explicit_cmd_line", m.GetExplicitCmdLine()},
+	} {
+		if len(o.args) > 0 {
+			v.addCmdLine(sourceOptions, o.label, o.args)
+		}
+	}
+}
+
+// causeOf returns the build_failures key that a BuildEventId names, if it
+// names one.
+func causeOf(id *bep.BuildEventId) (causeKey, bool) {
+	if a := id.GetActionCompleted(); a != nil {
+		return causeKey{causeAction, clean(a.GetLabel()), clean(a.GetPrimaryOutput()), clean(a.GetConfiguration().GetId())}, true
+	}
+	if l := id.GetConfiguredLabel(); l != nil {
+		return causeKey{causeConfiguredLabel, clean(l.GetLabel()), "", clean(l.GetConfiguration().GetId())}, true
+	}
+	if l := id.GetUnconfiguredLabel(); l != nil {
+		return causeKey{causeUnconfiguredLabel, clean(l.GetLabel()), "", ""}, true
+	}
+	return causeKey{}, false
+}
+
+// ownCause reports whether a failed target's event makes the target its
+// own root cause: it names no cause at all, or one of its own label (its
+// action failed, or its label did not load or analyse).
+func ownCause(be *bazelEvent) bool {
+	if len(be.children) == 0 {
+		return true
+	}
+	for _, id := range be.children {
+		if k, ok := causeOf(id); ok && k.label == be.label {
+			return true
+		}
+	}
+	return false
+}
+
+func (v *inv) addCauses(be *bazelEvent) {
+	for _, id := range be.children {
+		if k, ok := causeOf(id); ok {
+			v.causes = append(v.causes, cause{be.label, k})
+		}
+	}
+}
+
+// addActionFailure records a failed ActionExecuted under its id (the one a
+// failed target's event names), with what Bazel says of its stderr: the
+// URI, or the contents when the event carries them inline.
+func (v *inv) addActionFailure(id *bep.BuildEventId, m *bep.ActionExecuted) {
+	k, _ := causeOf(id)
+	k.kind = causeAction
+	if k.label == "" {
+		k.label = clean(m.GetLabel())
+	}
+	v.failures = append(v.failures, failure{
+		key:       k,
+		mnemonic:  clean(m.GetType()),
+		message:   clean(m.GetFailureDetail().GetMessage()),
+		hasExit:   true,
+		exitCode:  m.GetExitCode(),
+		stderrURI: clean(m.GetStderr().GetUri()),
+		stderr:    clean(string(m.GetStderr().GetContents())),
+		stdoutURI: clean(m.GetStdout().GetUri()),
+	})
+}
+
+// addLabelFailure records an Aborted event about a label that failed to
+// load or analyse (Bazel names it as a root cause of the targets that
+// depend on it).
+func (v *inv) addLabelFailure(id *bep.BuildEventId, reason string) {
+	if k, ok := causeOf(id); ok {
+		v.failures = append(v.failures, failure{key: k, message: clean(reason)})
+	}
+}
+
+// Writes: one INSERT over unnest() arrays per table, only in the batches
+// that hold such rows.
+
+const sqlInsertMetadata = `
+insert into build_metadata (project, invocation_id, source, key, value)
+select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+on conflict do nothing`
+
+const sqlInsertCommandLines = `
+insert into build_command_lines (project, invocation_id, source, label, argv)
+select u.project, u.inv, u.source, u.label, string_to_array(u.argv, E'\x1f')
+from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) as u(project, inv, source, label, argv)
+on conflict do nothing`
+
+const sqlInsertFailures = `
+insert into build_failures (project, invocation_id, kind, label, primary_output, configuration, mnemonic,
+    exit_code, message, stderr_uri, stderr, stdout_uri)
+select u.project, u.inv, u.kind, u.label, u.output, u.config, nullif(u.mnemonic, ''), u.exit_code,
+       nullif(u.message, ''), nullif(u.stderr_uri, ''), nullif(u.stderr, ''), nullif(u.stdout_uri, '')
+from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int4[],
+            $9::text[], $10::text[], $11::text[], $12::text[])
+     as u(project, inv, kind, label, output, config, mnemonic, exit_code, message, stderr_uri, stderr, stdout_uri)
+on conflict do nothing`
+
+const sqlInsertCauses = `
+insert into target_causes (project, invocation_id, label, cause_kind, cause_label, cause_output, cause_configuration)
+select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+on conflict do nothing`
+
+// onceCols are the batch's rows of the four tables, as unnest() arguments.
+type onceCols struct {
+	meta struct{ project, inv, source, key, value []string }
+	cmd  struct{ project, inv, source, label, argv []string }
+	fail struct {
+		project, inv, kind, label, output, config, mnemonic []string
+		exitCode                                            []pgtype.Int4
+		message, stderrURI, stderr, stdoutURI               []string
+	}
+	cause struct{ project, inv, label, kind, cLabel, output, config []string }
+}
+
+func (c *onceCols) add(v *inv) {
+	p, id := v.key.project, v.key.id
+	for _, m := range v.meta {
+		r := &c.meta
+		r.project, r.inv = append(r.project, p), append(r.inv, id)
+		r.source, r.key, r.value = append(r.source, m.source), append(r.key, m.key), append(r.value, m.value)
+	}
+	for _, l := range v.cmdLines {
+		r := &c.cmd
+		r.project, r.inv = append(r.project, p), append(r.inv, id)
+		r.source, r.label, r.argv = append(r.source, l.source), append(r.label, l.label), append(r.argv, joinList(l.argv))
+	}
+	for _, f := range v.failures {
+		r := &c.fail
+		r.project, r.inv = append(r.project, p), append(r.inv, id)
+		r.kind, r.label = append(r.kind, f.key.kind), append(r.label, f.key.label)
+		r.output, r.config = append(r.output, f.key.output), append(r.config, f.key.config)
+		r.mnemonic, r.message = append(r.mnemonic, f.mnemonic), append(r.message, f.message)
+		r.exitCode = append(r.exitCode, pgtype.Int4{Int32: f.exitCode, Valid: f.hasExit})
+		r.stderrURI, r.stderr, r.stdoutURI = append(r.stderrURI, f.stderrURI), append(r.stderr, f.stderr), append(r.stdoutURI, f.stdoutURI)
+	}
+	for _, k := range v.causes {
+		r := &c.cause
+		r.project, r.inv, r.label = append(r.project, p), append(r.inv, id), append(r.label, k.label)
+		r.kind, r.cLabel = append(r.kind, k.key.kind), append(r.cLabel, k.key.label)
+		r.output, r.config = append(r.output, k.key.output), append(r.config, k.key.config)
+	}
+}
+
+func (c *onceCols) queue(b *pgx.Batch) {
+	if m := &c.meta; len(m.inv) > 0 {
+		b.Queue(sqlInsertMetadata, m.project, m.inv, m.source, m.key, m.value)
+	}
+	if m := &c.cmd; len(m.inv) > 0 {
+		b.Queue(sqlInsertCommandLines, m.project, m.inv, m.source, m.label, m.argv)
+	}
+	if f := &c.fail; len(f.inv) > 0 {
+		b.Queue(sqlInsertFailures, f.project, f.inv, f.kind, f.label, f.output, f.config, f.mnemonic,
+			f.exitCode, f.message, f.stderrURI, f.stderr, f.stdoutURI)
+	}
+	if k := &c.cause; len(k.inv) > 0 {
+		b.Queue(sqlInsertCauses, k.project, k.inv, k.label, k.kind, k.cLabel, k.output, k.config)
+	}
+}
+
+// The read side (Show).
+
+// StatusItem is one workspace status key: Bazel's own (BUILD_USER,
+// BUILD_HOST, BUILD_TIMESTAMP, ...) and the --workspace_status_command's
+// (BUILD_SCM_REVISION, STABLE_..., ...).
+type StatusItem struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+	// Stable: the key is in Bazel's stable-status.txt (STABLE_ keys,
+	// BUILD_EMBED_LABEL, BUILD_HOST, BUILD_USER), else volatile-status.txt.
+	Stable bool `json:"stable"`
+}
+
+// CommandLine is one of a build's command lines as Bazel reported it
+// (redacted by the edge).
+type CommandLine struct {
+	// Source is structured_command_line or options_parsed.
+	Source string `json:"source"`
+	// Label: a structured command line's label ("canonical", or "tool"
+	// when it has arguments); the OptionsParsed list
+	// ("explicit_startup_options", "explicit_cmd_line").
+	Label string   `json:"label"`
+	Args  []string `json:"args"`
+}
+
+// Cause is a root cause of a failed target, as Bazel named it in the
+// event that reported the failure: a failed action (its label, mnemonic,
+// exit code, message and stderr) or a label that failed to load or
+// analyse. The fields after Kind, Label, PrimaryOutput and Configuration
+// are null if the build holds no event about the cause.
+type Cause struct {
+	Kind          string  `json:"kind"` // action, configured_label or unconfigured_label
+	Label         string  `json:"label"`
+	PrimaryOutput string  `json:"primary_output"` // "" but for an action
+	Configuration string  `json:"configuration"`
+	Mnemonic      *string `json:"mnemonic"`
+	ExitCode      *int32  `json:"exit_code"`
+	Message       *string `json:"message"`
+	// StderrURI is where Bazel says the action's stderr is: from Bazel
+	// 4.2.3 a file:// URI on the client's machine, which the server cannot
+	// read. Stderr is the contents when the event carried them inline.
+	StderrURI *string `json:"stderr_uri"`
+	Stderr    *string `json:"stderr"`
+}
+
+// readMetadata fills b's metadata, workspace status and command lines.
+func (b *Build) readMetadata(ctx context.Context, q Querier) error {
+	b.BuildMetadata, b.WorkspaceStatus, b.CommandLines = map[string]string{}, []StatusItem{}, []CommandLine{}
+	rows, err := q.Query(ctx, `
+		select source, key, value from build_metadata where invocation_id = $1 and project = $2
+		order by source collate "C", key collate "C"`, b.ID, b.Project)
+	if err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	var source, key, value string
+	if _, err := pgx.ForEachRow(rows, []any{&source, &key, &value}, func() error {
+		if source == sourceBuildMetadata {
+			b.BuildMetadata[key] = value
+		} else {
+			b.WorkspaceStatus = append(b.WorkspaceStatus, StatusItem{key, value, source == sourceStable})
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("metadata: %w", err)
+	}
+	slices.SortFunc(b.WorkspaceStatus, func(x, y StatusItem) int { return strings.Compare(x.Key, y.Key) })
+
+	rows, err = q.Query(ctx, `
+		select source, label, argv from build_command_lines where invocation_id = $1 and project = $2
+		order by source collate "C", label collate "C"`, b.ID, b.Project)
+	if err != nil {
+		return fmt.Errorf("command lines: %w", err)
+	}
+	var c CommandLine
+	if _, err := pgx.ForEachRow(rows, []any{&c.Source, &c.Label, &c.Args}, func() error {
+		b.CommandLines = append(b.CommandLines, c)
+		if c.Source == sourceStructured && c.Label == "canonical" {
+			b.CommandLine = c.Args
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("command lines: %w", err)
+	}
+	return nil
+}
+
+// causesColumn is a column of a query over targets (not aliased): a
+// failed target's root causes as a JSON array of Cause, null if it has
+// none. Only a target that did not succeed probes target_causes (by its
+// primary key) and build_failures (by theirs).
+const causesColumn = `case when targets.success is not true then (
+    select json_agg(json_build_object('kind', c.cause_kind, 'label', c.cause_label,
+               'primary_output', c.cause_output, 'configuration', c.cause_configuration, 'mnemonic', f.mnemonic,
+               'exit_code', f.exit_code, 'message', f.message, 'stderr_uri', f.stderr_uri, 'stderr', f.stderr)
+           order by c.cause_label collate "C", c.cause_output collate "C", c.cause_kind collate "C",
+                    c.cause_configuration collate "C")
+    from target_causes c
+    left join build_failures f on f.invocation_id = c.invocation_id and f.project = c.project
+         and f.kind = c.cause_kind and f.label = c.cause_label and f.primary_output = c.cause_output
+         and f.configuration = c.cause_configuration
+    where c.invocation_id = targets.invocation_id and c.project = targets.project and c.label = targets.label) end`
+
+// setCauses sets t's root causes from causesColumn's value.
+func (t *Target) setCauses(raw []byte) error {
+	t.RootCauses = []Cause{}
+	if raw == nil {
+		return nil
+	}
+	return json.Unmarshal(raw, &t.RootCauses)
+}
+
+// sqlPageCauses reads the root causes of some of a build's targets.
+const sqlPageCauses = `select label, ` + causesColumn + ` from targets
+where invocation_id = $1 and project = $2 and label = any($3::text[])`
+
+// pageCauses fills the root causes of a page of targets, in one query for
+// those that did not succeed.
+func pageCauses(ctx context.Context, db Querier, project, invocationID string, ts []Target) error {
+	var failed []string
+	for i := range ts {
+		ts[i].RootCauses = []Cause{}
+		if !ts[i].Success {
+			failed = append(failed, ts[i].Label)
+		}
+	}
+	if len(failed) == 0 {
+		return nil
+	}
+	rows, err := db.Query(ctx, sqlPageCauses, invocationID, project, failed)
+	if err != nil {
+		return err
+	}
+	byLabel := make(map[string][]byte, len(failed))
+	var (
+		label string
+		raw   []byte
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&label, &raw}, func() error {
+		byLabel[label] = slices.Clone(raw)
+		return nil
+	}); err != nil {
+		return err
+	}
+	for i := range ts {
+		if err := ts[i].setCauses(byLabel[ts[i].Label]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
