@@ -358,7 +358,6 @@ func TestVerifyCatchesTampering(t *testing.T) {
 	}
 }
 
-
 func readAll(t *testing.T, e *env, key string) []*archive.Message {
 	t.Helper()
 	obj, err := e.store.Get(e.ctx, key)

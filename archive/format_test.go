@@ -113,14 +113,14 @@ func TestCorruptRejected(t *testing.T) {
 	}
 	w.Close()
 	cases := map[string][]byte{
-		"empty":            nil,
-		"header only":      obj[:9],
-		"bad magic":        append([]byte("XXXX"), obj[4:]...),
-		"future version":   append(append([]byte("MRAR\x02"), obj[5:9]...), obj[9:]...),
-		"cut at the end":   obj[:len(obj)-1],
-		"cut in the middle": obj[:len(obj)/2],
-		"flipped byte":     flip(obj, len(obj)/2),
-		"garbage after":    append(append([]byte{}, obj...), 1, 2, 3),
+		"empty":               nil,
+		"header only":         obj[:9],
+		"bad magic":           append([]byte("XXXX"), obj[4:]...),
+		"future version":      append(append([]byte("MRAR\x02"), obj[5:9]...), obj[9:]...),
+		"cut at the end":      obj[:len(obj)-1],
+		"cut in the middle":   obj[:len(obj)/2],
+		"flipped byte":        flip(obj, len(obj)/2),
+		"garbage after":       append(append([]byte{}, obj...), 1, 2, 3),
 		"another frame after": append(append([]byte{}, obj...), encode(t, msgs[:1], nil)[9:]...),
 	}
 	for name, b := range cases {

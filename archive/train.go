@@ -52,8 +52,8 @@ func Train(builds []Build, id uint32, size int, level zstd.EncoderLevel) ([]byte
 // Ratio is what archiving builds costs: their records uncompressed and
 // the objects' bytes.
 type Ratio struct {
-	Builds, Messages  int
-	RawBytes, Stored  int64
+	Builds, Messages int
+	RawBytes, Stored int64
 }
 
 // Of is raw over stored (0 when nothing was stored).
