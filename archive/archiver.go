@@ -104,9 +104,17 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 }
 
 // Source reads the messages of one subject of the BES stream, in stream
-// order (streams.ReadSubject).
+// order, each message's fields as arguments (streams.SubjectReader; the
+// fields rather than a type so that neither package imports the other).
 type Source interface {
-	Read(ctx context.Context, subject string, fn func(*Message) error) error
+	Read(ctx context.Context, subject string, fn func(seq uint64, at time.Time, subject string, header map[string][]string, data []byte) error) error
+}
+
+// read calls fn with each message of subject as a Message.
+func read(ctx context.Context, src Source, subject string, fn func(*Message) error) error {
+	return src.Read(ctx, subject, func(seq uint64, at time.Time, subject string, h map[string][]string, data []byte) error {
+		return fn(&Message{Sequence: seq, Stored: at, SubjectName: subject, Headers: h, Payload: data})
+	})
 }
 
 // BuildStore is what the archiver needs of the bucket.
@@ -340,7 +348,7 @@ func (a *Archiver) write(ctx context.Context, key, subject string, dict *Dict) (
 		bw.Abort()
 		return Stats{}, 0, ReasonBucket, err
 	}
-	err = a.src.Read(ctx, subject, func(m *Message) error {
+	err = read(ctx, a.src, subject, func(m *Message) error {
 		if err := aw.Write(m); err != nil {
 			return bucketError{err}
 		}

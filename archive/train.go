@@ -1,8 +1,11 @@
 package archive
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"time"
 
@@ -173,4 +176,86 @@ func edgeMessage(project, kind, msgID, subject string, obe *buildpb.OrderedBuild
 		envelope.InvocationID: {sid.GetInvocationId()},
 		envelope.Sequence:     {strconv.FormatInt(obe.GetSequenceNumber(), 10)},
 	}}, nil
+}
+
+// Trained is what TrainAndSave made and measured.
+type Trained struct {
+	Dict *Dict
+	// Train and Held are how many builds trained the dictionary and how
+	// many were held out to measure it; when there was only one build,
+	// it did both.
+	Train, Held int
+	// With and Plain are the held-out builds archived with the new
+	// dictionary and with plain zstd, at Level.
+	With, Plain Ratio
+}
+
+// TrainAndSave holds every fifth build out (none when there is one),
+// trains a dictionary of size bytes (zero: DefaultDictBytes) on the rest,
+// stores it and makes it current (Dicts.Save), and measures it on the
+// held-out builds against plain zstd at the archiver's Level.
+func TrainAndSave(ctx context.Context, dicts *Dicts, builds []Build, size int) (Trained, error) {
+	var train, held []Build
+	for i, b := range builds {
+		if len(builds) > 1 && i%5 == 4 || len(builds) > 1 && len(builds) < 5 && i == len(builds)-1 {
+			held = append(held, b)
+		} else {
+			train = append(train, b)
+		}
+	}
+	if len(held) == 0 {
+		held = train
+	}
+	d, err := dicts.Save(ctx, func(id uint32) ([]byte, error) { return Train(train, id, size, Level) })
+	if err != nil {
+		return Trained{}, err
+	}
+	out := Trained{Dict: d, Train: len(train), Held: len(held)}
+	if out.With, err = Measure(held, d, Level); err != nil {
+		return Trained{}, err
+	}
+	if out.Plain, err = Measure(held, nil, Level); err != nil {
+		return Trained{}, err
+	}
+	if len(builds) == 1 {
+		out.Held = 0
+	}
+	return out, nil
+}
+
+// ReadBuild reads the messages of one subject from src into a Build, up
+// to maxBytes of data (zero: no limit): samples for Train.
+func ReadBuild(ctx context.Context, src Source, subject string, maxBytes int64) (Build, error) {
+	b := Build{Subject: subject}
+	var n int64
+	errFull := errors.New("full")
+	err := read(ctx, src, subject, func(m *Message) error {
+		b.Messages = append(b.Messages, m)
+		if n += int64(len(m.Payload)); maxBytes > 0 && n >= maxBytes {
+			return errFull
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errFull) {
+		return Build{}, err
+	}
+	return b, nil
+}
+
+// FromRecordings reads the builds of each recording file (FromRecording).
+func FromRecordings(files []string) ([]Build, error) {
+	var out []Build
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		bs, err := FromRecording(f, 1)
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		out = append(out, bs...)
+	}
+	return out, nil
 }

@@ -139,7 +139,7 @@ func verifyOne(ctx context.Context, store BuildStore, dicts *Dicts, src Source, 
 		return 0, err
 	}
 	errStop := errors.New("stop")
-	err = src.Read(ctx, subjects.BES(f.Project, f.Invocation), func(sm *Message) error {
+	err = read(ctx, src, subjects.BES(f.Project, f.Invocation), func(sm *Message) error {
 		if sm.Sequence > want.LastSeq {
 			return errStop // late events, after the object: the archiver rewrites it
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -26,6 +27,19 @@ type StoredMsg struct {
 // consumer, in batches bounded in bytes, so memory does not grow with the
 // subject's size; an error of fn ends it.
 func ReadSubject(ctx context.Context, s jetstream.Stream, subject string, fn func(StoredMsg) error) error {
+	return SubjectReader{s}.Read(ctx, subject, func(seq uint64, at time.Time, subject string, h map[string][]string, data []byte) error {
+		return fn(StoredMsg{Seq: seq, Time: at, Subject: subject, Header: h, Data: data})
+	})
+}
+
+// SubjectReader reads subjects of one stream (ReadSubject), handing each
+// message's fields over as they are: the raw archive's Source
+// (archive.Source) without a type of either package in the other's.
+type SubjectReader struct{ Stream jetstream.Stream }
+
+// Read is ReadSubject with the message's fields as arguments.
+func (r SubjectReader) Read(ctx context.Context, subject string, fn func(seq uint64, at time.Time, subject string, header map[string][]string, data []byte) error) error {
+	s := r.Stream
 	last, err := s.GetLastMsgForSubject(ctx, subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return nil
@@ -58,11 +72,38 @@ func ReadSubject(ctx context.Context, s jetstream.Stream, subject string, fn fun
 		if err != nil {
 			return fmt.Errorf("read %s: %w", subject, err)
 		}
-		if err := fn(StoredMsg{Seq: md.Sequence.Stream, Time: md.Timestamp, Subject: m.Subject(), Header: m.Headers(), Data: m.Data()}); err != nil {
+		if err := fn(md.Sequence.Stream, md.Timestamp, m.Subject(), m.Headers(), m.Data()); err != nil {
 			return err
 		}
 		if md.Sequence.Stream >= last.Sequence {
 			return nil
 		}
 	}
+}
+
+// Subjects returns the subjects of s on filter with their message counts
+// (for the BES stream: its builds).
+func Subjects(ctx context.Context, s jetstream.Stream, filter string) (map[string]uint64, error) {
+	info, err := s.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return nil, err
+	}
+	return info.State.Subjects, nil
+}
+
+// SampleSubjects returns at most n subjects of s on filter that hold more
+// than minMessages messages, taken at random.
+func SampleSubjects(ctx context.Context, s jetstream.Stream, filter string, n int, minMessages uint64) ([]string, error) {
+	counts, err := Subjects(ctx, s, filter)
+	if err != nil {
+		return nil, err
+	}
+	var subs []string
+	for subj, c := range counts {
+		if c > minMessages {
+			subs = append(subs, subj)
+		}
+	}
+	rand.Shuffle(len(subs), func(i, j int) { subs[i], subs[j] = subs[j], subs[i] })
+	return subs[:min(n, len(subs))], nil
 }
