@@ -28,9 +28,10 @@ const (
 	DefaultBatch    = 100
 	DefaultLookback = 30 * 24 * time.Hour
 	DefaultMaxPause = time.Minute
-	// Level is the compression level of build objects: zstd's "better"
-	// (about 1.5x the CPU of its default for 3-4% smaller objects on
-	// recorded builds; README, "Cost").
+	// Level is the compression level of build objects: zstd's "better",
+	// 2-3% smaller objects than its default on the recorded builds at no
+	// more CPU once encoders are reused (BenchmarkArchiveBuild: 4.3 ms per
+	// 517-event build written and read back, against 4.7 ms).
 	Level = zstd.SpeedBetterCompression
 )
 

@@ -10,6 +10,7 @@ import (
 	"io"
 	"maps"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -132,6 +133,7 @@ func appendBytes[S string | []byte](dst []byte, s S) []byte {
 type Writer struct {
 	w     io.Writer
 	enc   *zstd.Encoder
+	pool  *coderPool
 	rec   []byte
 	crc   hash.Hash64
 	stats Stats
@@ -154,11 +156,14 @@ func NewWriter(w io.Writer, dict *Dict, level zstd.EncoderLevel) (*Writer, error
 	if _, err := w.Write(hdr[:]); err != nil {
 		return nil, fmt.Errorf("archive: write header: %w", err)
 	}
-	enc, err := zstd.NewWriter(w, opts...)
+	pool := encoders.pool(coderKey{id: id, level: level}, func() (any, error) { return zstd.NewWriter(nil, opts...) })
+	v, err := pool.get()
 	if err != nil {
 		return nil, fmt.Errorf("archive: dictionary %d: %w", id, err)
 	}
-	return &Writer{w: w, enc: enc, crc: crc64.New(crcTable)}, nil
+	enc := v.(*zstd.Encoder)
+	enc.Reset(w)
+	return &Writer{w: w, enc: enc, pool: pool, crc: crc64.New(crcTable)}, nil
 }
 
 // Write appends m. Messages go in stream order: a sequence at or below
@@ -189,7 +194,7 @@ func (w *Writer) Write(m *Message) error {
 // returns what the object holds.
 func (w *Writer) Close() (Stats, error) {
 	if w.err != nil {
-		w.enc.Close()
+		w.enc.Reset(nil) // drops what it held; not returned, it may be mid-frame
 		return Stats{}, w.err
 	}
 	w.stats.Checksum = w.crc.Sum64()
@@ -201,6 +206,8 @@ func (w *Writer) Close() (Stats, error) {
 	if err := w.enc.Close(); err != nil {
 		return Stats{}, fmt.Errorf("archive: finish: %w", err)
 	}
+	w.enc.Reset(nil)
+	w.pool.put(w.enc)
 	return w.stats, nil
 }
 
@@ -235,6 +242,7 @@ func DictID(r io.Reader) (uint32, error) {
 // holds one record and zstd's window.
 type Reader struct {
 	dec   *zstd.Decoder
+	pool  *coderPool
 	br    *bufio.Reader
 	crc   hash.Hash64
 	rec   []byte
@@ -267,15 +275,27 @@ func NewReader(r io.Reader, load DictLoader) (*Reader, error) {
 		}
 		opts = append(opts, zstd.WithDecoderDicts(d.Data))
 	}
-	dec, err := zstd.NewReader(r, opts...)
+	pool := decoders.pool(coderKey{id: id}, func() (any, error) { return zstd.NewReader(nil, opts...) })
+	v, err := pool.get()
 	if err != nil {
 		return nil, fmt.Errorf("archive: dictionary %d: %w", id, err)
 	}
-	return &Reader{dec: dec, br: bufio.NewReaderSize(dec, 64<<10), crc: crc64.New(crcTable), DictID: id}, nil
+	dec := v.(*zstd.Decoder)
+	if err := dec.Reset(r); err != nil {
+		pool.put(dec)
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	return &Reader{dec: dec, pool: pool, br: bufio.NewReaderSize(dec, 64<<10), crc: crc64.New(crcTable), DictID: id}, nil
 }
 
 // Close releases the decoder.
-func (r *Reader) Close() { r.dec.Close() }
+func (r *Reader) Close() {
+	if r.dec != nil {
+		r.dec.Reset(nil)
+		r.pool.put(r.dec)
+		r.dec = nil
+	}
+}
 
 // Stats are what the trailer recorded; valid once Next returned io.EOF.
 func (r *Reader) Stats() Stats { return r.stats }
@@ -466,3 +486,47 @@ func (d *decoder) bytes() []byte {
 }
 
 func uvarintLen(v uint64) int { return len(binary.AppendUvarint(nil, v)) }
+
+// Encoders and decoders are reused, per dictionary and level: making one
+// allocates and clears its tables, which cost more than compressing a
+// build of 500 events (BenchmarkArchiveBuild). A dictionary's id names
+// its content for good (Dicts), so a pool keyed by id never mixes two.
+type coderKey struct {
+	id    uint32
+	level zstd.EncoderLevel
+}
+
+type coderPools struct {
+	mu sync.Mutex
+	m  map[coderKey]*coderPool
+}
+
+var encoders, decoders coderPools
+
+type coderPool struct {
+	p    sync.Pool
+	make func() (any, error)
+}
+
+func (c *coderPools) pool(k coderKey, make func() (any, error)) *coderPool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil {
+		c.m = map[coderKey]*coderPool{}
+	}
+	p, ok := c.m[k]
+	if !ok {
+		p = &coderPool{make: make}
+		c.m[k] = p
+	}
+	return p
+}
+
+func (p *coderPool) get() (any, error) {
+	if v := p.p.Get(); v != nil {
+		return v, nil
+	}
+	return p.make()
+}
+
+func (p *coderPool) put(v any) { p.p.Put(v) }

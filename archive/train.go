@@ -99,7 +99,9 @@ type countingWriter struct{ n int64 }
 func (c *countingWriter) Write(p []byte) (int, error) { c.n += int64(len(p)); return len(p), nil }
 
 // FromRecording turns a BES recording (loadtest/besrecord's format) into
-// the builds the stream would hold for it: one per subject, each request's
+// the builds the stream would hold for it: one per invocation's subject
+// (build-level lifecycle events, which the archive leaves to the stream's
+// age limit, are left out), each request's
 // event as the BES edge publishes it (subject, headers and the encoded
 // OrderedBuildEvent; services/bes, Server.message), with stream
 // sequences counted from firstSeq in arrival order and stored times from
@@ -131,7 +133,7 @@ func FromRecording(r io.Reader, firstSeq uint64) ([]Build, error) {
 		sid := obe.GetStreamId()
 		key := sid.GetInvocationId()
 		if key == "" {
-			key = sid.GetBuildId()
+			continue // a build-level lifecycle event: its subject is never archived
 		}
 		msgID := subjects.Token(project) + "/" + subjects.Token(sid.GetInvocationId()) + "/" + strconv.FormatInt(obe.GetSequenceNumber(), 10)
 		if kind == envelope.KindLifecycle {
