@@ -196,11 +196,13 @@ type pending struct {
 	lastEventAt time.Time
 }
 
-// Run archives until ctx ends. It returns nil then; it never gives up on
+// Run archives until ctx ends (when the configuration turns archiving
+// off, it only waits for that). It returns nil then; it never gives up on
 // a failing bucket or database (it pauses, with metrics, and tries
-// again).
+// again), since a component's loop that ends stops its process.
 func (a *Archiver) Run(ctx context.Context) error {
 	if a.cfg.Off() {
+		<-ctx.Done()
 		return nil
 	}
 	log := a.cfg.Logger

@@ -114,7 +114,11 @@ object per build, --archive-after their last event (archive/README.md).`,
 			ac.RegisterFlags(fs)
 			return po.run("project builds", "millrace-project-builds", func(p *process) (_, _ []supervise.Component, _ error) {
 				proj, err := bo.projector()
-				return []supervise.Component{p.database(do), p.openBucket(ko), p.projector(proj, bo.runnerConfig(p.log)), p.archiver(ac)}, nil, err
+				cs := []supervise.Component{p.database(do), p.projector(proj, bo.runnerConfig(p.log))}
+				if !ac.Off() { // --archive-after negative: no archiver, no bucket
+					cs = append(cs, p.openBucket(ko), p.archiver(ac))
+				}
+				return cs, nil, err
 			})
 		},
 	}
