@@ -3,6 +3,7 @@ package archive_test
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -123,11 +124,21 @@ func TestCorruptRejected(t *testing.T) {
 		"garbage after":       append(append([]byte{}, obj...), 1, 2, 3),
 		"another frame after": append(append([]byte{}, obj...), encode(t, msgs[:1], nil)[9:]...),
 	}
+	// Damage zstd cannot see: the records decompressed, changed and
+	// compressed again into a valid zstd stream. Only the trailer tells.
+	recs := records(t, obj)
+	cases["a record dropped"] = recompress(t, obj[:9], append(append([][]byte{}, recs[:3]...), recs[4:]...))
+	cases["records swapped"] = recompress(t, obj[:9], append(append([][]byte{recs[1], recs[0]}, recs[2:]...)))
+	cases["no trailer"] = recompress(t, obj[:9], recs[:len(recs)-1])
+	cases["cut at a record"] = recompress(t, obj[:9], recs[:5])
 	for name, b := range cases {
 		got, _, err := decode(b, nil)
 		if !errors.Is(err, archive.ErrCorrupt) {
 			t.Errorf("%s: read %d messages, err %v; want ErrCorrupt", name, len(got), err)
 		}
+	}
+	if _, _, err := decode(cases["no trailer"], nil); !errors.Is(err, archive.ErrTruncated) {
+		t.Errorf("no trailer: %v, want ErrTruncated", err)
 	}
 	if _, _, err := decode(obj[:len(obj)/2], nil); !errors.Is(err, archive.ErrTruncated) {
 		t.Errorf("cut: %v, want ErrTruncated", err)
@@ -251,4 +262,39 @@ func TestLargeBuildBoundedMemory(t *testing.T) {
 		t.Fatalf("heap in use reached %d bytes for %d bytes of records: it grows with the build", peak, st.RawBytes)
 	}
 	t.Logf("%d messages, %d bytes of records, peak heap in use %d", st.Messages, st.RawBytes, peak)
+}
+
+// records splits an object's zstd content into its records (length
+// prefixes included).
+func records(t *testing.T, obj []byte) [][]byte {
+	t.Helper()
+	dec, err := zstd.NewReader(bytes.NewReader(obj[9:]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dec.Close()
+	raw, err := io.ReadAll(dec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]byte
+	for len(raw) > 0 {
+		n, k := binary.Uvarint(raw)
+		out = append(out, raw[:k+int(n)])
+		raw = raw[k+int(n):]
+	}
+	return out
+}
+
+func recompress(t *testing.T, header []byte, recs [][]byte) []byte {
+	t.Helper()
+	buf := bytes.NewBuffer(append([]byte{}, header...))
+	enc, _ := zstd.NewWriter(buf)
+	for _, r := range recs {
+		enc.Write(r)
+	}
+	if err := enc.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return buf.Bytes()
 }
