@@ -246,8 +246,18 @@ func (a *Archiver) Pass(ctx context.Context) (found int, reason string, err erro
 	} else {
 		a.m.oldest.Set(a.now().Sub(builds[0].lastEventAt).Seconds())
 	}
+	if len(builds) == 0 {
+		return 0, "", nil
+	}
+	// The current dictionary, once a pass: a pass takes a new one within
+	// an interval of its training.
+	dict, err := a.dicts.Current(ctx)
+	if err != nil {
+		a.m.failures.WithLabelValues(ReasonBucket).Inc()
+		return 0, ReasonBucket, err
+	}
 	for _, b := range builds {
-		reason, err := a.archive(ctx, b)
+		reason, err := a.archive(ctx, b, dict)
 		if err == nil {
 			continue
 		}
@@ -292,13 +302,9 @@ func (e bucketError) Error() string { return e.err.Error() }
 func (e bucketError) Unwrap() error { return e.err }
 
 // archive writes one build's object, reads it back, and records it.
-func (a *Archiver) archive(ctx context.Context, b pending) (reason string, err error) {
+func (a *Archiver) archive(ctx context.Context, b pending, dict *Dict) (reason string, err error) {
 	start := a.now()
 	key := BuildKey(b.project, b.id)
-	dict, err := a.dicts.Current(ctx)
-	if err != nil {
-		return ReasonBucket, err
-	}
 	st, stored, reason, err := a.write(ctx, key, subjects.BES(b.project, b.id), dict)
 	if err != nil {
 		return reason, err

@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/millrace/millrace/archive"
 	"github.com/millrace/millrace/bucket"
@@ -283,28 +282,24 @@ func TestArchiverBucketOutage(t *testing.T) {
 		_, ok := e.archived(t, project, "4132743f-f8c2-4341-90c8-70e094d45b16")
 		return ok && gauge("millrace_archive_paused") == 0
 	})
-	if f := testutil.ToFloat64(mustCounter(t, reg, "bucket")); f < 1 {
+	if f := failures(t, reg, "bucket"); f < 1 {
 		t.Fatalf("failures{reason=bucket} = %v", f)
 	}
 }
 
-func mustCounter(t *testing.T, reg *prometheus.Registry, reason string) prometheus.Collector {
+// failures is millrace_archive_failures_total{reason}.
+func failures(t *testing.T, reg *prometheus.Registry, reason string) float64 {
 	t.Helper()
 	mfs, _ := reg.Gather()
 	for _, mf := range mfs {
-		if mf.GetName() != "millrace_archive_failures_total" {
-			continue
-		}
 		for _, m := range mf.GetMetric() {
-			if m.GetLabel()[0].GetValue() == reason {
-				c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
-				c.Add(m.GetCounter().GetValue())
-				return c
+			if mf.GetName() == "millrace_archive_failures_total" && m.GetLabel()[0].GetValue() == reason {
+				return m.GetCounter().GetValue()
 			}
 		}
 	}
 	t.Fatalf("no failures{reason=%q}", reason)
-	return nil
+	return 0
 }
 
 // TestVerifyCatchesTampering: an object changed in the bucket (another
@@ -363,4 +358,29 @@ func readAll(t *testing.T, e *env, key string) []*archive.Message {
 		t.Fatal(err)
 	}
 	return msgs
+}
+
+// TestArchiverBuildGone: a finished build the stream no longer holds (past
+// its age limit) is recorded with no object, once, and counted.
+func TestArchiverBuildGone(t *testing.T) {
+	e := newEnv(t)
+	e.finished(t, project, "gone", time.Hour, 10, 10)
+	reg := prometheus.NewRegistry()
+	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, archive.NewMetrics(reg))
+	if found, _, err := a.Pass(e.ctx); err != nil || found != 1 {
+		t.Fatalf("pass: %d, %v", found, err)
+	}
+	row, ok := e.archived(t, project, "gone")
+	if !ok || row.Key != "" || row.Events != 0 {
+		t.Fatalf("archived_builds: %+v, %v; want a row with no object", row, ok)
+	}
+	if found, _, _ := a.Pass(e.ctx); found != 0 {
+		t.Fatalf("a build gone from the stream is due again")
+	}
+	if f := failures(t, reg, "gone"); f != 1 {
+		t.Fatalf("failures{reason=gone} = %v", f)
+	}
+	if ok, _ := e.store.Exists(e.ctx, archive.BuildKey(project, "gone")); ok {
+		t.Fatal("an empty object was stored")
+	}
 }

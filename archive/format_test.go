@@ -128,7 +128,7 @@ func TestCorruptRejected(t *testing.T) {
 	// compressed again into a valid zstd stream. Only the trailer tells.
 	recs := records(t, obj)
 	cases["a record dropped"] = recompress(t, obj[:9], append(append([][]byte{}, recs[:3]...), recs[4:]...))
-	cases["records swapped"] = recompress(t, obj[:9], append(append([][]byte{recs[1], recs[0]}, recs[2:]...)))
+	cases["records swapped"] = recompress(t, obj[:9], append([][]byte{recs[1], recs[0]}, recs[2:]...))
 	cases["no trailer"] = recompress(t, obj[:9], recs[:len(recs)-1])
 	cases["cut at a record"] = recompress(t, obj[:9], recs[:5])
 	for name, b := range cases {
