@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/klauspost/compress/zstd"
+
+	"github.com/millrace/millrace/streams/projection"
 )
 
 // The object format. An object is a header, then one zstd stream:
@@ -91,6 +93,9 @@ func (m *Message) Subject() string { return m.SubjectName }
 func (m *Message) Data() []byte    { return m.Payload }
 func (m *Message) Seq() uint64     { return m.Sequence }
 func (m *Message) Time() time.Time { return m.Stored }
+
+// A replay hands archived messages to a projector as it hands the stream's.
+var _ projection.Message = (*Message)(nil)
 
 // Header returns the first value of header key, or "".
 func (m *Message) Header(key string) string {
