@@ -192,6 +192,16 @@ type Trained struct {
 	With, Plain Ratio
 }
 
+// String is the report `millrace zstd train` prints.
+func (t Trained) String() string {
+	on := fmt.Sprintf("%d held-out builds", t.Held)
+	if t.Held == 0 {
+		on = "no build held out (one build), on the training build"
+	}
+	return fmt.Sprintf("dictionary %d (%s, %d bytes), trained on %d builds, now current\n%s (%d events, %d bytes raw): %.2fx with it, %.2fx with plain zstd",
+		t.Dict.ID, DictKey(t.Dict.ID), len(t.Dict.Data), t.Train, on, t.With.Messages, t.With.RawBytes, t.With.Of(), t.Plain.Of())
+}
+
 // TrainAndSave holds every fifth build out (none when there is one),
 // trains a dictionary of size bytes (zero: DefaultDictBytes) on the rest,
 // stores it and makes it current (Dicts.Save), and measures it on the

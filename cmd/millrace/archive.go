@@ -125,9 +125,7 @@ func trainDict(ctx context.Context, bo bucket.Options, builds []archive.Build, s
 	if err != nil {
 		return err
 	}
-	fmt.Printf("dictionary %d (%s, %d bytes), trained on %d builds, now current\n", t.Dict.ID, archive.DictKey(t.Dict.ID), len(t.Dict.Data), t.Train)
-	fmt.Printf("%d held-out builds (%d events, %d bytes raw): %.2fx with it, %.2fx with plain zstd\n",
-		t.Held, t.With.Messages, t.With.RawBytes, t.With.Of(), t.Plain.Of())
+	fmt.Println(t)
 	return nil
 }
 

@@ -78,12 +78,20 @@ func TestArchiveEndToEnd(t *testing.T) {
 	if !strings.Contains(out, "archive verify: 1 builds, 0 bad") {
 		t.Fatalf("verify: %q", out)
 	}
-	// One byte of the object changed in the bucket.
-	bk, err := bucket.Open(ctx, "file://"+dir)
-	if err != nil {
-		t.Fatal(err)
+	out, _ = millrace(t, env, false, "archive", "verify", "--json", "--id", id)
+	if !strings.Contains(out, `"in_stream": 517`) || !strings.Contains(out, `"bad": 0`) {
+		t.Fatalf("verify --json: %q", out)
 	}
-	defer bk.Close()
+	// A dictionary trained on the stream's builds becomes current.
+	out, _ = millrace(t, env, false, "zstd", "train", "--from-stream", "--builds", "5")
+	if !strings.Contains(out, "trained on 1 builds, now current") {
+		t.Fatalf("zstd train --from-stream: %q", out)
+	}
+	if d, err := archive.NewDicts(mustOpen(t, dir)).Current(ctx); err != nil || d == nil {
+		t.Fatalf("current dictionary after training on the stream: %v, %v", d, err)
+	}
+	// One byte of the object changed in the bucket.
+	bk := mustOpen(t, dir)
 	key := archive.BuildKey("millrace-fixtures", id)
 	obj, err := bk.Get(ctx, key)
 	if err != nil {
@@ -97,4 +105,14 @@ func TestArchiveEndToEnd(t *testing.T) {
 	if !strings.Contains(out, "bad: "+id+" of project millrace-fixtures") || !strings.Contains(out, "1 builds, 1 bad") {
 		t.Fatalf("verify of a tampered object: %q", out)
 	}
+}
+
+func mustOpen(t *testing.T, dir string) *bucket.Bucket {
+	t.Helper()
+	bk, err := bucket.Open(context.Background(), "file://"+dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bk.Close() })
+	return bk
 }
