@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/http/httptest"
 	"path/filepath"
 	"sync"
@@ -162,6 +163,71 @@ var suite = []struct {
 		}
 		if got, _ := b.List(ctx, "w/s/"); len(got) != 2 {
 			t.Fatalf("after a delete: %v", got)
+		}
+	}},
+	{"streamed write and read", func(t *testing.T, b *Bucket) {
+		ctx := context.Background()
+		// Larger than a part on every driver (S3's default is 5 MiB), in
+		// small writes, as the archive writes its objects.
+		part := bytes.Repeat([]byte{7, 0, 255, 1}, 4096)
+		w, err := b.NewWriter(ctx, "a/streamed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want bytes.Buffer
+		for i := range 400 {
+			part[0] = byte(i)
+			want.Write(part)
+			if _, err := w.Write(part); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ok, _ := b.Exists(ctx, "a/streamed"); ok {
+			t.Fatal("the object is visible before Close")
+		}
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+		r, err := b.NewReader(ctx, "a/streamed")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(r)
+		r.Close()
+		if err != nil || !bytes.Equal(got, want.Bytes()) {
+			t.Fatalf("read back %d bytes (%v), want %d", len(got), err, want.Len())
+		}
+		if _, err := b.NewReader(ctx, "a/none"); !errors.Is(err, ErrNotFound) {
+			t.Fatalf("reader of a missing object: %v, want ErrNotFound", err)
+		}
+	}},
+	{"aborted write leaves the old object", func(t *testing.T, b *Bucket) {
+		ctx := context.Background()
+		if err := b.Put(ctx, "a/obj", []byte("old")); err != nil {
+			t.Fatal(err)
+		}
+		w, err := b.NewWriter(ctx, "a/obj")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write([]byte("half of a new one")); err != nil {
+			t.Fatal(err)
+		}
+		w.Abort()
+		if got, err := b.Get(ctx, "a/obj"); err != nil || string(got) != "old" {
+			t.Fatalf("after an abort: %q, %v", got, err)
+		}
+		w, err = b.NewWriter(ctx, "a/never")
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Write([]byte("x"))
+		w.Abort()
+		if ok, _ := b.Exists(ctx, "a/never"); ok {
+			t.Fatal("an aborted write stored its object")
+		}
+		if _, err := b.NewWriter(ctx, "a//b"); err == nil {
+			t.Fatal("writer of a bad key accepted")
 		}
 	}},
 	{"bad keys", func(t *testing.T, b *Bucket) {

@@ -19,7 +19,7 @@ type Options struct {
 // variable (internal/envflag).
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	envflag.String(fs, &o.URL, "bucket-url", "MILLRACE_BUCKET_URL", "var/bucket",
-		"object storage of the commit log's checkpoints: a directory, file:///dir, s3://name?region=R[&endpoint=URL&use_path_style=true] or gs://name")
+		"object storage of the commit log's checkpoints and the raw archive of builds: a directory, file:///dir, s3://name?region=R[&endpoint=URL&use_path_style=true] or gs://name")
 }
 
 // Open opens the bucket the options name. A value that names no bucket is

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace/archive"
+	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
@@ -94,19 +96,29 @@ func projectBuildsCommand() command {
 		Summary: "run the builds projector (BES stream -> PostgreSQL)",
 		Long: `Consumes the BES stream into PostgreSQL: invocations, targets, tests, metrics,
 build output and hourly rollups. Several instances may run: one applies, the
-others stand by (a PostgreSQL advisory lock decides).`,
+others stand by (a PostgreSQL advisory lock decides). Beside it, the archiver
+moves the raw events of finished builds to the bucket (--bucket-url), one
+object per build, --archive-after their last event (archive/README.md).`,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
 				do database.Options
 				bo projectorOptions
+				ko bucket.Options
+				ac archive.Config
 			)
 			po.register(fs, "127.0.0.1:8081", "HTTP address: /metrics, /healthz, /readyz", "how long shutdown waits for the batch in progress to commit or roll back")
 			do.RegisterFlags(fs)
 			bo.register(fs)
+			ko.RegisterFlags(fs)
+			ac.RegisterFlags(fs)
 			return po.run("project builds", "millrace-project-builds", func(p *process) (_, _ []supervise.Component, _ error) {
 				proj, err := bo.projector()
-				return []supervise.Component{p.database(do), p.projector(proj, bo.runnerConfig(p.log))}, nil, err
+				cs := []supervise.Component{p.database(do), p.projector(proj, bo.runnerConfig(p.log))}
+				if !ac.Off() { // --archive-after negative: no archiver, no bucket
+					cs = append(cs, p.openBucket(ko), p.archiver(ac))
+				}
+				return cs, nil, err
 			})
 		},
 	}

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"path/filepath"
 
+	"github.com/millrace/millrace/archive"
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/database"
@@ -25,7 +26,8 @@ PostgreSQL (or uses $DATABASE_URL), applies migrations, and runs the BES edge,
 the builds projector, the fleet gateway (mTLS, :1986), the reservations API
 (:1988 and /v1/reservations), the liveness projector, the placer, the commits
 API (:1987 and /v1/worlds/), the compactor (folding the commit log into
---bucket-url), the Kafka export when --kafka-brokers is set (see
+--bucket-url), the archiver (finished builds' raw events into the same bucket),
+the Kafka export when --kafka-brokers is set (see
 millrace export kafka) and the HTTP console (/metrics, /healthz, /readyz).
 Point Bazel at it with: bazel build --bes_backend=grpc://127.0.0.1:1985 //...
 Without configured secrets, dev makes a CA in --fleet-ca-dir (var/fleet/ca)
@@ -55,6 +57,7 @@ type devOptions struct {
 	commits   commits.Options
 	bucket    bucket.Options
 	compactor compactorOptions
+	archive   archive.Config
 	kafka     kafka.Options
 }
 
@@ -71,6 +74,7 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.commits.RegisterFlags(fs)
 	o.bucket.RegisterFlags(fs)
 	o.compactor.register(fs)
+	o.archive.RegisterFlags(fs)
 	o.kafka.RegisterFlags(fs)
 }
 
@@ -106,7 +110,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	resvAPI, resvGRPC := p.reservations(o.resv)
 	console.Register(p.mux, p.db.Pool)
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
-		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor}
+		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor, p.archiver(o.archive)}
 	// The Kafka export, when brokers are named: it needs the backbone only.
 	if o.kafka.Brokers != "" {
 		k, err := p.kafka(o.kafka)

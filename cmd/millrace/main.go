@@ -42,6 +42,8 @@ var commands = []command{
 	replayFleetCommand(),
 	buildsShowCommand(),
 	buildsScrubCommand(),
+	archiveVerifyCommand(),
+	zstdTrainCommand(),
 	loadtestFleetCommand(),
 	loadtestCommitsCommand(),
 	versionCommand(),

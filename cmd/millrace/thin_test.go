@@ -14,10 +14,13 @@ import (
 // what it did; a function that outgrows maxFuncLines, or a package that
 // outgrows maxLines, holds code that belongs in a package of its own.
 // maxLines is a ceiling for later commands to stay under: lower it when
-// code leaves, raise it only with a reason.
+// code leaves, raise it only with a reason. It was 1,800 until the raw
+// archive's two commands (archive verify, zstd train) and its component
+// came (archive.go, about 200 lines: flags, help and output; what they
+// compute is in the archive and streams packages).
 const (
 	maxFuncLines = 60
-	maxLines     = 1800
+	maxLines     = 2000
 )
 
 func TestCommandsStayThin(t *testing.T) {

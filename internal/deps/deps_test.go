@@ -30,6 +30,7 @@ func TestDependencyDirection(t *testing.T) {
 		{mod + "/streams/projection", []string{"github.com/nats-io/"}, "the projector contract must not drag NATS into projectors"},
 		{mod + "/streams/...", []string{mod + "/commitlog"}, "the commit log depends on the backbone, not the other way round"},
 		{mod + "/commitlog/layout", []string{"github.com/nats-io/", mod + "/streams"}, "the commit log's objects in the bucket are bytes and keys that the compactor (a projector) and the commits edge share"},
+		{mod + "/archive", []string{"github.com/nats-io/", mod + "/streams", mod + "/services", mod + "/projectors"}, "the archive's objects are bytes in the bucket that the archiver, verify and a replay share; it reads the stream through its Source"},
 		{mod + "/console", []string{"github.com/nats-io/", mod + "/streams", mod + "/services"}, "the console reads the projections in PostgreSQL through their packages; it publishes nothing and needs no backbone"},
 		{mod + "/agent", []string{mod + "/services", mod + "/projectors", mod + "/streams", mod + "/migrations", "github.com/jackc/"}, "the node agent runs on GPU nodes: it speaks the protocol in schemas and needs nothing of the control plane"},
 		{mod + "/schemas/...", []string{mod + "/cmd", mod + "/streams", mod + "/services", mod + "/projectors", mod + "/internal", mod + "/loadtest", mod + "/migrations"}, "schemas is a leaf module outside programs import"},

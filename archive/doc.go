@@ -1,0 +1,12 @@
+// Package archive is the long-term log of builds: the raw events of each
+// finished build, as the BES stream stored them, in one zstd object per
+// build in the bucket, compressed with a dictionary trained on recorded
+// BEP. It owns the object format (Writer, Reader), the dictionaries in the
+// bucket (Dicts, Train), the keys of build objects (BuildKey), and the
+// archiver (Archiver) that finds finished builds in PostgreSQL, reads their
+// events through a Source, writes, checks and records the object.
+//
+// It imports no NATS: the stream is read through Source, which package
+// streams implements (streams.SubjectReader). See README.md for the
+// operator's view.
+package archive
