@@ -72,6 +72,13 @@ type ReplayPlanned struct {
 // ErrGap: the stream has lost messages of builds the archive lacks.
 var ErrGap = errors.New("the BES stream has lost events of builds the archive does not hold")
 
+// retentionSlack: a build whose first event is within this of the raw
+// retention's end counts as past it. The server that expires messages and
+// the replay's host may disagree on the time, and JetStream removes expired
+// messages a little after their age: a build at the edge of retention
+// must not make a replay refuse.
+const retentionSlack = time.Hour
+
 // maxGapsNamed bounds the builds an ErrGap names.
 const maxGapsNamed = 10
 
@@ -150,7 +157,7 @@ where i.first_event_at < $1
 	defer rows.Close()
 	cutoff := time.Time{}
 	if opts.RawKept > 0 {
-		cutoff = opts.Now.Add(-opts.RawKept)
+		cutoff = opts.Now.Add(-opts.RawKept + retentionSlack)
 	}
 	for rows.Next() {
 		var g Gap

@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/archive"
@@ -138,31 +140,38 @@ func (p *process) bes(o bes.Options) supervise.Component {
 func replayBuildsCommand() command {
 	return command{
 		Name:    "replay builds",
-		Summary: "rebuild the builds projection from the BES stream",
-		Long: `Empties the builds projection and applies the whole BES stream again; the result
-equals what the live projector would have built. Stop the builds projector first
-(replay refuses to run while it holds its lock); start it again afterwards.`,
+		Summary: "rebuild the builds projection from the archive and the BES stream",
+		Long: `Empties the builds projection and applies every archived build (from the bucket,
+--bucket-url), then the BES stream less what the archive held; the result equals
+what the live projector built. A build whose raw events are gone, past
+--retention-raw-days, keeps its rows as they are. When the stream has lost events
+of a build the archive lacks, it refuses before emptying anything and names the
+builds. Stop the builds projector first (replay refuses to run while it holds its
+lock); start it again afterwards.`,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo logs.Options
 				no streams.Options
 				do database.Options
+				bo bucket.Options
 				po projectorOptions
 			)
 			lo.RegisterFlags(fs)
 			no.RegisterFlags(fs)
 			do.RegisterFlags(fs)
+			bo.RegisterFlags(fs)
 			po.register(fs)
 			return once("replay builds", &lo, func(ctx context.Context, log *slog.Logger) error {
-				return replayBuilds(ctx, no, do, po, log)
+				return replayBuilds(ctx, no, do, bo, po, log)
 			})
 		},
 	}
 }
 
-// replayBuilds empties the builds projection and applies the BES stream.
-func replayBuilds(ctx context.Context, no streams.Options, do database.Options, po projectorOptions, log *slog.Logger) error {
-	bb, _, err := openBackbone(ctx, no, "millrace-replay", nil)
+// replayBuilds plans the replay (archive.PlanReplay), says what it will
+// do, and replays.
+func replayBuilds(ctx context.Context, no streams.Options, do database.Options, bo bucket.Options, po projectorOptions, log *slog.Logger) error {
+	bb, cfg, err := openBackbone(ctx, no, "millrace-replay", nil)
 	if err != nil {
 		return err
 	}
@@ -172,17 +181,43 @@ func replayBuilds(ctx context.Context, no streams.Options, do database.Options, 
 		return err
 	}
 	defer pool.Close()
+	bk, err := bo.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer bk.Close()
 	proj, err := po.projector()
 	if err != nil {
 		return err
 	}
-	return replayStream(ctx, bb, pool, proj, po.runnerConfig(log), "replay builds", "events")
+	st, err := bb.JS.Stream(ctx, subjects.StreamBES)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", subjects.StreamBES, err)
+	}
+	s := st.CachedInfo().State
+	reset := func(ctx context.Context, tx pgx.Tx, keep []archive.BuildID) error {
+		return proj.ResetExcept(ctx, tx, slices.Collect(func(yield func(builds.Key) bool) {
+			for _, k := range keep {
+				yield(builds.Key(k))
+			}
+		}))
+	}
+	plan, planned, err := archive.PlanReplay(ctx, pool, bk, archive.StreamTail{FirstSeq: s.FirstSeq, FirstTime: s.FirstTime, LastSeq: s.LastSeq},
+		reset, archive.ReplayOptions{RawKept: cfg.BESMaxAge, Progress: func(done, total int) {
+			fmt.Fprintf(os.Stderr, "\rreplay builds: %d/%d archived builds   ", done, total)
+		}})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "replay builds: %d builds from the archive, then the stream; %d kept as they are (raw events past --retention-raw-days)\n",
+		planned.Archived, planned.Kept)
+	return replayStream(ctx, bb, pool, proj, po.runnerConfig(log), plan, "replay builds", "events")
 }
 
 // replayStream empties p's projection and applies rc.Stream again
 // (streams.Runner.Replay), with its progress on stderr under the label
 // what; unit names the stream's messages there.
-func replayStream(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, p projection.Projector, rc streams.RunnerConfig, what, unit string) error {
+func replayStream(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, p projection.Projector, rc streams.RunnerConfig, plan projection.ReplayPlan, what, unit string) error {
 	st, err := bb.JS.Stream(ctx, rc.Stream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", rc.Stream, err)
@@ -191,7 +226,7 @@ func replayStream(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool,
 	rc.Progress = replayProgress(what, unit, total)
 	r, err := streams.NewRunner(bb.JS, pool, p, rc, nil)
 	if err == nil {
-		err = r.Replay(ctx)
+		err = r.ReplayWith(ctx, plan)
 	}
 	if errors.Is(err, streams.ErrLocked) {
 		return fmt.Errorf("the %s projector is running (it holds its lock): stop it, replay, then start it again", p.Name())
