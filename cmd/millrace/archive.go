@@ -40,7 +40,7 @@ func (p *process) archiver(c archive.Config) supervise.Component {
 		if err != nil {
 			return err
 		}
-		a, err := archive.New(c, pool, p.bk, src, m)
+		a, err := archive.New(c, pool, p.bk, src, streams.SubjectTrimmer{Stream: src.Stream}, m)
 		if err != nil {
 			return err
 		}
