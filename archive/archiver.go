@@ -197,19 +197,25 @@ type Archiver struct {
 	now   func() time.Time
 }
 
-// New makes an archiver; trim may be nil (the stream's age limit alone
-// removes archived builds' events) and m too (metrics kept unregistered).
-func New(cfg Config, pool *pgxpool.Pool, store BuildStore, src Source, trim Trimmer, m *Metrics) (*Archiver, error) {
+// New makes an archiver; m may be nil (metrics kept unregistered). It
+// does not trim the stream until given a Trimmer (TrimWith).
+func New(cfg Config, pool *pgxpool.Pool, store BuildStore, src Source, m *Metrics) (*Archiver, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	if cfg.NoTrim {
-		trim = nil
+	return &Archiver{cfg: cfg.withDefaults(), pool: pool, store: store, src: src, dicts: NewDicts(store), m: m, now: time.Now}, nil
+}
+
+// TrimWith makes the archiver trim archived builds from the stream through
+// t (unless the configuration says NoTrim), and returns it.
+func (a *Archiver) TrimWith(t Trimmer) *Archiver {
+	if !a.cfg.NoTrim {
+		a.trim = t
 	}
-	return &Archiver{cfg: cfg.withDefaults(), pool: pool, store: store, src: src, trim: trim, dicts: NewDicts(store), m: m, now: time.Now}, nil
+	return a
 }
 
 // pending is one build due for the archive.

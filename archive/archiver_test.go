@@ -171,7 +171,7 @@ func TestArchiverAfterDelay(t *testing.T) {
 	last := e.publish(t, b)
 	n, lastTool := tools(b)
 	e.finished(t, project, testID, 5*time.Minute, n, lastTool)
-	a, err := archive.New(archive.Config{After: 10 * time.Minute}, e.pool, e.store, e.src, nil, nil)
+	a, err := archive.New(archive.Config{After: 10 * time.Minute}, e.pool, e.store, e.src, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +234,7 @@ func TestArchiverResumesAfterCrash(t *testing.T) {
 	if err := e.store.Put(e.ctx, key, obj[:len(obj)/2]); err != nil {
 		t.Fatal(err)
 	}
-	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, nil, nil)
+	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, nil)
 	if found, _, err := a.Pass(e.ctx); err != nil || found != 1 {
 		t.Fatalf("pass: %d, %v", found, err)
 	}
@@ -256,7 +256,7 @@ func TestArchiverBucketOutage(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := archive.NewMetrics(reg)
 	e.store.down.Store(true)
-	a, _ := archive.New(archive.Config{Interval: 50 * time.Millisecond, MaxPause: 100 * time.Millisecond}, e.pool, e.store, e.src, nil, m)
+	a, _ := archive.New(archive.Config{Interval: 50 * time.Millisecond, MaxPause: 100 * time.Millisecond}, e.pool, e.store, e.src, m)
 	ctx, cancel := context.WithCancel(e.ctx)
 	done := make(chan error, 1)
 	go func() { done <- a.Run(ctx) }()
@@ -311,7 +311,7 @@ func TestVerifyCatchesTampering(t *testing.T) {
 	e.publish(t, b)
 	n, lastTool := tools(b)
 	e.finished(t, project, testID, time.Hour, n, lastTool)
-	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, nil, nil)
+	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, nil)
 	if _, _, err := a.Pass(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -366,7 +366,7 @@ func TestArchiverBuildGone(t *testing.T) {
 	e := newEnv(t)
 	e.finished(t, project, "gone", time.Hour, 10, 10)
 	reg := prometheus.NewRegistry()
-	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, nil, archive.NewMetrics(reg))
+	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, archive.NewMetrics(reg))
 	if found, _, err := a.Pass(e.ctx); err != nil || found != 1 {
 		t.Fatalf("pass: %d, %v", found, err)
 	}

@@ -89,7 +89,15 @@ func value(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
-func (e *env) trimmer() archive.Trimmer { return streams.SubjectTrimmer{Stream: e.src.Stream} }
+// trimming is an archiver that trims the stream.
+func (e *env) trimming(t *testing.T, c archive.Config, m *archive.Metrics) *archive.Archiver {
+	t.Helper()
+	a, err := archive.New(c, e.pool, e.store, e.src, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.TrimWith(streams.SubjectTrimmer{Stream: e.src.Stream})
+}
 
 const otherID = "4132743f-f8c2-4341-90c8-70e094d45b16"
 
@@ -113,10 +121,7 @@ func TestTrimWaitsForEveryReader(t *testing.T) {
 	otherCount := e.inStream(t, otherSubject)
 	reg := prometheus.NewRegistry()
 	m := archive.NewMetrics(reg)
-	a, err := archive.New(archive.Config{}, e.pool, e.store, e.src, e.trimmer(), m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	a := e.trimming(t, archive.Config{}, m)
 	held := func(why string, a *archive.Archiver) {
 		t.Helper()
 		if _, _, err := a.Pass(e.ctx); err != nil {
@@ -140,7 +145,7 @@ func TestTrimWaitsForEveryReader(t *testing.T) {
 	e.ackTo(t, "export-kafka-bes", 5)
 	held("a Kafka export's durable behind", a)
 	e.ackTo(t, "export-kafka-bes", last)
-	named, _ := archive.New(archive.Config{HoldFor: []string{"mirror"}}, e.pool, e.store, e.src, e.trimmer(), m)
+	named := e.trimming(t, archive.Config{HoldFor: []string{"mirror"}}, m)
 	held("a named holder that does not exist", named)
 
 	if _, _, err := a.Pass(e.ctx); err != nil {
@@ -174,7 +179,7 @@ func TestTrimNeverABadObject(t *testing.T) {
 	n, lastTool := tools(b)
 	e.finished(t, project, testID, time.Hour, n, lastTool)
 	e.ackTo(t, builds.ConsumerName, last)
-	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, nil, nil) // archives, does not trim
+	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, nil) // archives, does not trim
 	if _, _, err := a.Pass(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +187,7 @@ func TestTrimNeverABadObject(t *testing.T) {
 	orig, _ := e.store.Get(e.ctx, key)
 	e.store.Put(e.ctx, key, flip(orig, len(orig)/2))
 	verify(t, e, 1)
-	a, _ = archive.New(archive.Config{}, e.pool, e.store, e.src, e.trimmer(), nil)
+	a = e.trimming(t, archive.Config{}, nil)
 	if _, _, err := a.Pass(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -212,7 +217,7 @@ func TestRearchiveAfterTrim(t *testing.T) {
 	n, lastTool := tools(b)
 	e.finished(t, project, testID, time.Hour, n, lastTool)
 	e.ackTo(t, builds.ConsumerName, first+uint64(len(b.Messages))-1)
-	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, e.trimmer(), nil)
+	a := e.trimming(t, archive.Config{}, nil)
 	if _, _, err := a.Pass(e.ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +275,7 @@ func TestRearchiveKeepsABadTrimmedObject(t *testing.T) {
 	e.finished(t, project, otherID, time.Hour, n, lastTool)
 	e.ackTo(t, builds.ConsumerName, last)
 	reg := prometheus.NewRegistry()
-	a, _ := archive.New(archive.Config{}, e.pool, e.store, e.src, e.trimmer(), archive.NewMetrics(reg))
+	a := e.trimming(t, archive.Config{}, archive.NewMetrics(reg))
 	if _, _, err := a.Pass(e.ctx); err != nil {
 		t.Fatal(err)
 	}

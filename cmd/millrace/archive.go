@@ -40,11 +40,11 @@ func (p *process) archiver(c archive.Config) supervise.Component {
 		if err != nil {
 			return err
 		}
-		a, err := archive.New(c, pool, p.bk, src, streams.SubjectTrimmer{Stream: src.Stream}, m)
+		a, err := archive.New(c, pool, p.bk, src, m)
 		if err != nil {
 			return err
 		}
-		return a.Run(ctx)
+		return a.TrimWith(streams.SubjectTrimmer{Stream: src.Stream}).Run(ctx)
 	})
 }
 
