@@ -44,7 +44,7 @@ type Trimmer interface {
 func registerTrimFlags(fs *flag.FlagSet, c *Config) {
 	trim := !c.NoTrim
 	envflag.Func(fs, "archive-trim", "MILLRACE_ARCHIVE_TRIM",
-		"trim archived builds' raw events from the BES stream once every durable consumer of it has read them (default true; false: they stay until --retention-raw-days)",
+		"trim archived builds' raw events from the BES stream once every durable consumer of it has read them; false: they stay until --retention-raw-days",
 		func(v string) error {
 			b, err := strconv.ParseBool(v)
 			if err != nil {
@@ -54,7 +54,7 @@ func registerTrimFlags(fs *flag.FlagSet, c *Config) {
 			return nil
 		})
 	if f := fs.Lookup("archive-trim"); f != nil {
-		f.Value = boolFlag{f.Value, &trim}
+		f.Value, f.DefValue = boolFlag{f.Value, &trim}, "true"
 	}
 	envflag.Func(fs, "archive-hold-for", "MILLRACE_ARCHIVE_HOLD_FOR",
 		"durable consumers of BES, comma-separated, that hold trimming back beside the builds projector and every durable consumer of BES: one that does not exist holds everything",
@@ -130,17 +130,19 @@ func (a *Archiver) copyObject(ctx context.Context, key string, w *Writer) (last 
 	}
 	defer rc.Close()
 	r, err := NewReader(rc, a.dicts.Loader(ctx))
-	for err == nil {
-		var m *Message
-		if m, err = r.Next(); err == nil {
-			if err = w.Write(m); err != nil {
+	if err == nil {
+		defer r.Close()
+		for {
+			m, nerr := r.Next()
+			if nerr != nil {
+				err = nerr
+				break
+			}
+			if err := w.Write(m); err != nil {
 				return 0, ReasonBucket, err
 			}
 			last = m.Sequence
 		}
-	}
-	if r != nil {
-		defer r.Close()
 	}
 	switch {
 	case err == io.EOF:
