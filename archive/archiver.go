@@ -54,6 +54,14 @@ type Config struct {
 	// MaxPause is the longest pause between tries while the bucket or the
 	// database fails. Zero: DefaultMaxPause.
 	MaxPause time.Duration
+	// NoTrim keeps archived builds' raw events in the BES stream until its
+	// age limit (--archive-trim=false); by default they leave it once
+	// archived and read by every consumer (trim.go).
+	NoTrim bool
+	// HoldFor names durable consumers of BES that hold trimming back
+	// beside the builds projector's (ProjectorDurable) and every other
+	// durable of the stream: one that does not exist holds everything.
+	HoldFor []string
 	// Logger; nil: slog.Default().
 	Logger *slog.Logger
 }
@@ -64,7 +72,8 @@ func (c Config) Validate() error {
 		knob.NotNegative("archive", "Interval", c.Interval, DefaultInterval),
 		knob.NotNegative("archive", "Batch", c.Batch, DefaultBatch),
 		knob.NotNegative("archive", "Lookback", c.Lookback, DefaultLookback),
-		knob.NotNegative("archive", "MaxPause", c.MaxPause, DefaultMaxPause))
+		knob.NotNegative("archive", "MaxPause", c.MaxPause, DefaultMaxPause),
+		checkHolders(c.HoldFor))
 }
 
 // Off reports whether the configuration turns archiving off.
@@ -102,6 +111,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	envflag.Int(fs, &c.Batch, "archive-batch", "MILLRACE_ARCHIVE_BATCH", DefaultBatch, "most builds the archiver takes per look")
 	envflag.Duration(fs, &c.Lookback, "archive-lookback", "MILLRACE_ARCHIVE_LOOKBACK", DefaultLookback,
 		"how far back the archiver looks for builds not archived (the BES stream keeps nothing older than its age limit)")
+	registerTrimFlags(fs, c)
 }
 
 // Source reads the messages of one subject of the BES stream, in stream
@@ -127,9 +137,10 @@ type BuildStore interface {
 
 // Metrics of the archiver.
 type Metrics struct {
-	builds, raw, stored prometheus.Counter
-	failures            *prometheus.CounterVec
-	oldest, paused      prometheus.Gauge
+	builds, raw, stored              prometheus.Counter
+	trimmedBuilds, trimmedMsgs       prometheus.Counter
+	failures                         *prometheus.CounterVec
+	oldest, paused, waitingForHolder prometheus.Gauge
 }
 
 // Failure reasons, the failures metric's reason label.
@@ -154,9 +165,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Age of the last event of the oldest finished build due for the archive and not archived (0: none)."}),
 		paused: prometheus.NewGauge(prometheus.GaugeOpts{Name: "millrace_archive_paused",
 			Help: "1 while archiving pauses because the bucket or the database fails."}),
+		trimmedBuilds: prometheus.NewCounter(prometheus.CounterOpts{Name: "millrace_archive_trimmed_builds_total",
+			Help: "Archived builds whose raw events were trimmed from the BES stream."}),
+		trimmedMsgs: prometheus.NewCounter(prometheus.CounterOpts{Name: "millrace_archive_trimmed_messages_total",
+			Help: "Messages trimmed from the BES stream once archived and read by every consumer."}),
+		waitingForHolder: prometheus.NewGauge(prometheus.GaugeOpts{Name: "millrace_archive_trim_waiting_builds",
+			Help: "Archived builds whose raw events stay in the BES stream because a consumer that holds trimming back has not read them (or does not exist)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.builds, m.raw, m.stored, m.failures, m.oldest, m.paused)
+		reg.MustRegister(m.builds, m.raw, m.stored, m.failures, m.oldest, m.paused, m.trimmedBuilds, m.trimmedMsgs, m.waitingForHolder)
 	}
 	for _, r := range []string{ReasonBucket, ReasonDatabase, ReasonStream, ReasonCheck, ReasonGone} {
 		m.failures.WithLabelValues(r)
@@ -174,12 +191,14 @@ type Archiver struct {
 	pool  *pgxpool.Pool
 	store BuildStore
 	src   Source
+	trim  Trimmer // nil: no trimming
 	dicts *Dicts
 	m     *Metrics
 	now   func() time.Time
 }
 
-// New makes an archiver; m may be nil (metrics kept unregistered).
+// New makes an archiver; m may be nil (metrics kept unregistered). It
+// does not trim the stream until given a Trimmer (TrimWith).
 func New(cfg Config, pool *pgxpool.Pool, store BuildStore, src Source, m *Metrics) (*Archiver, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -188,6 +207,15 @@ func New(cfg Config, pool *pgxpool.Pool, store BuildStore, src Source, m *Metric
 		m = NewMetrics(nil)
 	}
 	return &Archiver{cfg: cfg.withDefaults(), pool: pool, store: store, src: src, dicts: NewDicts(store), m: m, now: time.Now}, nil
+}
+
+// TrimWith makes the archiver trim archived builds from the stream through
+// t (unless the configuration says NoTrim), and returns it.
+func (a *Archiver) TrimWith(t Trimmer) *Archiver {
+	if !a.cfg.NoTrim {
+		a.trim = t
+	}
+	return a
 }
 
 // pending is one build due for the archive.
@@ -230,12 +258,24 @@ func (a *Archiver) Run(ctx context.Context) error {
 	return nil
 }
 
-// Pass archives the builds one look finds (at most Batch) and returns how
-// many it found. A failure of the bucket or the database ends the pass
-// with its reason (the caller pauses); a failure of one build's stream or
-// check is counted and logged, and the pass goes on (the build is tried
-// again next pass).
+// Pass archives the builds one look finds (at most Batch), then trims
+// those archived and read by every holder (at most Batch), and returns
+// the larger count (a full batch: the caller looks again at once). A
+// failure of the bucket or the database ends the pass with its reason
+// (the caller pauses); a failure of one build's stream or check is
+// counted and logged, and the pass goes on (the build is tried again next
+// pass).
 func (a *Archiver) Pass(ctx context.Context) (found int, reason string, err error) {
+	found, reason, err = a.archivePass(ctx)
+	if err != nil || ctx.Err() != nil {
+		return found, reason, err
+	}
+	trimmed, reason, err := a.trimPass(ctx)
+	return max(found, trimmed), reason, err
+}
+
+// archivePass archives the builds one look finds.
+func (a *Archiver) archivePass(ctx context.Context) (found int, reason string, err error) {
 	builds, err := a.due(ctx)
 	if err != nil {
 		a.m.failures.WithLabelValues(ReasonDatabase).Inc()
@@ -301,11 +341,27 @@ type bucketError struct{ err error }
 func (e bucketError) Error() string { return e.err.Error() }
 func (e bucketError) Unwrap() error { return e.err }
 
-// archive writes one build's object, reads it back, and records it.
+// archive writes one build's object, reads it back, and records it, in
+// one transaction that holds the build's lock (lockBuild).
 func (a *Archiver) archive(ctx context.Context, b pending, dict *Dict) (reason string, err error) {
 	start := a.now()
 	key := BuildKey(b.project, b.id)
-	st, stored, reason, err := a.write(ctx, key, subjects.BES(b.project, b.id), dict)
+	tx, err := a.pool.Begin(ctx)
+	if err != nil {
+		return ReasonDatabase, fmt.Errorf("archive: %s of project %s: %w", b.id, b.project, err)
+	}
+	defer tx.Rollback(ctx)
+	prev, err := lockBuild(ctx, tx, b.project, b.id)
+	if err != nil {
+		return ReasonDatabase, err
+	}
+	// A trimmed build's first messages are in its object alone: the new
+	// object starts with them.
+	from := ""
+	if prev.trimmed != nil && prev.key != "" {
+		from = prev.key
+	}
+	st, stored, reason, err := a.write(ctx, key, from, subjects.BES(b.project, b.id), dict)
 	if err != nil {
 		return reason, err
 	}
@@ -321,7 +377,7 @@ func (a *Archiver) archive(ctx context.Context, b pending, dict *Dict) (reason s
 	if dict != nil {
 		dictID = dict.ID
 	}
-	_, err = a.pool.Exec(ctx, `
+	_, err = tx.Exec(ctx, `
 insert into archived_builds (invocation_id, project, object_key, dict_id, events, first_seq, last_seq,
                              last_event_at, raw_bytes, stored_bytes, archived_at)
 values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
@@ -332,6 +388,9 @@ on conflict (invocation_id, project) do update set
     verified_at = null, verify_error = null`,
 		b.id, b.project, key, int64(dictID), int64(st.Messages), int64(st.FirstSeq), int64(st.LastSeq),
 		b.lastEventAt, int64(st.RawBytes), stored, a.now())
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
 	if err != nil {
 		return ReasonDatabase, fmt.Errorf("archive: record %s of project %s: %w", b.id, b.project, err)
 	}
@@ -344,9 +403,11 @@ on conflict (invocation_id, project) do update set
 	return "", nil
 }
 
-// write streams the subject's messages into the object at key; nothing
-// is stored when it fails, or when there is no message.
-func (a *Archiver) write(ctx context.Context, key, subject string, dict *Dict) (Stats, int64, string, error) {
+// write streams the subject's messages into the object at key, after the
+// messages of the object at from when it is set (a trimmed build's: of the
+// stream, only the messages after its last are taken); nothing is stored
+// when it fails, or when there is no message.
+func (a *Archiver) write(ctx context.Context, key, from, subject string, dict *Dict) (Stats, int64, string, error) {
 	bw, err := a.store.NewWriter(ctx, key)
 	if err != nil {
 		return Stats{}, 0, ReasonBucket, err
@@ -357,7 +418,18 @@ func (a *Archiver) write(ctx context.Context, key, subject string, dict *Dict) (
 		bw.Abort()
 		return Stats{}, 0, ReasonBucket, err
 	}
+	var after uint64 // the last sequence of the object at from
+	if from != "" {
+		var reason string
+		if after, reason, err = a.copyObject(ctx, from, aw); err != nil {
+			bw.Abort()
+			return Stats{}, 0, reason, err
+		}
+	}
 	err = read(ctx, a.src, subject, func(m *Message) error {
+		if m.Sequence <= after {
+			return nil // in the object at from already
+		}
 		if err := aw.Write(m); err != nil {
 			return bucketError{err}
 		}

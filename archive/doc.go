@@ -4,9 +4,12 @@
 // BEP. It owns the object format (Writer, Reader), the dictionaries in the
 // bucket (Dicts, Train), the keys of build objects (BuildKey), and the
 // archiver (Archiver) that finds finished builds in PostgreSQL, reads their
-// events through a Source, writes, checks and records the object.
+// events through a Source, writes, checks and records the object, and
+// trims archived builds from the stream through a Trimmer once every
+// durable consumer of it has read them.
 //
-// It imports no NATS: the stream is read through Source, which package
-// streams implements (streams.SubjectReader). See README.md for the
+// It imports no NATS: the stream is read through Source and trimmed
+// through Trimmer, which package streams implements (streams.SubjectReader,
+// streams.SubjectTrimmer). See README.md for the
 // operator's view.
 package archive

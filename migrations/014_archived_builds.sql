@@ -17,8 +17,16 @@ create table archived_builds (
     archived_at   timestamptz not null,
     verified_at   timestamptz,              -- last `millrace archive verify` of it
     verify_error  text,                     -- its finding; null: good
+    trimmed_seq   bigint,                   -- the last BES sequence trimmed from the stream; null: none
     primary key (invocation_id, project)
 );
+
+-- The builds whose raw events are still in the stream, waiting for every
+-- consumer of BES to read them before they are trimmed: few at any time
+-- (a pass's worth, or a holder's backlog), so the index stays small while
+-- the table grows by every build.
+create index archived_builds_untrimmed_idx on archived_builds (last_seq)
+    where object_key <> '' and verify_error is null and (trimmed_seq is null or trimmed_seq < last_seq);
 
 -- The archiver looks for finished builds by their last event's time. The
 -- index holds the column invocations_running_idx holds, and of its
@@ -31,4 +39,5 @@ create index invocations_finished_idx on invocations (last_event_bucket)
 ---- create above / drop below ----
 
 drop index invocations_finished_idx;
+drop index archived_builds_untrimmed_idx;
 drop table archived_builds;

@@ -72,3 +72,41 @@ func TrimSubject(ctx context.Context, stream jetstream.Stream, subject string, s
 	}
 	return nil
 }
+
+// SubjectTrimmer trims subjects of one stream once every durable consumer
+// of it, and the holders named, have read them: the raw archive's Trimmer
+// (archive.Trimmer), which takes no NATS type.
+type SubjectTrimmer struct{ Stream jetstream.Stream }
+
+// Floor is HoldFloor over subject with every durable consumer of the
+// stream holding too.
+func (t SubjectTrimmer) Floor(ctx context.Context, subject string, holders []string) (uint64, []string, error) {
+	return HoldFloor(ctx, t.Stream, subject, holders, true)
+}
+
+// Trim is TrimSubject, and returns how many messages of subject left the
+// stream (the subject's count before less after: a message stored on it
+// meanwhile makes it smaller, never larger).
+func (t SubjectTrimmer) Trim(ctx context.Context, subject string, seq uint64) (uint64, error) {
+	before, err := t.count(ctx, subject)
+	if err != nil {
+		return 0, err
+	}
+	if err := TrimSubject(ctx, t.Stream, subject, seq); err != nil {
+		return 0, err
+	}
+	after, err := t.count(ctx, subject)
+	if err != nil || after > before {
+		return 0, err
+	}
+	return before - after, nil
+}
+
+// count is how many messages of the stream are on subject.
+func (t SubjectTrimmer) count(ctx context.Context, subject string) (uint64, error) {
+	info, err := t.Stream.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return 0, fmt.Errorf("count %s: %w", subject, err)
+	}
+	return info.State.Subjects[subject], nil
+}

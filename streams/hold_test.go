@@ -91,4 +91,17 @@ func TestHoldFloorAndTrimSubject(t *testing.T) {
 		t.Fatalf("after trimming the build up to 8: %d messages from %d, %d deleted; want 6 (the other build's 2, this one's 9..12) from 1, 6 deleted",
 			info.State.Msgs, info.State.FirstSeq, info.State.NumDeleted)
 	}
+
+	// The archive's Trimmer: every durable holds, and a trim counts what
+	// left.
+	tr := streams.SubjectTrimmer{Stream: s}
+	if floor, _, err := tr.Floor(ctx, filter, []string{"builds"}); err != nil || floor != 3 {
+		t.Errorf("SubjectTrimmer.Floor = %d, %v; want 3 (the export's)", floor, err)
+	}
+	if n, err := tr.Trim(ctx, filter, 10); err != nil || n != 2 {
+		t.Errorf("SubjectTrimmer.Trim up to 10 = %d, %v; want 2 (9 and 10)", n, err)
+	}
+	if n, err := tr.Trim(ctx, subjects.BES("p", "none"), 10); err != nil || n != 0 {
+		t.Errorf("SubjectTrimmer.Trim of a subject with no message = %d, %v", n, err)
+	}
 }

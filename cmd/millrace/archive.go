@@ -44,7 +44,7 @@ func (p *process) archiver(c archive.Config) supervise.Component {
 		if err != nil {
 			return err
 		}
-		return a.Run(ctx)
+		return a.TrimWith(streams.SubjectTrimmer{Stream: src.Stream}).Run(ctx)
 	})
 }
 
