@@ -42,6 +42,11 @@ func (c *idleConfig) validate() error {
 // loopback port), waits until it is ready and -idle-settle has passed.
 // cleanup stops it and drops its state.
 func (b *bench) devStack(ctx context.Context, scenario string) (s *fleetStack, db string, cleanup func(), err error) {
+	return b.devStackEnv(ctx, scenario)
+}
+
+// devStackEnv is devStack with more environment for dev.
+func (b *bench) devStackEnv(ctx context.Context, scenario string, env ...string) (s *fleetStack, db string, cleanup func(), err error) {
 	dir, err := mkdir(b.tmp, scenario)
 	if err != nil {
 		return nil, "", nil, err
@@ -60,7 +65,7 @@ func (b *bench) devStack(ctx context.Context, scenario string) (s *fleetStack, d
 			os.RemoveAll(dir)
 		}
 	}
-	if s, err = b.startFleetStack(ctx, dir, dbURL); err != nil {
+	if s, err = b.startFleetStack(ctx, dir, dbURL, env...); err != nil {
 		cleanup()
 		return nil, "", nil, err
 	}

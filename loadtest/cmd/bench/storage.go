@@ -38,6 +38,10 @@ const scStorage = "storage"
 // may keep in PostgreSQL once its raw events are archived.
 const storageTargetPGBytes = 12 * 1000
 
+// storageTargetArchiveRatio is how many times smaller than the raw events
+// a build's archive object must be.
+const storageTargetArchiveRatio = 8
+
 // storageConfig sizes the storage scenario (flags of the bench).
 type storageConfig struct {
 	targets string // comma-separated workspace sizes
@@ -97,6 +101,14 @@ type storageReport struct {
 	// WALBytesPerEvent is the server's WAL growth over the replays per
 	// event stored: server-wide, so other databases' writes count too.
 	WALBytesPerEvent float64 `json:"wal_bytes_per_event"`
+	// The archive: each build's object (stored bytes) and the records it
+	// holds uncompressed (raw bytes), averaged over the builds, and how
+	// many times smaller the object is than the raw records and than what
+	// the stream stored for the build.
+	ArchiveBytesPerBuild    float64 `json:"archive_bytes_per_build"`
+	ArchiveRawBytesPerBuild float64 `json:"archive_raw_bytes_per_build"`
+	ArchiveRatio            float64 `json:"archive_ratio"`
+	ArchiveRatioToStream    float64 `json:"archive_ratio_to_stream"`
 }
 
 // buildsTables are the builds projection's tables the scenario measures.
@@ -118,12 +130,16 @@ func (b *bench) storageScenario(ctx context.Context, rep *scenarioReport) error 
 		}
 		rep.Runs = append(rep.Runs, run)
 		st := run.Storage
-		fmt.Printf("  %d targets, %d events a build, %d builds: PostgreSQL %.0f B a build (%s), stream %.0f B, WAL %.0f B/event\n",
-			n, st.EventsPerBuild, st.Builds, st.PostgresTotalPerBuild, tableFigures(st.PostgresBytesPerBuild), st.StreamBytesPerBuild, st.WALBytesPerEvent)
+		fmt.Printf("  %d targets, %d events a build, %d builds: PostgreSQL %.0f B a build (%s), stream %.0f B, archive %.0f B (%.1fx smaller than its records, %.1fx than the stream's), WAL %.0f B/event\n",
+			n, st.EventsPerBuild, st.Builds, st.PostgresTotalPerBuild, tableFigures(st.PostgresBytesPerBuild), st.StreamBytesPerBuild,
+			st.ArchiveBytesPerBuild, st.ArchiveRatio, st.ArchiveRatioToStream, st.WALBytesPerEvent)
+		rep.Checks = append(rep.Checks, atLeast(fmt.Sprintf("%s: archive, times smaller than the raw events, %d-target build", scStorage, n),
+			st.ArchiveRatio, storageTargetArchiveRatio, "x",
+			fmt.Sprintf("%.0f B of records in an object of %.0f B; the stream stored %.0f B for the build", st.ArchiveRawBytesPerBuild, st.ArchiveBytesPerBuild, st.StreamBytesPerBuild)))
 		if n == 50 {
 			rep.Checks = append(rep.Checks, atMost(fmt.Sprintf("%s: PostgreSQL bytes per %d-target build", scStorage, n),
 				st.PostgresTotalPerBuild, storageTargetPGBytes, "B",
-				fmt.Sprintf("%d events a build; before archiving: console output and raw events are still kept here (%s)",
+				fmt.Sprintf("%d events a build; the console output is still kept here, not yet in the archive (%s)",
 					st.EventsPerBuild, tableFigures(st.PostgresBytesPerBuild))))
 		}
 	}
@@ -137,7 +153,8 @@ func (b *bench) storageRun(ctx context.Context, n int) (runReport, error) {
 	if err != nil {
 		return runReport{}, err
 	}
-	s, db, cleanup, err := b.devStack(ctx, fmt.Sprintf("%s-%d", scStorage, n))
+	// The archiver takes a build a second after its last event.
+	s, db, cleanup, err := b.devStackEnv(ctx, fmt.Sprintf("%s-%d", scStorage, n), "MILLRACE_ARCHIVE_AFTER=1s", "MILLRACE_ARCHIVE_INTERVAL=1s")
 	if err != nil {
 		return runReport{}, err
 	}
@@ -181,6 +198,9 @@ func (b *bench) storageRun(ctx context.Context, n int) (runReport, error) {
 	st := after.minus(before)
 	if st.Builds != int64(sc.builds) {
 		return runReport{}, fmt.Errorf("the projection gained %d builds, want %d", st.Builds, sc.builds)
+	}
+	if err := st.measureArchive(ctx, conn, b.cfg.lagTimeout); err != nil {
+		return runReport{}, err
 	}
 	st.Targets, st.EventsPerBuild = n, per
 	if st.Events > 0 {
@@ -277,6 +297,40 @@ func settleBuilds(ctx context.Context, conn *pgx.Conn, s *fleetStack, timeout ti
 	}
 	_, err = conn.Exec(ctx, "vacuum "+strings.Join(buildsTables, ", "))
 	return err
+}
+
+// measureArchive waits until the archiver has archived every build and
+// takes the archive's figures.
+func (r *storageReport) measureArchive(ctx context.Context, conn *pgx.Conn, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var left int64
+		err := conn.QueryRow(ctx, `select count(*) from invocations i where not exists
+			(select 1 from archived_builds a where a.invocation_id = i.id and a.project = i.project and a.object_key <> '')`).Scan(&left)
+		if err != nil {
+			return err
+		}
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d builds not archived after %s", left, timeout)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	var stored, raw float64
+	if err := conn.QueryRow(ctx, `select avg(stored_bytes), avg(raw_bytes) from archived_builds`).Scan(&stored, &raw); err != nil {
+		return err
+	}
+	r.ArchiveBytesPerBuild, r.ArchiveRawBytesPerBuild = round(stored, 0), round(raw, 0)
+	if stored > 0 {
+		r.ArchiveRatio, r.ArchiveRatioToStream = round(raw/stored, 1), round(r.StreamBytesPerBuild/stored, 1)
+	}
+	return nil
 }
 
 // storageState is what the builds occupy at one moment.
