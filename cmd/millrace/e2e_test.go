@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/internal/devdb"
+	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/loadtest/bazelws"
 	"github.com/millrace/millrace/projectors/builds"
@@ -424,11 +425,14 @@ func diff[V comparable](want, got map[string]V) string {
 
 // TestBazelEndToEnd: the real Bazel builds and tests a generated workspace
 // with --bes_backend at millrace dev; the projection must agree with the
-// JSON file Bazel wrote in the same run.
+// JSON file Bazel wrote in the same run. Dev archives the build a second
+// after it finished and trims its events from the BES stream; the replay
+// that follows reads it back from the archive and must yield the same rows.
 func TestBazelEndToEnd(t *testing.T) {
 	needBazel(t)
 	db := testenv.Database(t)
 	dev := newDev(t, db)
+	dev.env = append(dev.env, "MILLRACE_ARCHIVE_AFTER=1s", "MILLRACE_ARCHIVE_INTERVAL=1s")
 	if d := dev.start(); d > 3*time.Second {
 		t.Errorf("millrace dev took %v to serve BES; Bazel's retries span about 9 s", d)
 	}
@@ -445,14 +449,20 @@ func TestBazelEndToEnd(t *testing.T) {
 	run.checkExit(t, code, out, "", dev.output())
 	run.checkProjection(t, db)
 	checkMetadata(t, showJSON(t, db, run.project, run.invocationID))
+	waitTrimmed(t, db, dev)
 	dev.stop()
 
-	// Replay rebuilds exactly the same rows (every row of every table digested).
+	// Replay rebuilds exactly the same rows (every row of every table
+	// digested), the build's events from the archive.
 	live := digest(t, db)
 	replay := exec.Command(binary(t), "replay", "builds")
 	replay.Env = dev.env
-	if out, err := replay.CombinedOutput(); err != nil {
-		t.Fatalf("millrace replay builds: %v\n%s", err, out)
+	rout, err := replay.CombinedOutput()
+	if err != nil {
+		t.Fatalf("millrace replay builds: %v\n%s", err, rout)
+	}
+	if !strings.Contains(string(rout), "1 builds from the archive") {
+		t.Errorf("replay builds did not read the build from the archive:\n%s", rout)
 	}
 	replayed := digest(t, db)
 	for table, sum := range live {
@@ -462,6 +472,26 @@ func TestBazelEndToEnd(t *testing.T) {
 	}
 	if len(live) == 0 {
 		t.Fatal("no tables digested")
+	}
+}
+
+// waitTrimmed waits until every build is archived and its events have
+// left the BES stream (archived_builds.trimmed_seq reached last_seq).
+func waitTrimmed(t *testing.T, db string, dev *devProcess) {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	ok := poll.True(func() bool {
+		var builds, trimmed int
+		pool.QueryRow(context.Background(), `select (select count(*) from invocations),
+			(select count(*) from archived_builds where object_key <> '' and trimmed_seq >= last_seq)`).Scan(&builds, &trimmed)
+		return builds > 0 && trimmed == builds
+	}, poll.Within(time.Minute))
+	if !ok {
+		t.Fatalf("builds not archived and trimmed from the stream within a minute; dev said:\n%s", dev.output())
 	}
 }
 
