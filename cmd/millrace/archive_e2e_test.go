@@ -26,55 +26,17 @@ import (
 // archived by `project builds`; `archive verify` finds it good against the
 // stream and the projection, and bad once its object is tampered with.
 func TestArchiveEndToEnd(t *testing.T) {
-	ns := testenv.NATS(t)
-	db := testenv.Database(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := streams.Apply(ctx, js, streams.StreamSpecs(streams.Config{})); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open("../../loadtest/fixtures/bazel-test-60.besrec")
-	if err != nil {
-		t.Fatal(err)
-	}
-	builds, err := archive.FromRecording(f, 1)
-	f.Close()
-	if err != nil || len(builds) != 1 {
-		t.Fatalf("recording: %d builds, %v", len(builds), err)
-	}
-	for _, m := range builds[0].Messages {
-		if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: m.SubjectName, Header: nats.Header(m.Headers), Data: m.Payload}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dir := filepath.Join(t.TempDir(), "bucket")
-	env := []string{"MILLRACE_NATS_URL=" + ns.ClientURL(), "DATABASE_URL=" + db, "MILLRACE_BUCKET_URL=" + dir}
 	// Not trimmed: verify compares the object with the stream, and zstd
 	// train reads the stream (TestArchiveTrimEndToEnd trims).
-	cmd := exec.Command(binary(t), "project", "builds", "--http-listen", "127.0.0.1:0", "--archive-after", "1s", "--archive-interval", "100ms", "--archive-trim=false")
-	cmd.Env = append(os.Environ(), env...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
-	pool, err := pgxpool.New(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	r := startArchiveRun(t, "--archive-trim=false")
+	ctx, pool, env, dir := r.ctx, r.pool, r.env, r.bucket
 	const id = "ea8ce61d-03a8-4221-bbab-4581a0acff79"
 	var events int64
 	poll.Until(t, "the build archived", func() bool {
 		return pool.QueryRow(ctx, `select events from archived_builds where invocation_id = $1`, id).Scan(&events) == nil
 	}, poll.Within(60*time.Second))
-	if events != int64(len(builds[0].Messages)) {
-		t.Fatalf("archived %d events, the stream holds %d", events, len(builds[0].Messages))
+	if events != int64(r.events) {
+		t.Fatalf("archived %d events, the stream holds %d", events, r.events)
 	}
 	out, _ := millrace(t, env, false, "archive", "verify")
 	if !strings.Contains(out, "archive verify: 1 builds, 0 bad") {
@@ -113,51 +75,8 @@ func TestArchiveEndToEnd(t *testing.T) {
 // projector has read it (nothing else holds), trims its raw events from the
 // stream; verify finds the object good with the stream holding none of it.
 func TestArchiveTrimEndToEnd(t *testing.T) {
-	ns := testenv.NATS(t)
-	db := testenv.Database(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, _ := jetstream.New(nc)
-	if err := streams.Apply(ctx, js, streams.StreamSpecs(streams.Config{})); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open("../../loadtest/fixtures/bazel-test-60.besrec")
-	if err != nil {
-		t.Fatal(err)
-	}
-	builds, err := archive.FromRecording(f, 1)
-	f.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var subject string
-	for _, b := range builds {
-		for _, m := range b.Messages {
-			if _, err := js.PublishMsg(ctx, &nats.Msg{Subject: m.SubjectName, Header: nats.Header(m.Headers), Data: m.Payload}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if len(b.Messages) > 100 {
-			subject = b.Messages[0].SubjectName
-		}
-	}
-	env := []string{"MILLRACE_NATS_URL=" + ns.ClientURL(), "DATABASE_URL=" + db, "MILLRACE_BUCKET_URL=" + filepath.Join(t.TempDir(), "bucket")}
-	cmd := exec.Command(binary(t), "project", "builds", "--http-listen", "127.0.0.1:0", "--archive-after", "1s", "--archive-interval", "100ms")
-	cmd.Env = append(os.Environ(), env...)
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() }()
-	pool, err := pgxpool.New(ctx, db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	r := startArchiveRun(t)
+	ctx, js, pool, env, subject := r.ctx, r.js, r.pool, r.env, r.subject
 	s, _ := js.Stream(ctx, "BES")
 	poll.Until(t, "the build archived and trimmed", func() bool {
 		var trimmed *int64
@@ -169,6 +88,68 @@ func TestArchiveTrimEndToEnd(t *testing.T) {
 	if !strings.Contains(out, `"in_stream": 0`) || !strings.Contains(out, `"bad": 0`) {
 		t.Fatalf("verify --json of a trimmed build: %q", out)
 	}
+}
+
+// archiveRun is a BES stream holding a recorded build (every subject, as
+// the edge stores them) and `project builds` running on it, archiving a
+// second after the build's last event.
+type archiveRun struct {
+	ctx     context.Context
+	js      jetstream.JetStream
+	pool    *pgxpool.Pool
+	env     []string
+	bucket  string // its directory
+	subject string // the invocation's
+	events  int    // its messages
+}
+
+func startArchiveRun(t *testing.T, args ...string) *archiveRun {
+	t.Helper()
+	ns := testenv.NATS(t)
+	db := testenv.Database(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	t.Cleanup(cancel)
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	r := &archiveRun{ctx: ctx, bucket: filepath.Join(t.TempDir(), "bucket")}
+	r.js, _ = jetstream.New(nc)
+	if err := streams.Apply(ctx, r.js, streams.StreamSpecs(streams.Config{})); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open("../../loadtest/fixtures/bazel-test-60.besrec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	builds, err := archive.FromRecording(f, 1)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range builds {
+		for _, m := range b.Messages {
+			if _, err := r.js.PublishMsg(ctx, &nats.Msg{Subject: m.SubjectName, Header: nats.Header(m.Headers), Data: m.Payload}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(b.Messages) > r.events {
+			r.events, r.subject = len(b.Messages), b.Messages[0].SubjectName
+		}
+	}
+	r.env = []string{"MILLRACE_NATS_URL=" + ns.ClientURL(), "DATABASE_URL=" + db, "MILLRACE_BUCKET_URL=" + r.bucket}
+	cmd := exec.Command(binary(t), append([]string{"project", "builds", "--http-listen", "127.0.0.1:0", "--archive-after", "1s", "--archive-interval", "100ms"}, args...)...)
+	cmd.Env = append(os.Environ(), r.env...)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	if r.pool, err = pgxpool.New(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.pool.Close)
+	return r
 }
 
 func mustOpen(t *testing.T, dir string) *bucket.Bucket {
