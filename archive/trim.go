@@ -200,7 +200,7 @@ limit $1`, a.cfg.Batch)
 		}
 	}
 	if len(missing) > 0 {
-		a.cfg.Logger.Warn("trimming of archived builds held back: a consumer that holds it back does not exist", "missing", strings.Join(sortedKeys(missing), ","))
+		a.cfg.Logger.Warn("trimming of archived builds held back: a consumer that holds it back does not exist", "holder", strings.Join(sortedKeys(missing), ","))
 	}
 	var waiting int64
 	if err := a.pool.QueryRow(ctx, `select count(*) from archived_builds
@@ -261,7 +261,7 @@ where invocation_id = $1 and project = $2 and trimmed_seq = $3`, b.id, b.project
 	}
 	a.m.trimmedBuilds.Inc()
 	a.m.trimmedMsgs.Add(float64(n))
-	a.cfg.Logger.Debug("archived build trimmed from the stream", "project", b.project, "invocation", b.id, "up_to", p.lastSeq, "messages", n)
+	a.cfg.Logger.Debug("archived build trimmed from the stream", "project", b.project, "invocation", b.id, "to", p.lastSeq, "messages", n)
 	return true, nil, "", nil
 }
 
