@@ -63,13 +63,30 @@ func binary(t *testing.T) string {
 
 func freePort(t *testing.T) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	portsMu.Lock()
+	defer portsMu.Unlock()
+	for {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		l.Close()
+		// The kernel may give a port closed a moment ago to the next
+		// caller too: two of one process's listeners would then collide
+		// (seen: dev's NATS and BES edge on one port).
+		if !portsGiven[addr] {
+			portsGiven[addr] = true
+			return addr
+		}
 	}
-	defer l.Close()
-	return l.Addr().String()
 }
+
+// portsGiven are the addresses freePort handed out in this test process.
+var (
+	portsMu    sync.Mutex
+	portsGiven = map[string]bool{}
+)
 
 // devProcess is `millrace dev` running in its own process.
 type devProcess struct {
