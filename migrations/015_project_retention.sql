@@ -1,0 +1,21 @@
+-- Per-project retention overrides (projectors/builds, "Retention"): how
+-- many days a project's raw events (stream and archive), projected rows
+-- and hourly rollups are kept. A null column takes the process's default
+-- (--retention-raw-days, --retention-days, --retention-rollup-days); a
+-- project without a row takes all three. `millrace projects retention`
+-- writes it, and refuses a row whose effective values break the order
+-- raw <= rows <= rollups (each 0 = for ever, the longest): rows outlive
+-- raw events, so that a replay keeps the rows of builds it cannot rebuild
+-- and never rebuilds a build whose rows are deleted (counting it in the
+-- rollups twice); rollups outlive the rows they count.
+create table project_retention (
+    project     text primary key check (project <> ''),
+    raw_days    int check (raw_days > 0),
+    rows_days   int check (rows_days > 0),
+    rollup_days int check (rollup_days > 0),
+    updated_at  timestamptz not null default now()
+);
+
+---- create above / drop below ----
+
+drop table project_retention;
