@@ -16,6 +16,13 @@ create table project_retention (
     updated_at  timestamptz not null default now()
 );
 
+-- The retention deletes a project's finished builds by their last event's
+-- time (projectors/builds/expire.go). Like invocations_finished_idx, the
+-- index holds only finished builds: a running build's updates, which move
+-- last_event_bucket, stay HOT, and a finished build enters it once.
+create index invocations_retention_idx on invocations (project, last_event_bucket) where status <> 'running';
+
 ---- create above / drop below ----
 
+drop index invocations_retention_idx;
 drop table project_retention;

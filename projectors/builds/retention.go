@@ -146,7 +146,7 @@ func ListRetention(ctx context.Context, q Querier, def Retention) ([]ProjectRete
 // override was set may break it.
 func CheckRetention(ctx context.Context, q Querier, def Retention) error {
 	if err := def.Check(); err != nil {
-		return fmt.Errorf("the default retention: %w", err)
+		return RuleError{fmt.Errorf("the default retention: %w", err)}
 	}
 	ps, err := ListRetention(ctx, q, def)
 	if err != nil {
@@ -154,11 +154,18 @@ func CheckRetention(ctx context.Context, q Querier, def Retention) error {
 	}
 	for _, p := range ps {
 		if err := p.Check(); err != nil {
-			return fmt.Errorf("project %q's retention: %w (set it with `millrace projects retention --project %s`)", p.Project, err, p.Project)
+			return RuleError{fmt.Errorf("project %q's retention: %w (set it with `millrace projects retention --project %s`)", p.Project, err, p.Project)}
 		}
 	}
 	return nil
 }
+
+// RuleError is a retention that breaks Retention.Check, as CheckRetention
+// finds it (any other error of it is the database's).
+type RuleError struct{ Err error }
+
+func (e RuleError) Error() string { return e.Err.Error() }
+func (e RuleError) Unwrap() error { return e.Err }
 
 // RetentionSet is what SetRetention changes: a nil field is left as it
 // is, 0 goes back to the default, a positive number of days overrides it.
