@@ -22,7 +22,13 @@ create table project_retention (
 -- last_event_bucket, stay HOT, and a finished build enters it once.
 create index invocations_retention_idx on invocations (project, last_event_bucket) where status <> 'running';
 
+-- The raw retention finds a project's archived builds by their last
+-- event's time (archive/expire.go); a build whose raw events are gone
+-- (object_key '') leaves the index.
+create index archived_builds_raw_idx on archived_builds (project, last_event_at) where object_key <> '';
+
 ---- create above / drop below ----
 
+drop index archived_builds_raw_idx;
 drop index invocations_retention_idx;
 drop table project_retention;
