@@ -21,9 +21,9 @@ type Deleter interface {
 
 // RawExpirer removes the raw events of archived builds past their
 // project's raw retention: what the BES stream still holds of them, then
-// the object. The build's archived_builds row stays, its object_key
-// emptied ('' is "none of its events", as for a build the stream held
-// nothing of): the archiver then never archives the build again from the
+// the object. The build's archived_builds row stays with an empty
+// object_key (no object, as for a build the stream held nothing of):
+// the archiver then never archives the build again from the
 // stream, and a replay keeps its rows as those of a build whose raw events
 // are gone (PlanReplay). The row leaves with the build's rows, when its
 // rows retention deletes them. It is the builds retention's

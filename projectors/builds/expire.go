@@ -41,6 +41,12 @@ func (c *ExpireConfig) RegisterFlags(fs *flag.FlagSet) {
 	envflag.Int(fs, &c.Batch, "retention-batch", "MILLRACE_RETENTION_BATCH", DefaultExpireBatch, "builds (or rollup rows) the retention deletes per transaction")
 }
 
+// Validate reports a configuration that cannot work.
+func (c ExpireConfig) Validate() error {
+	_, err := c.withDefaults()
+	return err
+}
+
 func (c ExpireConfig) withDefaults() (ExpireConfig, error) {
 	if err := knob.NotNegative("builds", "ExpireConfig.Interval", c.Interval, DefaultExpireInterval); err != nil {
 		return c, err
