@@ -171,7 +171,11 @@ func (e *Expirer) Run(ctx context.Context) error {
 		var err error
 		reason := ExpireReasonDatabase
 		if !checked {
-			if err = CheckRetention(ctx, e.pool, e.def); err == nil {
+			floor := 0
+			if e.raw == nil {
+				floor = e.def.RawDays
+			}
+			if err = CheckRetention(ctx, e.pool, e.def, floor); err == nil {
 				checked = true
 			} else if errors.As(err, new(RuleError)) {
 				return err

@@ -143,8 +143,11 @@ func ListRetention(ctx context.Context, q Querier, def Retention) ([]ProjectRete
 // CheckRetention reports the first project (or the defaults) whose
 // effective retention breaks Retention.Check: a process that deletes by
 // retention refuses to start with one, since a default changed after an
-// override was set may break it.
-func CheckRetention(ctx context.Context, q Querier, def Retention) error {
+// override was set may break it. rawFloor is the least any project's raw
+// events are kept in fact: without the archive's retention (no bucket)
+// the BES stream keeps every project's --retention-raw-days (0: the raw
+// overrides hold).
+func CheckRetention(ctx context.Context, q Querier, def Retention, rawFloor int) error {
 	if err := def.Check(); err != nil {
 		return RuleError{fmt.Errorf("the default retention: %w", err)}
 	}
@@ -153,8 +156,12 @@ func CheckRetention(ctx context.Context, q Querier, def Retention) error {
 		return err
 	}
 	for _, p := range ps {
+		why := ""
+		if p.RawDays < rawFloor {
+			p.RawDays, why = rawFloor, " (without a bucket, the BES stream keeps every project's raw events --retention-raw-days)"
+		}
 		if err := p.Check(); err != nil {
-			return RuleError{fmt.Errorf("project %q's retention: %w (set it with `millrace projects retention --project %s`)", p.Project, err, p.Project)}
+			return RuleError{fmt.Errorf("project %q's retention: %w%s (set it with `millrace projects retention --project %s`)", p.Project, err, why, p.Project)}
 		}
 	}
 	return nil

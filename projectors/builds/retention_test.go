@@ -102,10 +102,15 @@ func TestRetentionRefusesRawOutlivingRows(t *testing.T) {
 	if _, err := SetRetention(ctx, pool, def, "acme", RetentionSet{RawDays: nDays(3), RowsDays: nDays(10)}); err != nil {
 		t.Fatal(err)
 	}
-	if err := CheckRetention(ctx, pool, def); err != nil {
+	if err := CheckRetention(ctx, pool, def, 0); err != nil {
 		t.Fatalf("check of a good setting: %v", err)
 	}
-	err = CheckRetention(ctx, pool, Retention{RawDays: 5, RowsDays: 7, RollupDays: 8})
+	// Without a bucket, the stream keeps acme's raw events 30 days, past its 10 days of rows.
+	err = CheckRetention(ctx, pool, def, 30)
+	if err == nil || !strings.Contains(err.Error(), `project "acme"'s retention: raw events kept 30 days outlive the rows kept 10 days: the rows retention must be at least the raw one (or 0, for ever) (without a bucket`) {
+		t.Fatalf("check without the archive's retention: %v", err)
+	}
+	err = CheckRetention(ctx, pool, Retention{RawDays: 5, RowsDays: 7, RollupDays: 8}, 0)
 	if err == nil || !strings.Contains(err.Error(), `project "acme"'s retention: rows kept 10 days outlive the rollups kept 8 days`) {
 		t.Fatalf("check after the rollup default fell under acme's rows: %v", err)
 	}
