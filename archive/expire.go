@@ -21,11 +21,11 @@ type Deleter interface {
 
 // RawExpirer removes the raw events of archived builds past their
 // project's raw retention: what the BES stream still holds of them, then
-// the object. The build's archived_builds row stays with an empty
-// object_key (no object, as for a build the stream held nothing of):
-// the archiver then never archives the build again from the
-// stream, and a replay keeps its rows as those of a build whose raw events
-// are gone (PlanReplay). The row leaves with the build's rows, when its
+// the object. The build's archived_builds row stays, with no object and
+// raw_expired_at set: the archiver never archives the build again (a late
+// event stays in the stream until its age limit), and a replay keeps its
+// rows as those of a build whose raw events are gone (PlanReplay), however
+// recent its first event. The row leaves with the build's rows, when its
 // rows retention deletes them. It is the builds retention's
 // builds.RawExpirer.
 type RawExpirer struct {
@@ -72,7 +72,7 @@ func (r *RawExpirer) ExpireRaw(ctx context.Context, project string, before time.
 			return i, fmt.Errorf("archive: raw retention of %s/%s: %w", project, b.id, err)
 		}
 		// Only the object just deleted: a re-archive meanwhile wrote another.
-		if _, err := r.pool.Exec(ctx, `update archived_builds set object_key = '',
+		if _, err := r.pool.Exec(ctx, `update archived_builds set object_key = '', raw_expired_at = now(),
 			trimmed_seq = greatest(coalesce(trimmed_seq, 0), last_seq)
 			where invocation_id = $1 and project = $2 and object_key = $3`, b.id, project, b.key); err != nil {
 			return i, fmt.Errorf("archive: raw retention of %s/%s: %w", project, b.id, err)

@@ -88,13 +88,19 @@ func TestExpireRawDeletesObjectAndStreamKeepsRows(t *testing.T) {
 	if got := e.inStream(t, newSubject); got != inNew {
 		t.Fatalf("the recent build's messages: %d, want %d", got, inNew)
 	}
-	// The archiver does not bring it back.
+	// The archiver does not bring it back, even for a late event.
+	old := invocation(t, "bazel-test-60.besrec")
+	n, last := tools(old)
+	var before, after time.Time
+	e.pool.QueryRow(e.ctx, "select last_event_at from archived_builds where invocation_id = $1", testID).Scan(&before)
+	e.finished(t, project, testID, 35*24*time.Hour, n+1, last+1)
 	a, _ := archive.New(archive.Config{Lookback: 60 * 24 * time.Hour}, e.pool, e.store, e.src, nil)
 	if _, _, err := a.Pass(e.ctx); err != nil {
 		t.Fatal(err)
 	}
-	if row, _ := e.archived(t, project, testID); row.Key != "" {
-		t.Fatalf("archived again after its raw retention: %+v", row)
+	e.pool.QueryRow(e.ctx, "select last_event_at from archived_builds where invocation_id = $1", testID).Scan(&after)
+	if row, _ := e.archived(t, project, testID); row.Key != "" || !after.Equal(before) {
+		t.Fatalf("archived again after its raw retention: %+v, last event %v, was %v", row, after, before)
 	}
 }
 

@@ -22,6 +22,12 @@ create table project_retention (
 -- last_event_bucket, stay HOT, and a finished build enters it once.
 create index invocations_retention_idx on invocations (project, last_event_bucket) where status <> 'running';
 
+-- When the raw retention removed a build's raw events (its object and
+-- what the stream held of them; object_key is then ''): a replay keeps the
+-- build's rows as they are, whatever the stream's age, and the archiver
+-- never archives it again (archive/expire.go).
+alter table archived_builds add column raw_expired_at timestamptz;
+
 -- The raw retention finds a project's archived builds by their last
 -- event's time (archive/expire.go); a build whose raw events are gone
 -- (object_key '') leaves the index.
@@ -30,5 +36,6 @@ create index archived_builds_raw_idx on archived_builds (project, last_event_at)
 ---- create above / drop below ----
 
 drop index archived_builds_raw_idx;
+alter table archived_builds drop column raw_expired_at;
 drop index invocations_retention_idx;
 drop table project_retention;
