@@ -42,6 +42,7 @@ var commands = []command{
 	replayFleetCommand(),
 	buildsShowCommand(),
 	buildsScrubCommand(),
+	buildsDeleteCommand(),
 	projectsRetentionCommand(),
 	archiveVerifyCommand(),
 	zstdTrainCommand(),

@@ -3,9 +3,12 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"log/slog"
 	"os"
 
+	"github.com/millrace/millrace/archive"
+	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/logs"
@@ -13,7 +16,7 @@ import (
 	"github.com/millrace/millrace/streams"
 )
 
-// Per-project settings: projects retention.
+// Per-project data: projects retention, builds delete.
 
 func projectsRetentionCommand() command {
 	return command{
@@ -63,4 +66,81 @@ an override, or of --project (* marks its own values). With one, sets --project'
 			})
 		},
 	}
+}
+
+func buildsDeleteCommand() command {
+	return command{
+		Name:    "builds delete",
+		Summary: "delete a build or a whole project: rows, rollup counts, raw events",
+		Usage:   "--project P (--id ID | --all) [--yes]",
+		Long: `Deletes the build (or every build of the project) from the BES stream (its bytes
+overwritten), the archive and the database, where the rollups forget what it
+counted; no other project's data is touched. --all needs --yes. A build still
+sending events starts again with them. See archive/README.md, "Deletion".`,
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo               logs.Options
+				no               streams.Options
+				do               database.Options
+				ko               bucket.Options
+				project, id      string
+				all, yes, asJSON bool
+			)
+			lo.RegisterFlags(fs)
+			no.RegisterFlags(fs)
+			do.RegisterFlags(fs)
+			ko.RegisterFlags(fs)
+			fs.StringVar(&project, "project", "", "the project (required)")
+			fs.StringVar(&id, "id", "", "the invocation id of the build to delete")
+			fs.BoolVar(&all, "all", false, "delete every build of the project")
+			fs.BoolVar(&yes, "yes", false, "with --all: really delete them")
+			fs.BoolVar(&asJSON, "json", false, "print what was deleted as JSON")
+			return once("builds delete", &lo, func(ctx context.Context, log *slog.Logger) error {
+				switch {
+				case project == "" || (id == "") == !all:
+					return envflag.Usage("builds delete needs --project and one of --id or --all")
+				case all && !yes:
+					return envflag.Usagef("builds delete --all deletes every build of project %q: run it again with --yes", project)
+				}
+				return withBackbone(ctx, no, func(bb *streams.Backbone, _ streams.Config) error {
+					return deleteBuilds(ctx, bb, do, ko, project, id, asJSON, log)
+				})
+			})
+		},
+	}
+}
+
+// deleteBuilds deletes project's build id, or with id "" the project
+// (archive.Delete), with a project's progress on stderr.
+func deleteBuilds(ctx context.Context, bb *streams.Backbone, do database.Options, ko bucket.Options, project, id string, asJSON bool, log *slog.Logger) error {
+	src, err := besSource(ctx, bb)
+	if err != nil {
+		return err
+	}
+	pool, err := database.Open(ctx, do.Config(false, log))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	bk, err := ko.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer bk.Close()
+	erase := func(ctx context.Context, filter string) (uint64, error) { return streams.EraseSubjects(ctx, src.Stream, filter, nil) }
+	progress := func(s string) { fmt.Fprintln(os.Stderr, "builds delete: "+s) }
+	if id != "" {
+		progress = nil
+	}
+	d, err := archive.Delete(ctx, pool, bk, erase, project, id, progress)
+	switch {
+	case err != nil:
+		return err
+	case id != "" && d == (archive.Deleted{}):
+		return fmt.Errorf("builds delete: project %q has no build %q (no rows, raw events or archive object)", project, id)
+	case asJSON:
+		return printJSON(d)
+	}
+	fmt.Printf("builds delete: deleted %d builds' rows, %d stream messages, %d archive objects of project %q\n", d.Builds, d.Messages, d.Objects, project)
+	return nil
 }
