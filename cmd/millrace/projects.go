@@ -127,7 +127,9 @@ func deleteBuilds(ctx context.Context, bb *streams.Backbone, do database.Options
 		return err
 	}
 	defer bk.Close()
-	erase := func(ctx context.Context, filter string) (uint64, error) { return streams.EraseSubjects(ctx, src.Stream, filter, nil) }
+	erase := func(ctx context.Context, filter string) (uint64, error) {
+		return streams.EraseSubjects(ctx, src.Stream, filter, nil)
+	}
 	progress := func(s string) { fmt.Fprintln(os.Stderr, "builds delete: "+s) }
 	if id != "" {
 		progress = nil
