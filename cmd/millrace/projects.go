@@ -139,7 +139,7 @@ func deleteBuilds(ctx context.Context, bb *streams.Backbone, do database.Options
 	case err != nil:
 		return err
 	case id != "" && d == (archive.Deleted{}):
-		return fmt.Errorf("builds delete: project %q has no build %q (no rows, raw events or archive object)", project, id)
+		return fmt.Errorf("project %q has no build %q (no rows, raw events or archive object)", project, id)
 	case asJSON:
 		return printJSON(d)
 	}
