@@ -171,3 +171,40 @@ func waitMetric(t *testing.T, g prometheus.Gatherer, name string, want float64) 
 	t.Helper()
 	poll.Until(t, name+" at "+fmt.Sprint(want), func() bool { return testenv.Metric(t, g, name) == want })
 }
+
+// BenchmarkExpireRows: how long the retention's transaction of a batch of
+// builds lasts (the longest the projector may wait for it, on a late
+// event) and what deleting a build's rows costs, for builds of the
+// recorded Bazel build (targets, tests, output, metrics). Reports ms per
+// batch and µs per build.
+func BenchmarkExpireRows(b *testing.B) {
+	pool, _ := testenv.Pool(b)
+	ctx := context.Background()
+	p := newProjector(b, Config{})
+	const builds = 1000
+	msgs := fleet(b, "exp", builds, 50, false)
+	applyAll(b, pool, p, msgs, 5000)
+	sweep(b, pool, p, time.Now().Add(24*time.Hour))
+	for i := 0; i < b.N; i++ {
+		b.StopTimer()
+		if i > 0 { // the builds again, for the next round
+			truncate(b, pool)
+			p.Aborted()
+			applyAll(b, pool, p, msgs, 5000)
+			sweep(b, pool, p, time.Now().Add(24*time.Hour))
+		}
+		e, err := NewExpirer(ExpireConfig{Batch: 100}, Retention{RawDays: 1, RowsDays: 1}, pool, nil, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		e.now = func() time.Time { return time.Now().Add(100 * 365 * 24 * time.Hour) }
+		b.StartTimer()
+		st, _, err := e.Pass(ctx)
+		if err != nil || st.RowsBuilds != builds {
+			b.Fatalf("pass: %+v, %v; want %d builds", st, err, builds)
+		}
+	}
+	per := float64(b.Elapsed().Microseconds()) / float64(b.N*builds)
+	b.ReportMetric(per, "µs/build")
+	b.ReportMetric(per*100/1000, "ms/batch")
+}
