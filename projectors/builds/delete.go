@@ -23,7 +23,7 @@ with delta as (
 
 // DeleteBuilds deletes project's builds ids on request, in tx: every row
 // of each, its archived_builds row, and what it counted in hourly_rollups
-// (a rollup row left counting no build goes), so that the rollups forget
+// (a rollup row left counting no build, or less, goes), so that the rollups forget
 // it, unlike the retention's deletes. It returns how many of ids had rows.
 // Another project's builds of the same ids are untouched.
 func DeleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string) (int, error) {
@@ -34,7 +34,10 @@ func DeleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string) 
 	if _, err := tx.Exec(ctx, sqlForget, project, ids); err != nil {
 		return 0, fmt.Errorf("builds: delete: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `delete from hourly_rollups where project = $1 and builds = 0`, project); err != nil {
+	// Below zero: the build's rollup row had gone by its own retention (an
+	// hour's row may go before the rows of a build that ran long), and the
+	// subtraction made a row of nothing but the build taken away.
+	if _, err := tx.Exec(ctx, `delete from hourly_rollups where project = $1 and builds <= 0`, project); err != nil {
 		return 0, fmt.Errorf("builds: delete: %w", err)
 	}
 	if err := deleteBuilds(ctx, tx, project, ids, "archived_builds"); err != nil {
