@@ -64,3 +64,22 @@ func TestProjectsRetentionCommand(t *testing.T) {
 		t.Fatalf("project builds with acme's rows outliving its rollups: %s", errOut)
 	}
 }
+
+// builds delete refuses --all without --yes, and needs exactly one of --id
+// and --all, before it opens anything.
+func TestBuildsDeleteRefuses(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--project", "acme", "--all"}, `deletes every build of project "acme": run it again with --yes`},
+		{[]string{"--project", "acme"}, "needs --project and one of --id or --all"},
+		{[]string{"--project", "acme", "--id", "x", "--all", "--yes"}, "needs --project and one of --id or --all"},
+		{[]string{"--id", "x"}, "needs --project and one of --id or --all"},
+	} {
+		_, errOut := millrace(t, nil, true, append([]string{"builds", "delete"}, c.args...)...)
+		if !strings.Contains(errOut, c.want) {
+			t.Errorf("builds delete %v: %s", c.args, errOut)
+		}
+	}
+}
