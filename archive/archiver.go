@@ -324,7 +324,7 @@ from invocations i
 left join archived_builds a on a.invocation_id = i.id and a.project = i.project
 where (i.status <> 'running' or i.stream_done)
   and i.last_event_bucket >= $1 and i.last_event_at <= $2
-  and (a.invocation_id is null or a.last_event_at < i.last_event_at)
+  and (a.invocation_id is null or (a.last_event_at < i.last_event_at and a.raw_expired_at is null))
 order by i.last_event_at
 limit $3`, now.Add(-a.cfg.Lookback), now.Add(-a.cfg.After), a.cfg.Batch)
 	if err != nil {

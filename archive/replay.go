@@ -147,10 +147,10 @@ func notInArchive(ctx context.Context, pool *pgxpool.Pool, tail StreamTail, opts
 		before = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
 	}
 	rows, err := pool.Query(ctx, `
-select i.project, i.id, i.first_event_at from invocations i
-where i.first_event_at < $1
-  and not exists (select 1 from archived_builds a
-                  where a.invocation_id = i.id and a.project = i.project and a.object_key <> '')`, before)
+select i.project, i.id, i.first_event_at, a.raw_expired_at is not null from invocations i
+left join archived_builds a on a.invocation_id = i.id and a.project = i.project
+where (i.first_event_at < $1 or a.raw_expired_at is not null)
+  and (a.invocation_id is null or a.object_key = '')`, before)
 	if err != nil {
 		return nil, nil, fmt.Errorf("archive: the builds the stream no longer holds: %w", err)
 	}
@@ -161,10 +161,11 @@ where i.first_event_at < $1
 	}
 	for rows.Next() {
 		var g Gap
-		if err := rows.Scan(&g.Project, &g.ID, &g.FirstEventAt); err != nil {
+		var expired bool // the raw retention removed its events (RawExpirer)
+		if err := rows.Scan(&g.Project, &g.ID, &g.FirstEventAt, &expired); err != nil {
 			return nil, nil, err
 		}
-		if !cutoff.IsZero() && g.FirstEventAt.Before(cutoff) {
+		if expired || !cutoff.IsZero() && g.FirstEventAt.Before(cutoff) {
 			kept = append(kept, BuildID{Project: g.Project, ID: g.ID})
 		} else {
 			gaps = append(gaps, g)

@@ -215,3 +215,25 @@ func TestReplayKeepsBuildsPastRawRetention(t *testing.T) {
 		t.Fatalf("%d builds after replay, want the 2 it started with", n)
 	}
 }
+
+// A build whose raw events the raw retention removed keeps its rows
+// through a replay, even with raw events kept for ever (RawKept 0): the
+// archive and the stream lack it, and that is not a gap.
+func TestReplayKeepsBuildsWhoseRawEventsExpired(t *testing.T) {
+	e := newReplayEnv(t)
+	e.archiveFirst(t)
+	raw := archive.NewRawExpirer(e.pool, e.store, streams.SubjectTrimmer{Stream: e.src.Stream})
+	if n, err := raw.ExpireRaw(e.ctx, project, time.Now().Add(time.Hour), 1); err != nil || n != 1 {
+		t.Fatalf("ExpireRaw: %d, %v; want the first build", n, err)
+	}
+	if row, _ := e.archived(t, project, testID); row.Key != "" {
+		t.Fatalf("the first build's raw events not expired: %+v", row)
+	}
+	planned, _ := e.replay(t, archive.ReplayOptions{})
+	if planned.Kept != 1 {
+		t.Fatalf("planned %+v, want the first build kept", planned)
+	}
+	if got := e.digest(t); !maps.Equal(got, e.live) {
+		t.Fatalf("after replay:\n got %v\nwant %v", got, e.live)
+	}
+}

@@ -44,7 +44,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	envflag.String(fs, &o.Listen, "nats-listen", "MILLRACE_NATS_LISTEN", DefaultListen, "embedded server: client address")
 	envflag.String(fs, &o.Sync, "nats-sync", "MILLRACE_NATS_SYNC", "1s", "embedded server: fsync interval, or \"always\" to fsync every write")
 	envflag.Int(fs, &o.Replicas, "nats-replicas", "MILLRACE_NATS_REPLICAS", 1, "replicas per stream (3 on a production cluster)")
-	envflag.Int(fs, &o.RetentionDays, "retention-raw-days", "RETENTION_RAW_DAYS", 30, "days the BES stream keeps raw build events")
+	RegisterRetentionRawDays(fs, &o.RetentionDays)
 	envflag.Duration(fs, &o.DuplicateWindow, "nats-duplicate-window", "MILLRACE_NATS_DUPLICATE_WINDOW", DefaultDuplicateWindow, "how long a resent event is recognised as a duplicate")
 	envflag.Size(fs, &o.MaxPayload, "nats-max-payload", "MILLRACE_NATS_MAX_PAYLOAD", DefaultMaxPayload, "embedded server: largest message in bytes")
 	envflag.Duration(fs, &o.LeaseTTL, "nats-lease-ttl", "MILLRACE_NATS_LEASE_TTL", DefaultLeaseTTL, "how long the lease of a consumer led through JetStream (the Kafka export, the compactor) outlives its holder: a standby takes over at most this long after a crash (the millrace_leases bucket's max age)")
@@ -53,6 +53,17 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	envflag.String(fs, &o.TLSCA, "nats-tls-ca", "MILLRACE_NATS_TLS_CA", "", "--nats-url: PEM CA bundle the servers' certificates must chain to (turns TLS on)")
 	envflag.String(fs, &o.TLSCert, "nats-tls-cert", "MILLRACE_NATS_TLS_CERT", "", "--nats-url: PEM client certificate for mutual TLS (with --nats-tls-key)")
 	envflag.String(fs, &o.TLSKey, "nats-tls-key", "MILLRACE_NATS_TLS_KEY", "", "--nats-url: PEM private key of --nats-tls-cert")
+}
+
+// DefaultRetentionRawDays is --retention-raw-days' default.
+const DefaultRetentionRawDays = 30
+
+// RegisterRetentionRawDays registers --retention-raw-days on fs: the BES
+// stream's age limit, and the raw retention of every project without its
+// own (projectors/builds, "Retention"). Commands that read it without
+// opening the backbone (projects retention) register it alone.
+func RegisterRetentionRawDays(fs *flag.FlagSet, p *int) {
+	envflag.Int(fs, p, "retention-raw-days", "RETENTION_RAW_DAYS", DefaultRetentionRawDays, "days raw build events are kept: the BES stream's age limit, and the default of a project's raw retention (stream and archive)")
 }
 
 // Config is the backbone's configuration, checked (Validate). A sync word

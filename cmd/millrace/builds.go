@@ -36,6 +36,8 @@ import (
 type projectorOptions struct {
 	rc streams.RunnerConfig
 	c  builds.Config
+	rt builds.RetentionConfig
+	ex builds.ExpireConfig
 }
 
 // The builds projector's batches. A batch writes a row of each build it
@@ -55,6 +57,37 @@ func (o *projectorOptions) register(fs *flag.FlagSet) {
 	envflag.Duration(fs, &o.rc.MaxWait, "builds-max-wait", "MILLRACE_BUILDS_MAX_WAIT", defaultBuildsMaxWait, "how long events may gather before a batch takes them (adds to the projection's lag)")
 	envflag.Duration(fs, &o.rc.AckWait, "builds-ack-wait", "MILLRACE_BUILDS_ACK_WAIT", 60*time.Second, "JetStream's redelivery timeout for unacknowledged events")
 	o.c.RegisterFlags(fs)
+	o.rt.RegisterFlags(fs)
+	o.ex.RegisterFlags(fs)
+}
+
+// retention deletes what is past each project's retention (rawDays: the
+// default of raw events), the raw events too when the bucket is open.
+func (o *projectorOptions) retention(p *process, rawDays int, withRaw bool) (supervise.Component, error) {
+	def, err := o.rt.Defaults(rawDays)
+	if err == nil {
+		err = o.ex.Validate()
+	}
+	if err != nil {
+		return supervise.Component{}, envflag.Usage(err.Error())
+	}
+	cfg, m := o.ex, builds.NewExpireMetrics(p.t.reg)
+	cfg.Logger = p.log.With("component", "retention")
+	return p.consumer("retention", func(ctx context.Context, pool *pgxpool.Pool) error {
+		var raw builds.RawExpirer
+		if withRaw {
+			src, err := besSource(ctx, p.bb)
+			if err != nil {
+				return err
+			}
+			raw = archive.NewRawExpirer(pool, p.bk, streams.SubjectTrimmer{Stream: src.Stream})
+		}
+		x, err := builds.NewExpirer(cfg, def, pool, raw, m)
+		if err != nil {
+			return err
+		}
+		return x.Run(ctx)
+	}), nil
 }
 
 func (o *projectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
@@ -119,6 +152,11 @@ object per build, --archive-after their last event (archive/README.md).`,
 				cs := []supervise.Component{p.database(do), p.projector(proj, bo.runnerConfig(p.log))}
 				if !ac.Off() { // --archive-after negative: no archiver, no bucket
 					cs = append(cs, p.openBucket(ko), p.archiver(ac))
+				}
+				if err == nil {
+					var rt supervise.Component
+					rt, err = bo.retention(p, po.nats.RetentionDays, !ac.Off())
+					cs = append(cs, rt)
 				}
 				return cs, nil, err
 			})

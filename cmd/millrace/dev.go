@@ -103,6 +103,10 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	if err != nil {
 		return nil, nil, err
 	}
+	retention, err := o.projector.retention(p, o.proc.nats.RetentionDays, true)
+	if err != nil {
+		return nil, nil, err
+	}
 	// The development join token and API keys that dev makes on first
 	// start when none is configured live beside the CA (var/fleet).
 	devSecrets := filepath.Dir(filepath.Clean(o.fleet.CADir))
@@ -110,7 +114,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	resvAPI, resvGRPC := p.reservations(o.resv)
 	console.Register(p.mux, p.db.Pool)
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
-		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor, p.archiver(o.archive)}
+		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor, p.archiver(o.archive), retention}
 	// The Kafka export, when brokers are named: it needs the backbone only.
 	if o.kafka.Brokers != "" {
 		k, err := p.kafka(o.kafka)

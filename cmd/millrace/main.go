@@ -42,6 +42,8 @@ var commands = []command{
 	replayFleetCommand(),
 	buildsShowCommand(),
 	buildsScrubCommand(),
+	buildsDeleteCommand(),
+	projectsRetentionCommand(),
 	archiveVerifyCommand(),
 	zstdTrainCommand(),
 	loadtestFleetCommand(),

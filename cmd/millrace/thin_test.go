@@ -19,10 +19,13 @@ import (
 // came (archive.go, about 200 lines: flags, help and output; what they
 // compute is in the archive and streams packages), and 2,000 until replay
 // builds planned from the archive (the bucket and the stream's tail; the
-// plan is archive.PlanReplay).
+// plan is archive.PlanReplay), and 2,100 until retention and deletion
+// (projects retention, builds delete, the retention component of project
+// builds and dev: flags, wiring and output, about 125 lines; what they do
+// is in projectors/builds and archive).
 const (
 	maxFuncLines = 60
-	maxLines     = 2100
+	maxLines     = 2230
 )
 
 func TestCommandsStayThin(t *testing.T) {

@@ -183,6 +183,20 @@ func Func(fs *flag.FlagSet, name, env, usage string, set func(string) error) {
 
 type funcValue func(string) error
 
+// OptionalInt registers a command-line flag (no variable: it says what to
+// change, not how to run) that leaves *p nil unless it is given, so that a
+// command tells "not given" from 0.
+func OptionalInt(fs *flag.FlagSet, p **int, name, usage string) {
+	fs.Func(name, usage, func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return fmt.Errorf("want a whole number, got %q", v)
+		}
+		*p = &n
+		return nil
+	})
+}
+
 func (f funcValue) Set(s string) error { return f(s) }
 func (f funcValue) String() string     { return "" }
 

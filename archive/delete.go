@@ -1,0 +1,81 @@
+package archive
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/bucket"
+	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/subjects"
+)
+
+// Eraser erases every message of the BES stream on a subject filter and
+// returns how many: streams.EraseSubjects, a secure delete that
+// overwrites their bytes.
+type Eraser func(ctx context.Context, filter string) (uint64, error)
+
+// Deleted is what Delete removed.
+type Deleted struct {
+	Builds   int    `json:"builds"`   // with rows
+	Messages uint64 `json:"messages"` // of the BES stream
+	Objects  int    `json:"objects"`  // of the archive
+}
+
+// deleteBatch is how many builds of a project one transaction deletes.
+const deleteBatch = 100
+
+// Delete deletes, on request, project's build id, or with id "" every
+// build of project: first its raw events (the stream's messages, erased,
+// then the archive's objects), then its rows with what they counted in the
+// rollups (builds.DeleteBuilds, builds.DeleteProject), so that a failure
+// midway leaves nothing a replay could bring back, and running it again
+// finishes it. No other project's data is touched. progress, when set,
+// hears each step.
+func Delete(ctx context.Context, pool *pgxpool.Pool, store Deleter, erase Eraser, project, id string, progress func(string)) (Deleted, error) {
+	var d Deleted
+	say := func(format string, a ...any) {
+		if progress != nil {
+			progress(fmt.Sprintf(format, a...))
+		}
+	}
+	filter := subjects.BESProjectFilter(project)
+	if id != "" {
+		filter = subjects.BES(project, id)
+	}
+	var err error
+	if d.Messages, err = erase(ctx, filter); err != nil {
+		return d, fmt.Errorf("archive: delete: erase %s: %w", filter, err)
+	}
+	say("erased %d messages on %s", d.Messages, filter)
+	rows, err := pool.Query(ctx, `select object_key from archived_builds
+		where project = $1 and ($2 = '' or invocation_id = $2) and object_key <> ''`, project, id)
+	if err != nil {
+		return d, fmt.Errorf("archive: delete: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return d, fmt.Errorf("archive: delete: %w", err)
+	}
+	for _, k := range keys {
+		if err := store.Delete(ctx, k); err != nil && !errors.Is(err, bucket.ErrNotFound) {
+			return d, fmt.Errorf("archive: delete: %w", err)
+		}
+		if d.Objects++; d.Objects%deleteBatch == 0 {
+			say("deleted %d of %d archive objects", d.Objects, len(keys))
+		}
+	}
+	say("deleted %d archive objects", d.Objects)
+	if id == "" {
+		d.Builds, err = builds.DeleteProject(ctx, pool, project, deleteBatch, func(n int) { say("deleted the rows of %d builds", n) })
+		return d, err
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+		d.Builds, err = builds.DeleteBuilds(ctx, tx, project, []string{id})
+		return err
+	})
+	return d, err
+}
