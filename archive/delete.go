@@ -9,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/subjects"
 )
 
@@ -25,17 +24,20 @@ type Deleted struct {
 	Objects  int    `json:"objects"`  // of the archive
 }
 
-// deleteBatch is how many builds of a project one transaction deletes.
-const deleteBatch = 100
+// RowDeleter deletes the rows of project's build id, or with id "" of
+// every build of project, with what they counted in the rollups, and
+// returns how many builds had rows; progress hears the count as it grows
+// (builds.DeleteRows: this package does not import the projector).
+type RowDeleter func(ctx context.Context, pool *pgxpool.Pool, project, id string, progress func(deleted int)) (int, error)
 
 // Delete deletes, on request, project's build id, or with id "" every
 // build of project: first its raw events (the stream's messages, erased,
 // then the archive's objects), then its rows with what they counted in the
-// rollups (builds.DeleteBuilds, builds.DeleteProject), so that a failure
+// rollups (deleteRows), so that a failure
 // midway leaves nothing a replay could bring back, and running it again
 // finishes it. No other project's data is touched. progress, when set,
 // hears each step.
-func Delete(ctx context.Context, pool *pgxpool.Pool, store Deleter, erase Eraser, project, id string, progress func(string)) (Deleted, error) {
+func Delete(ctx context.Context, pool *pgxpool.Pool, store Deleter, erase Eraser, deleteRows RowDeleter, project, id string, progress func(string)) (Deleted, error) {
 	var d Deleted
 	say := func(format string, a ...any) {
 		if progress != nil {
@@ -64,18 +66,11 @@ func Delete(ctx context.Context, pool *pgxpool.Pool, store Deleter, erase Eraser
 		if err := store.Delete(ctx, k); err != nil && !errors.Is(err, bucket.ErrNotFound) {
 			return d, fmt.Errorf("archive: delete: %w", err)
 		}
-		if d.Objects++; d.Objects%deleteBatch == 0 {
+		if d.Objects++; d.Objects%100 == 0 {
 			say("deleted %d of %d archive objects", d.Objects, len(keys))
 		}
 	}
 	say("deleted %d archive objects", d.Objects)
-	if id == "" {
-		d.Builds, err = builds.DeleteProject(ctx, pool, project, deleteBatch, func(n int) { say("deleted the rows of %d builds", n) })
-		return d, err
-	}
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
-		d.Builds, err = builds.DeleteBuilds(ctx, tx, project, []string{id})
-		return err
-	})
+	d.Builds, err = deleteRows(ctx, pool, project, id, func(n int) { say("deleted the rows of %d builds", n) })
 	return d, err
 }

@@ -114,7 +114,7 @@ func TestDeleteBuildAndProjectOnRequest(t *testing.T) {
 		t.Fatalf("the other project's build before: %+v", other)
 	}
 	key, _ := e.archived(t, project, testID)
-	d, err := archive.Delete(e.ctx, e.pool, e.store, e.eraser(), project, testID, nil)
+	d, err := archive.Delete(e.ctx, e.pool, e.store, e.eraser(), builds.DeleteRows, project, testID, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +135,7 @@ func TestDeleteBuildAndProjectOnRequest(t *testing.T) {
 	}
 
 	var steps []string
-	d, err = archive.Delete(e.ctx, e.pool, e.store, e.eraser(), project, "", func(s string) { steps = append(steps, s) })
+	d, err = archive.Delete(e.ctx, e.pool, e.store, e.eraser(), builds.DeleteRows, project, "", func(s string) { steps = append(steps, s) })
 	if err != nil {
 		t.Fatal(err)
 	}

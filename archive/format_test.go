@@ -257,7 +257,11 @@ func TestLargeBuildBoundedMemory(t *testing.T) {
 	if st.Messages != n {
 		t.Fatalf("read %d messages, want %d", st.Messages, n)
 	}
-	const bound = 48 << 20
+	// The writer (in this process too) and the reader each hold zstd's
+	// window and buffers: about 45 MiB on a quiet machine, up to 50 when
+	// the writer runs ahead on a busy one. A build held whole would be the
+	// records' 350 MB.
+	const bound = 64 << 20
 	if peak > bound {
 		t.Fatalf("heap in use reached %d bytes for %d bytes of records: it grows with the build", peak, st.RawBytes)
 	}

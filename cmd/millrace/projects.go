@@ -134,7 +134,7 @@ func deleteBuilds(ctx context.Context, bb *streams.Backbone, do database.Options
 	if id != "" {
 		progress = nil
 	}
-	d, err := archive.Delete(ctx, pool, bk, erase, project, id, progress)
+	d, err := archive.Delete(ctx, pool, bk, erase, builds.DeleteRows, project, id, progress)
 	switch {
 	case err != nil:
 		return err

@@ -46,6 +46,20 @@ func DeleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string) 
 	return n, nil
 }
 
+// DeleteRows deletes project's build id on request (DeleteBuilds), or
+// with id "" every build of project (DeleteProject, 100 builds to a
+// transaction), calling progress with the builds deleted so far.
+func DeleteRows(ctx context.Context, pool *pgxpool.Pool, project, id string, progress func(deleted int)) (n int, err error) {
+	if id == "" {
+		return DeleteProject(ctx, pool, project, 100, progress)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) (err error) {
+		n, err = DeleteBuilds(ctx, tx, project, []string{id})
+		return err
+	})
+	return n, err
+}
+
 // DeleteProject deletes every build of project (DeleteBuilds), batch
 // builds to a transaction, calling progress with the total after each
 // batch; then what is left of it: rollup rows of builds whose rows were
