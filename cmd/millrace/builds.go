@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -234,11 +233,11 @@ func replayBuilds(ctx context.Context, no streams.Options, do database.Options, 
 	}
 	s := st.CachedInfo().State
 	reset := func(ctx context.Context, tx pgx.Tx, keep []archive.BuildID) error {
-		return proj.ResetExcept(ctx, tx, slices.Collect(func(yield func(builds.Key) bool) {
-			for _, k := range keep {
-				yield(builds.Key(k))
-			}
-		}))
+		ks := make([]builds.Key, len(keep))
+		for i, k := range keep {
+			ks[i] = builds.Key(k)
+		}
+		return proj.ResetExcept(ctx, tx, ks)
 	}
 	plan, planned, err := archive.PlanReplay(ctx, pool, bk, archive.StreamTail{FirstSeq: s.FirstSeq, FirstTime: s.FirstTime, LastSeq: s.LastSeq},
 		reset, archive.ReplayOptions{RawKept: cfg.BESMaxAge, Progress: func(done, total int) {
