@@ -333,7 +333,10 @@ func (e *Expirer) deleteRows(ctx context.Context, project string, cutoff time.Ti
 func deleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string, extra ...string) error {
 	b := &pgx.Batch{}
 	for t, col := range rowTables {
-		if t != "invocations" {
+		switch {
+		case byBuildKey(t):
+			b.Queue(fmt.Sprintf("delete from %s where build_key in (select build_key from invocations where id = any($2) and project = $1)", t), project, ids)
+		case t != "invocations":
 			b.Queue(fmt.Sprintf("delete from %s where %s = any($2) and project = $1", t, col), project, ids)
 		}
 	}

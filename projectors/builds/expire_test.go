@@ -19,9 +19,9 @@ import (
 func rowsOf(t *testing.T, pool *pgxpool.Pool, k Key) int {
 	t.Helper()
 	total := 0
-	for table, col := range rowTables {
+	for table := range rowTables {
 		var n int
-		if err := pool.QueryRow(context.Background(), "select count(*) from "+table+" where project = $1 and "+col+" = $2", k.Project, k.ID).Scan(&n); err != nil {
+		if err := pool.QueryRow(context.Background(), "select count(*) from "+table+" where "+ofBuild(table), k.Project, k.ID).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		total += n

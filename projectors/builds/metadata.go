@@ -248,18 +248,18 @@ from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) as u(pro
 on conflict do nothing`
 
 const sqlInsertFailures = `
-insert into build_failures (project, invocation_id, kind, label, primary_output, configuration, mnemonic,
+insert into build_failures (build_key, kind, label, primary_output, configuration, mnemonic,
     exit_code, message, stderr_uri, stderr, stdout_uri)
-select u.project, u.inv, u.kind, u.label, u.output, u.config, nullif(u.mnemonic, ''), u.exit_code,
+select u.build_key, u.kind, u.label, u.output, u.config, nullif(u.mnemonic, ''), u.exit_code,
        nullif(u.message, ''), nullif(u.stderr_uri, ''), nullif(u.stderr, ''), nullif(u.stdout_uri, '')
-from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int4[],
-            $9::text[], $10::text[], $11::text[], $12::text[])
-     as u(project, inv, kind, label, output, config, mnemonic, exit_code, message, stderr_uri, stderr, stdout_uri)
+from unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::int4[],
+            $8::text[], $9::text[], $10::text[], $11::text[])
+     as u(build_key, kind, label, output, config, mnemonic, exit_code, message, stderr_uri, stderr, stdout_uri)
 on conflict do nothing`
 
 const sqlInsertCauses = `
-insert into target_causes (project, invocation_id, label, cause_kind, cause_label, cause_output, cause_configuration)
-select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+insert into target_causes (build_key, label, cause_kind, cause_label, cause_output, cause_configuration)
+select * from unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[])
 on conflict do nothing`
 
 // onceCols are the batch's rows of the four tables, as unnest() arguments.
@@ -267,11 +267,15 @@ type onceCols struct {
 	meta struct{ project, inv, source, key, value []string }
 	cmd  struct{ project, inv, source, label, argv []string }
 	fail struct {
-		project, inv, kind, label, output, config, mnemonic []string
-		exitCode                                            []pgtype.Int4
-		message, stderrURI, stderr, stdoutURI               []string
+		key                                   []int64
+		kind, label, output, config, mnemonic []string
+		exitCode                              []pgtype.Int4
+		message, stderrURI, stderr, stdoutURI []string
 	}
-	cause struct{ project, inv, label, kind, cLabel, output, config []string }
+	cause struct {
+		key                                 []int64
+		label, kind, cLabel, output, config []string
+	}
 }
 
 func (c *onceCols) add(v *inv) {
@@ -288,7 +292,7 @@ func (c *onceCols) add(v *inv) {
 	}
 	for _, f := range v.failures {
 		r := &c.fail
-		r.project, r.inv = append(r.project, p), append(r.inv, id)
+		r.key = append(r.key, v.buildKey)
 		r.kind, r.label = append(r.kind, f.key.kind), append(r.label, f.key.label)
 		r.output, r.config = append(r.output, f.key.output), append(r.config, f.key.config)
 		r.mnemonic, r.message = append(r.mnemonic, f.mnemonic), append(r.message, f.message)
@@ -297,7 +301,7 @@ func (c *onceCols) add(v *inv) {
 	}
 	for _, k := range v.causes {
 		r := &c.cause
-		r.project, r.inv, r.label = append(r.project, p), append(r.inv, id), append(r.label, k.label)
+		r.key, r.label = append(r.key, v.buildKey), append(r.label, k.label)
 		r.kind, r.cLabel = append(r.kind, k.key.kind), append(r.cLabel, k.key.label)
 		r.output, r.config = append(r.output, k.key.output), append(r.config, k.key.config)
 	}
@@ -310,12 +314,12 @@ func (c *onceCols) queue(b *pgx.Batch) {
 	if m := &c.cmd; len(m.inv) > 0 {
 		b.Queue(sqlInsertCommandLines, m.project, m.inv, m.source, m.label, m.argv)
 	}
-	if f := &c.fail; len(f.inv) > 0 {
-		b.Queue(sqlInsertFailures, f.project, f.inv, f.kind, f.label, f.output, f.config, f.mnemonic,
+	if f := &c.fail; len(f.key) > 0 {
+		b.Queue(sqlInsertFailures, f.key, f.kind, f.label, f.output, f.config, f.mnemonic,
 			f.exitCode, f.message, f.stderrURI, f.stderr, f.stdoutURI)
 	}
-	if k := &c.cause; len(k.inv) > 0 {
-		b.Queue(sqlInsertCauses, k.project, k.inv, k.label, k.kind, k.cLabel, k.output, k.config)
+	if k := &c.cause; len(k.key) > 0 {
+		b.Queue(sqlInsertCauses, k.key, k.label, k.kind, k.cLabel, k.output, k.config)
 	}
 }
 
@@ -405,7 +409,8 @@ func (b *Build) readMetadata(ctx context.Context, q Querier) error {
 	return nil
 }
 
-// causesColumn is a column of a query over targets (not aliased): a
+// causesColumn is a column of a query over targets joined with their
+// build_labels row (labels; neither aliased otherwise): a
 // failed target's root causes as a JSON array of Cause, null if it has
 // none. Only a target that did not succeed probes target_causes (by its
 // primary key) and build_failures (by theirs).
@@ -416,10 +421,10 @@ const causesColumn = `case when targets.success is not true then (
            order by c.cause_label collate "C", c.cause_output collate "C", c.cause_kind collate "C",
                     c.cause_configuration collate "C")
     from target_causes c
-    left join build_failures f on f.invocation_id = c.invocation_id and f.project = c.project
+    left join build_failures f on f.build_key = c.build_key
          and f.kind = c.cause_kind and f.label = c.cause_label and f.primary_output = c.cause_output
          and f.configuration = c.cause_configuration
-    where c.invocation_id = targets.invocation_id and c.project = targets.project and c.label = targets.label) end`
+    where c.build_key = targets.build_key and c.label = labels.label) end`
 
 // setCauses sets t's root causes from causesColumn's value.
 func (t *Target) setCauses(raw []byte) error {
@@ -431,17 +436,18 @@ func (t *Target) setCauses(raw []byte) error {
 }
 
 // sqlPageCauses reads the root causes of some of a build's targets.
-const sqlPageCauses = `select label, ` + causesColumn + ` from targets
-where invocation_id = $1 and project = $2 and label = any($3::text[])`
+const sqlPageCauses = `select labels.label, ` + causesColumn + `
+from targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
+where targets.build_key = ` + sqlBuildKey + ` and targets.label_id = any($3::int8[])`
 
 // pageCauses fills the root causes of a page of targets, in one query for
 // those that did not succeed.
 func pageCauses(ctx context.Context, db Querier, project, invocationID string, ts []Target) error {
-	var failed []string
+	var failed []int64
 	for i := range ts {
 		ts[i].RootCauses = []Cause{}
 		if !ts[i].Success {
-			failed = append(failed, ts[i].Label)
+			failed = append(failed, labelID(ts[i].Label))
 		}
 	}
 	if len(failed) == 0 {
