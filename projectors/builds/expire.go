@@ -142,6 +142,8 @@ type Expirer struct {
 // ExpireStats counts what a pass deleted.
 type ExpireStats struct {
 	RowsBuilds, RawBuilds, RollupRows int
+	// Partitions: weeks of the partitioned tables dropped whole.
+	Partitions int
 }
 
 // NewExpirer returns an Expirer of def's defaults (checked) on pool; raw
@@ -220,6 +222,17 @@ func (e *Expirer) Pass(ctx context.Context) (ExpireStats, string, error) {
 		return st, ExpireReasonDatabase, err
 	}
 	if err := e.measure(ctx, ps, now); err != nil {
+		return st, ExpireReasonDatabase, err
+	}
+	// Next week's partitions before any build needs them, and past weeks
+	// dropped whole before the batched deletes, which then find nothing
+	// of those builds in the partitioned tables.
+	if err := EnsurePartitions(ctx, e.pool, now, partitionDays*24*time.Hour); err != nil {
+		return st, ExpireReasonDatabase, err
+	}
+	n, err := DropPartitions(ctx, e.pool, longestRows(e.def, ps), now)
+	st.Partitions = n
+	if err != nil {
 		return st, ExpireReasonDatabase, err
 	}
 	for _, p := range ps {

@@ -4,10 +4,14 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // Build keys and partitions (migrations/016_builds_compact.sql).
@@ -120,10 +124,11 @@ type Partition struct {
 
 // Partitions lists the weeks that have partitions, oldest first.
 func Partitions(ctx context.Context, db Querier) ([]Partition, error) {
+	// By name rather than by pg_inherits: a week a pass left half dropped
+	// (some tables detached) is still listed, and its drop finished.
 	rows, err := db.Query(ctx, `
-		select substring(c.relname from '_w([0-9]+)$')::int4 as week
-		from pg_inherits i join pg_class c on c.oid = i.inhrelid
-		where i.inhparent = 'targets'::regclass order by 1`)
+		select distinct substring(relname from '_w([0-9]+)$')::int4 as week from pg_class
+		where relkind = 'r' and relname ~ '^(targets|tests|build_failures|target_causes)_w[0-9]+$' order by 1`)
 	if err != nil {
 		return nil, fmt.Errorf("builds: partitions: %w", err)
 	}
@@ -142,3 +147,72 @@ func Partitions(ctx context.Context, db Querier) ([]Partition, error) {
 // ($1) and project ($2): PostgreSQL computes it once (an InitPlan) and
 // prunes the partitions the build cannot be in when the query runs.
 const sqlBuildKey = `(select build_key from invocations where id = $1 and project = $2)`
+
+// longestRows is the longest rows retention of the default and every
+// project's (0: one keeps its rows for ever).
+func longestRows(def Retention, ps []ProjectRetention) int {
+	longest := def.RowsDays
+	for _, p := range ps {
+		if longer(p.RowsDays, longest) {
+			longest = p.RowsDays
+		}
+	}
+	return longest
+}
+
+// sqlWeekExpired reports whether every build keyed in a week is past the
+// cutoff: finished, its last event before it. A build that began in the
+// week and went on long after still holds the week's partitions.
+const sqlWeekExpired = `select not exists (select 1 from invocations
+where build_key >= $1 and build_key < $2 and (status = 'running' or last_event_at >= $3))`
+
+// DropPartitions drops, whole, the weeks of the partitioned tables whose
+// builds are all past longestDays (every project's rows retention; 0 keeps
+// everything), oldest first, and returns how many weeks. Each partition is
+// detached concurrently first (no lock that blocks the projector or the
+// readers of other weeks), then dropped. The builds' other rows
+// (invocations and the tables keyed by invocation id) go by the batched
+// deletes of the retention.
+func DropPartitions(ctx context.Context, pool *pgxpool.Pool, longestDays int, now time.Time) (int, error) {
+	if longestDays == 0 {
+		return 0, nil
+	}
+	cutoff := now.Add(-time.Duration(longestDays) * 24 * time.Hour)
+	ps, err := Partitions(ctx, pool)
+	if err != nil {
+		return 0, err
+	}
+	dropped := 0
+	for _, p := range ps {
+		end := weekStart(p.Week + 1)
+		if !end.Before(cutoff) {
+			break
+		}
+		lo, hi := int64(p.Week)*partitionDays<<keySeqBits, int64(p.Week+1)*partitionDays<<keySeqBits
+		var expired bool
+		if err := pool.QueryRow(ctx, sqlWeekExpired, lo, hi, cutoff).Scan(&expired); err != nil {
+			return dropped, fmt.Errorf("builds: partitions of week %d: %w", p.Week, err)
+		}
+		if !expired {
+			break
+		}
+		for _, t := range partitionedTables {
+			part := pgx.Identifier{fmt.Sprintf("%s_w%d", t, p.Week)}.Sanitize()
+			if _, err := pool.Exec(ctx, fmt.Sprintf("alter table %s detach partition %s concurrently", pgx.Identifier{t}.Sanitize(), part)); err != nil && !notAttached(err) {
+				return dropped, fmt.Errorf("builds: detach %s: %w", part, err)
+			}
+			if _, err := pool.Exec(ctx, "drop table if exists "+part); err != nil {
+				return dropped, fmt.Errorf("builds: drop %s: %w", part, err)
+			}
+		}
+		dropped++
+	}
+	return dropped, nil
+}
+
+// notAttached reports a DETACH of a partition that is not (any longer) one:
+// an earlier pass stopped between its detach and its drop, or it is gone.
+func notAttached(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "42P16" || strings.Contains(pe.Message, "is not a partition"))
+}

@@ -347,7 +347,7 @@ func measureStorage(ctx context.Context, conn *pgx.Conn, natsURL string) (storag
 		id := pgx.Identifier{t}.Sanitize()
 		var size, rows int64
 		// A partitioned table's size is its partitions'.
-		err := conn.QueryRow(ctx, "select (select sum(pg_total_relation_size(relid))::int8 from pg_partition_tree($1::regclass)), (select coalesce(sum(pg_column_size(r.*)), 0) from "+id+" r)", t).
+		err := conn.QueryRow(ctx, "select coalesce((select sum(pg_total_relation_size(relid))::int8 from pg_partition_tree($1::regclass)), pg_total_relation_size($1::regclass)), (select coalesce(sum(pg_column_size(r.*)), 0) from "+id+" r)", t).
 			Scan(&size, &rows)
 		if err != nil {
 			return st, fmt.Errorf("size of %s: %w", t, err)
