@@ -212,10 +212,12 @@ func TestWriteBuildPaged(t *testing.T) {
 		`insert into tests (build_key, label_id, status, has_summary)
 			select (select build_key from invocations), build_label_id(format('//a:t%s', i)), 'PASSED', true from generate_series(1000, 1500) i`,
 		// The failed targets' root cause, and what the build says of itself.
-		`insert into build_failures (build_key, kind, label, primary_output, configuration, mnemonic, exit_code, stderr_uri)
-			select build_key, 'action', '//lib:gen', 'bazel-out/gen.txt', 'cfg', 'Genrule', 2, 'file:///tmp/stderr-1' from invocations`,
-		`insert into target_causes (build_key, label, cause_kind, cause_label, cause_output, cause_configuration)
-			select (select build_key from invocations), format('//a:t%s', i), 'action', '//lib:gen', 'bazel-out/gen.txt', 'cfg'
+		`insert into build_failures (build_key, id, reported, kind, label, primary_output, configuration, mnemonic, exit_code, stderr_uri)
+			select build_key, build_failure_id('action', '//lib:gen', 'bazel-out/gen.txt', 'cfg'), true,
+			       'action', '//lib:gen', 'bazel-out/gen.txt', 'cfg', 'Genrule', 2, 'file:///tmp/stderr-1' from invocations`,
+		`insert into target_causes (build_key, label_id, cause_id)
+			select (select build_key from invocations), build_label_id(format('//a:t%s', i)),
+			       build_failure_id('action', '//lib:gen', 'bazel-out/gen.txt', 'cfg')
 			from generate_series(1000, 3999) i where i % 500 = 7`,
 		`insert into build_metadata (project, invocation_id, source, key, value) values ('alpha', 'i1', 'build_metadata', 'COMMIT_SHA', 'c0ffee')`,
 	} {

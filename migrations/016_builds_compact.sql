@@ -92,8 +92,20 @@ create table if not exists tests_p (
 ) partition by range (build_key);
 create index if not exists tests_p_status_idx on tests_p (status, build_key, label_id);
 
+-- A failure (a root cause) is named by an id too: build_failure_id of its
+-- key (kind, label, primary output, configuration), so that the causes of
+-- a failed target are three bigints a row instead of its key's text again
+-- (a configuration is 64 hex digits, an output a path). A cause whose
+-- event the build has not (yet) carried has a row of its key alone,
+-- reported false, which the event's row replaces.
+create or replace function build_failure_id(kind text, label text, primary_output text, configuration text)
+    returns bigint language sql immutable parallel safe strict
+    return build_label_id(kind || E'\x1f' || label || E'\x1f' || primary_output || E'\x1f' || configuration);
+
 create table if not exists build_failures_p (
     build_key      bigint not null,
+    id             bigint not null,           -- build_failure_id(kind, label, primary_output, configuration)
+    reported       boolean not null,          -- false: named by a cause only, no event about it yet
     exit_code      int,
     kind           text not null check (kind in ('action', 'configured_label', 'unconfigured_label')),
     label          text not null,
@@ -104,17 +116,14 @@ create table if not exists build_failures_p (
     stderr_uri     text,
     stderr         text,
     stdout_uri     text,
-    primary key (build_key, kind, label, primary_output, configuration)
+    primary key (build_key, id)
 ) partition by range (build_key);
 
 create table if not exists target_causes_p (
-    build_key           bigint not null,
-    label               text not null,
-    cause_kind          text not null,
-    cause_label         text not null,
-    cause_output        text not null,
-    cause_configuration text not null,
-    primary key (build_key, label, cause_kind, cause_label, cause_output, cause_configuration)
+    build_key bigint not null,
+    label_id  bigint not null,                -- the failed target
+    cause_id  bigint not null,                -- its root cause's build_failures.id
+    primary key (build_key, label_id, cause_id)
 ) partition by range (build_key);
 
 -- build_partitions_for creates, if missing, the partitions of the four
@@ -200,7 +209,8 @@ begin
         where i.build_key > lo and i.build_key <= hi
         on conflict do nothing;
         insert into targets_p (build_key, label_id, failure_rank, success, failed, kind, failure_reason, tags)
-        select i.build_key, build_label_id(t.label), t.failure_rank, t.success, t.failed, t.kind, t.failure_reason, t.tags
+        select i.build_key, build_label_id(t.label), t.failure_rank, t.success, t.failed, t.kind, t.failure_reason,
+               nullif(t.tags, '{}')
         from invocations i join targets t on t.invocation_id = i.id and t.project = i.project
         where i.build_key > lo and i.build_key <= hi;
         insert into tests_p (build_key, label_id, duration_ms, attempts, run_count, shard_count, total_run_count,
@@ -209,16 +219,23 @@ begin
                t.total_run_count, t.results, t.num_cached, t.has_summary, t.status
         from invocations i join tests t on t.invocation_id = i.id and t.project = i.project
         where i.build_key > lo and i.build_key <= hi;
-        insert into build_failures_p (build_key, exit_code, kind, label, primary_output, configuration, mnemonic,
-                                      message, stderr_uri, stderr, stdout_uri)
-        select i.build_key, f.exit_code, f.kind, f.label, f.primary_output, f.configuration, f.mnemonic,
-               f.message, f.stderr_uri, f.stderr, f.stdout_uri
+        insert into build_failures_p (build_key, id, reported, exit_code, kind, label, primary_output, configuration,
+                                      mnemonic, message, stderr_uri, stderr, stdout_uri)
+        select i.build_key, build_failure_id(f.kind, f.label, f.primary_output, f.configuration), true, f.exit_code,
+               f.kind, f.label, f.primary_output, f.configuration, f.mnemonic, f.message, f.stderr_uri, f.stderr, f.stdout_uri
         from invocations i join build_failures f on f.invocation_id = i.id and f.project = i.project
         where i.build_key > lo and i.build_key <= hi;
-        insert into target_causes_p (build_key, label, cause_kind, cause_label, cause_output, cause_configuration)
-        select i.build_key, c.label, c.cause_kind, c.cause_label, c.cause_output, c.cause_configuration
+        insert into build_failures_p (build_key, id, reported, kind, label, primary_output, configuration)
+        select distinct i.build_key, build_failure_id(c.cause_kind, c.cause_label, c.cause_output, c.cause_configuration),
+               false, c.cause_kind, c.cause_label, c.cause_output, c.cause_configuration
         from invocations i join target_causes c on c.invocation_id = i.id and c.project = i.project
-        where i.build_key > lo and i.build_key <= hi;
+        where i.build_key > lo and i.build_key <= hi
+        on conflict do nothing;
+        insert into target_causes_p (build_key, label_id, cause_id)
+        select i.build_key, build_label_id(c.label), build_failure_id(c.cause_kind, c.cause_label, c.cause_output, c.cause_configuration)
+        from invocations i join target_causes c on c.invocation_id = i.id and c.project = i.project
+        where i.build_key > lo and i.build_key <= hi
+        on conflict do nothing;
         commit;
         lo := hi;
     end loop;
@@ -306,7 +323,8 @@ create table build_failures_v (
 );
 insert into build_failures_v select i.project, i.id, f.kind, f.label, f.primary_output, f.configuration, f.mnemonic,
     f.exit_code, f.message, f.stderr_uri, f.stderr, f.stdout_uri
-from build_failures f join invocations i on i.build_key = f.build_key;
+from build_failures f join invocations i on i.build_key = f.build_key
+where f.reported;
 create table target_causes_v (
     project             text not null,
     invocation_id       text not null,
@@ -317,8 +335,10 @@ create table target_causes_v (
     cause_configuration text not null,
     primary key (invocation_id, project, label, cause_kind, cause_label, cause_output, cause_configuration)
 );
-insert into target_causes_v select i.project, i.id, c.label, c.cause_kind, c.cause_label, c.cause_output, c.cause_configuration
-from target_causes c join invocations i on i.build_key = c.build_key;
+insert into target_causes_v select i.project, i.id, l.label, f.kind, f.label, f.primary_output, f.configuration
+from target_causes c join invocations i on i.build_key = c.build_key
+join build_labels l on l.project = i.project and l.id = c.label_id
+join build_failures f on f.build_key = c.build_key and f.id = c.cause_id;
 drop table targets, tests, build_failures, target_causes;
 alter table targets_v rename to targets;
 alter table tests_v rename to tests;
@@ -336,5 +356,6 @@ alter table invocations drop column build_key;
 drop sequence build_keys_unsequenced;
 drop function build_partitions_for(int, text);
 drop table build_labels;
+drop function build_failure_id(text, text, text, text);
 drop function build_label_id(text);
 commit;

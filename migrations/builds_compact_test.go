@@ -43,7 +43,8 @@ func TestBuildsCompactMigration(t *testing.T) {
 		insert into build_failures (project, invocation_id, kind, label, primary_output, configuration, mnemonic, exit_code, stderr) values
 		    ('acme', 'inv-1', 'action', '//b:b', 'bazel-out/b.out', 'k8', 'Genrule', 1, 'no');
 		insert into target_causes (project, invocation_id, label, cause_kind, cause_label, cause_output, cause_configuration) values
-		    ('acme', 'inv-1', '//b:b', 'action', '//b:b', 'bazel-out/b.out', 'k8')`); err != nil {
+		    ('acme', 'inv-1', '//b:b', 'action', '//b:b', 'bazel-out/b.out', 'k8'),
+		    ('acme', 'inv-1', '//b:b', 'configured_label', '//dep:x', '', 'k8')`); err != nil {
 		t.Fatal(err)
 	}
 	before := oldRows(t, conn)
@@ -54,6 +55,8 @@ func TestBuildsCompactMigration(t *testing.T) {
 	for _, want := range []string{
 		`"targets":[{"label":"//a:a","kind":"sh_test rule","success":true,"failure_reason":null,"root_causes":[]},` +
 			`{"label":"//b:b","kind":"genrule rule","success":false,"failure_reason":"boom","root_causes":[{"kind":"action","label":"//b:b"`,
+		// A cause the build holds no event about keeps its key.
+		`{"kind":"configured_label","label":"//dep:x","primary_output":"","configuration":"k8","mnemonic":null`,
 		`"tests":[{"label":"//a:a","status":"FLAKY","attempts":2,"duration_ms":1200`,
 		`"tests":[{"label":"//a:a","status":"PASSED","attempts":1,"duration_ms":900`,
 		`"targets":[{"label":"//c:c","kind":"","success":false`,

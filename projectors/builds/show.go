@@ -252,10 +252,8 @@ var digestOrder = map[string]string{
 	"hourly_rollups":      `project collate "C", hour`,
 	"build_metadata":      `invocation_id collate "C", project collate "C", source collate "C", key collate "C"`,
 	"build_command_lines": `invocation_id collate "C", project collate "C", source collate "C", label collate "C"`,
-	"build_failures": `build_key, kind collate "C", label collate "C", primary_output collate "C",
-		configuration collate "C"`,
-	"target_causes": `build_key, label collate "C", cause_kind collate "C", cause_label collate "C",
-		cause_output collate "C", cause_configuration collate "C"`,
+	"build_failures":      `build_key, id`,
+	"target_causes":       `build_key, label_id, cause_id`,
 }
 
 // Digest returns, per projection table, the md5 of all its rows (their text

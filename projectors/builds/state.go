@@ -509,8 +509,11 @@ func (t *target) setKind(kind string) {
 	}
 }
 
+// setTags sets the first non-empty tag list a target's events give: a
+// target without tags (most of them) keeps tags null, 13 bytes a row less
+// than an empty array.
 func (t *target) setTags(tags []string) {
-	if t.hasTags {
+	if t.hasTags || len(tags) == 0 {
 		return
 	}
 	t.hasTags = true
