@@ -53,8 +53,8 @@ func (p PageQuery) limit() int {
 // Each names its index in the plan (TestPagedReadsUseTheIndex): the
 // primary keys (build_key, label_id) and build_labels_label_idx,
 // targets_failed_idx (whose predicate the failed query repeats, so that
-// the planner may use it) and tests_status_idx
-// (migrations/016_builds_compact.sql). A row names its label by id; the
+// the planner may use it) and, for the statuses but PASSED, the partial
+// tests_status_idx (migrations/016_builds_compact.sql). A row names its label by id; the
 // text is in build_labels.
 const (
 	sqlTargetsPage = `select l.label, coalesce(t.kind, ''), coalesce(t.success, false), t.failure_reason
@@ -69,6 +69,13 @@ where t.build_key = ` + sqlBuildKey + ` and l.label collate "C" > $3 order by l.
 	sqlTestsByStatusPage = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
 from tests t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = ` + sqlBuildKey + ` and t.status = $5 and l.label collate "C" > $3 order by l.label collate "C" limit $4`
+	// sqlTestsNotPassedPage is sqlTestsByStatusPage for a status but
+	// PASSED: the predicate of tests_status_idx, repeated, lets the
+	// planner read the few rows of the status from it.
+	sqlTestsNotPassedPage = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
+from tests t join build_labels l on l.project = $2 and l.id = t.label_id
+where t.build_key = ` + sqlBuildKey + ` and t.status = $5 and t.status <> 'PASSED' and l.label collate "C" > $3
+order by l.label collate "C" limit $4`
 	sqlOutputPages = `select page, data from build_output_pages
 where invocation_id = $1 and project = $2 and stream = $3 and page between $4 and $5 order by page`
 	sqlOutputSize = `select stream, count(*)::int4, sum(bytes)::int8 from build_output_pages
@@ -108,8 +115,12 @@ func Targets(ctx context.Context, db Querier, project, invocationID string, q Pa
 func Tests(ctx context.Context, db Querier, project, invocationID string, q PageQuery) ([]Test, error) {
 	args := []any{invocationID, project, q.After, q.limit()}
 	sql := sqlTestsPage
-	if q.Status != "" {
+	switch q.Status {
+	case "":
+	case "PASSED":
 		sql, args = sqlTestsByStatusPage, append(args, q.Status)
+	default:
+		sql, args = sqlTestsNotPassedPage, append(args, q.Status)
 	}
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {

@@ -160,7 +160,7 @@ func bigBuild(exec func(string, ...any), project, inv string, n int) {
 		from generate_series(0, $3 - 1) i`, inv, project, n)
 	exec(`insert into tests (build_key, label_id, status, has_summary)
 		select (select build_key from invocations where id = $1 and project = $2), build_label_id(format('//pkg%s:t%s', i / 100, i)),
-		       case when i % 5 = 0 then 'FAILED' else 'PASSED' end, true
+		       case when i % 5 = 0 then 'FAILED' when i % 997 = 0 then 'FLAKY' else 'PASSED' end, true
 		from generate_series(0, $3 - 1, 3) i`, inv, project, n)
 	exec(`analyze targets`)
 	exec(`analyze tests`)
@@ -289,7 +289,9 @@ func TestPagedReadsUseTheIndex(t *testing.T) {
 		{"targets", sqlTargetsPage, `Index Only Scan/build_labels_label_idx Index Scan/targets_w[0-9]+_pkey`, []any{"inv-big", "acme", "//pkg5:t5", 100}},
 		{"failed targets", sqlFailedTargetsPage, `Index Only Scan/build_labels_label_idx Index Scan/targets_w[0-9]+_build_key_label_id_idx`, []any{"inv-big", "acme", "", 100}},
 		{"tests", sqlTestsPage, `Index Only Scan/build_labels_label_idx Index Scan/tests_w[0-9]+_pkey`, []any{"inv-big", "acme", "", 100}},
-		{"tests by status", sqlTestsByStatusPage, `Index Only Scan/build_labels_label_idx Index Scan/tests_w[0-9]+_pkey`, []any{"inv-big", "acme", "", 100, "FAILED"}},
+		{"tests by status", sqlTestsByStatusPage, `Index Only Scan/build_labels_label_idx Index Scan/tests_w[0-9]+_pkey`, []any{"inv-big", "acme", "", 100, "PASSED"}},
+		// A rare status: its few rows from the partial index, then sorted.
+		{"tests of a rare status", sqlTestsNotPassedPage, `Index Scan/tests_w[0-9]+_build_key_status_label_id_idx`, []any{"inv-big", "acme", "", 100, "FLAKY"}},
 		{"output page", sqlOutputPages, `Index Scan/build_output_pages_pkey`, []any{"inv-big", "acme", int16(1), int32(7), int32(7)}},
 		{"output size", sqlOutputSize, `Index Scan/build_output_pages_pkey`, []any{"inv-big", "acme"}},
 	} {
@@ -318,7 +320,8 @@ func TestPagedReadsUseTheIndex(t *testing.T) {
 		}
 		// A bitmap scan reads the index too, but not in order: only the
 		// size, which sums every page of the build, may take one.
-		if strings.Contains(s, "Seq Scan") || strings.Contains(s, "Sort/") || (strings.Contains(s, "Bitmap") && c.name != "output size") {
+		rare := c.name == "tests of a rare status"
+		if strings.Contains(s, "Seq Scan") || (strings.Contains(s, "Sort/") && !rare) || (strings.Contains(s, "Bitmap") && c.name != "output size" && !rare) {
 			t.Errorf("%s: plan %s scans or sorts the build's rows", c.name, s)
 		}
 	}
