@@ -102,8 +102,10 @@ func TestConsolePagedRoutes(t *testing.T) {
 	ctx := context.Background()
 	for _, sql := range []string{
 		`insert into invocations (id, project, status, first_event_at, last_event_at) values ('big', 'acme', 'failed', now(), now())`,
-		`insert into targets (invocation_id, project, label, success, failed) select 'big', 'acme', format('//p:t%s', i), i % 3 <> 0, case when i % 3 = 0 then true end from generate_series(10, 99) i`,
-		`insert into tests (invocation_id, project, label, status, has_summary) select 'big', 'acme', format('//p:t%s', i), case when i % 2 = 0 then 'PASSED' else 'FAILED' end, true from generate_series(10, 99) i`,
+		`select build_partitions_for(((build_key >> 47) / 7)::int4) from invocations`,
+		`insert into build_labels (project, id, label) select 'acme', build_label_id(format('//p:t%s', i)), format('//p:t%s', i) from generate_series(10, 99) i`,
+		`insert into targets (build_key, label_id, success, failed) select (select build_key from invocations), build_label_id(format('//p:t%s', i)), i % 3 <> 0, case when i % 3 = 0 then true end from generate_series(10, 99) i`,
+		`insert into tests (build_key, label_id, status, has_summary) select (select build_key from invocations), build_label_id(format('//p:t%s', i)), case when i % 2 = 0 then 'PASSED' else 'FAILED' end, true from generate_series(10, 99) i`,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
@@ -201,16 +203,21 @@ func TestWriteBuildPaged(t *testing.T) {
 	for _, sql := range []string{
 		`insert into invocations (id, project, status, command, exit_code, exit_code_name, first_event_at, last_event_at)
 			values ('i1', 'alpha', 'failed', 'test', 3, 'TESTS_FAILED', now(), now())`,
-		`insert into targets (invocation_id, project, label, success, failure_reason)
-			select 'i1', 'alpha', format('//a:t%s', i), i % 500 <> 7, case when i % 500 = 7 then 'broke' end from generate_series(1000, 3999) i`,
-		`insert into targets (invocation_id, project, label) values ('i1', 'alpha', '//a:never')`,
-		`insert into tests (invocation_id, project, label, status, has_summary)
-			select 'i1', 'alpha', format('//a:t%s', i), 'PASSED', true from generate_series(1000, 1500) i`,
+		`select build_partitions_for(((build_key >> 47) / 7)::int4) from invocations`,
+		`insert into build_labels (project, id, label) select 'alpha', build_label_id(l), l
+			from (select format('//a:t%s', i) from generate_series(1000, 3999) i union all select '//a:never') x(l)`,
+		`insert into targets (build_key, label_id, success, failure_reason)
+			select (select build_key from invocations), build_label_id(format('//a:t%s', i)), i % 500 <> 7, case when i % 500 = 7 then 'broke' end from generate_series(1000, 3999) i`,
+		`insert into targets (build_key, label_id) select build_key, build_label_id('//a:never') from invocations`,
+		`insert into tests (build_key, label_id, status, has_summary)
+			select (select build_key from invocations), build_label_id(format('//a:t%s', i)), 'PASSED', true from generate_series(1000, 1500) i`,
 		// The failed targets' root cause, and what the build says of itself.
-		`insert into build_failures (project, invocation_id, kind, label, primary_output, configuration, mnemonic, exit_code, stderr_uri)
-			values ('alpha', 'i1', 'action', '//lib:gen', 'bazel-out/gen.txt', 'cfg', 'Genrule', 2, 'file:///tmp/stderr-1')`,
-		`insert into target_causes (project, invocation_id, label, cause_kind, cause_label, cause_output, cause_configuration)
-			select 'alpha', 'i1', format('//a:t%s', i), 'action', '//lib:gen', 'bazel-out/gen.txt', 'cfg'
+		`insert into build_failures (build_key, id, reported, kind, label, primary_output, configuration, mnemonic, exit_code, stderr_uri)
+			select build_key, build_failure_id('action', '//lib:gen', 'bazel-out/gen.txt', 'cfg'), true,
+			       'action', '//lib:gen', 'bazel-out/gen.txt', 'cfg', 'Genrule', 2, 'file:///tmp/stderr-1' from invocations`,
+		`insert into target_causes (build_key, label_id, cause_id)
+			select (select build_key from invocations), build_label_id(format('//a:t%s', i)),
+			       build_failure_id('action', '//lib:gen', 'bazel-out/gen.txt', 'cfg')
 			from generate_series(1000, 3999) i where i % 500 = 7`,
 		`insert into build_metadata (project, invocation_id, source, key, value) values ('alpha', 'i1', 'build_metadata', 'COMMIT_SHA', 'c0ffee')`,
 	} {

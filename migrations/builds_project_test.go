@@ -19,7 +19,7 @@ import (
 
 // emptyDatabase creates a database with no schema at all and drops it when
 // the test ends.
-func emptyDatabase(t *testing.T) *pgx.Conn {
+func emptyDatabase(t testing.TB) *pgx.Conn {
 	t.Helper()
 	ctx := context.Background()
 	srv := testenv.Server(t)

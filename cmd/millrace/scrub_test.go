@@ -51,7 +51,11 @@ func TestBuildsScrubCommand(t *testing.T) {
 values ($1, $2, 'test', array['//...', '--action_env=TOKEN=SECRET2'], 'ci', 'https://u:SECRET4@host', now(), now())`, "inv-"+p, p); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := pool.Exec(ctx, `insert into targets (invocation_id, project, label, failure_reason) values ($1, $2, '//a:b', 'token ghp_Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56Qr78 refused')`, "inv-"+p, p); err != nil {
+		if _, err := pool.Exec(ctx, `select build_partitions_for(((build_key >> 47) / 7)::int4) from invocations where id = $1 and project = $2`, "inv-"+p, p); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `insert into targets (build_key, label_id, failure_reason)
+select build_key, build_label_id('//a:b'), 'token ghp_Ab12Cd34Ef56Gh78Ij90Kl12Mn34Op56Qr78 refused' from invocations where id = $1 and project = $2`, "inv-"+p, p); err != nil {
 			t.Fatal(err)
 		}
 	}

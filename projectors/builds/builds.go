@@ -88,6 +88,7 @@ type event struct {
 	inv     string    // invocation id
 	project string    // Millrace-Project, else DefaultProject
 	at      time.Time // JetStream storage time (or the event's own time)
+	seq     uint64    // the message's stream sequence
 }
 
 // key is the build the event belongs to.
@@ -177,6 +178,7 @@ func decodeMessage(m projection.Message) (ev event, keep bool, err error) {
 	if b := clean(m.Header(envelope.BuildID)); b != "" {
 		ev.buildID = b
 	}
+	ev.seq = m.Seq()
 	ev.at = validTime(m.Time())
 	if ev.at.IsZero() {
 		ev.at = ev.eventTime

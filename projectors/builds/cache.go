@@ -34,6 +34,11 @@ type cache struct {
 	invs   map[invKey]*known
 	labels int  // in the invocations' target and test sets
 	dirty  bool // a batch wrote since the last Committed or Aborted
+
+	// weeks are the partitions known to exist (partitions.go);
+	// pendingWeeks those a batch made that has not committed yet.
+	weeks        map[int32]bool
+	pendingWeeks []int32
 }
 
 // Bounds of the cache. Past maxCached invocations it starts again empty;
@@ -53,9 +58,10 @@ const (
 // known is what the tables held of one invocation after the last batch
 // that wrote it.
 type known struct {
-	seq    int64
-	status string
-	done   bool
+	seq      int64
+	status   string
+	done     bool
+	buildKey int64
 	// rows: the invocation's target and test rows are exactly these
 	// labels (a batch the cache saw inserted its row, when it had none).
 	rows           bool
@@ -69,6 +75,7 @@ func (c *cache) begin() *cache {
 	defer c.mu.Unlock()
 	if c.dirty || len(c.invs) > maxCached {
 		c.invs, c.labels, c.dirty = nil, 0, false
+		c.pendingWeeks = nil
 	}
 	if c.invs == nil {
 		c.invs = make(map[invKey]*known)
@@ -86,12 +93,22 @@ func (c *cache) wrote() {
 func (c *cache) committed() {
 	c.mu.Lock()
 	c.dirty = false
+	if len(c.pendingWeeks) > 0 {
+		if c.weeks == nil {
+			c.weeks = make(map[int32]bool)
+		}
+		for _, w := range c.pendingWeeks {
+			c.weeks[w] = true
+		}
+		c.pendingWeeks = nil
+	}
 	c.mu.Unlock()
 }
 
 func (c *cache) forget() {
 	c.mu.Lock()
 	c.invs, c.labels, c.dirty = nil, 0, false
+	c.weeks, c.pendingWeeks = nil, nil
 	c.mu.Unlock()
 }
 
@@ -141,6 +158,7 @@ func (s *state) recall(c *cache) {
 		}
 		v := s.invs[k]
 		v.stored, v.storedSeq, v.storedStatus, v.storedDone, v.recalled = true, c.seq, c.status, c.done, true
+		v.buildKey = c.buildKey
 		s.rowsKnown = s.rowsKnown || c.rows
 	}
 	if !s.rowsKnown {
@@ -187,7 +205,7 @@ func (s *state) remember(after map[invKey]known) {
 			s.cache.drop(k)
 			continue
 		case v.stored: // unchanged but for the progress statement's columns
-			c = known{seq: max(v.maxSeq, v.storedSeq), status: v.storedStatus, done: v.storedDone}
+			c = known{seq: max(v.maxSeq, v.storedSeq), status: v.storedStatus, done: v.storedDone, buildKey: v.buildKey}
 		default: // all its events were resends of nothing stored
 			continue
 		}

@@ -101,9 +101,9 @@ func TestCacheStale(t *testing.T) {
 			 delete from targets where success is null`,
 			`insert into targets select * from gone`},
 		{"target rows appeared",
-			`insert into targets (invocation_id, project, label, kind)
-			 select i.id, i.project, l.label, 'tampered'
-			 from invocations i cross join (select distinct label from targets) l
+			`insert into targets (build_key, label_id, kind)
+			 select i.build_key, l.label_id, 'tampered'
+			 from invocations i cross join (select distinct label_id from targets) l
 			 where i.status = 'running' on conflict do nothing`,
 			`delete from targets where kind = 'tampered'`},
 	} {

@@ -2,7 +2,9 @@ package builds
 
 import (
 	"context"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -22,14 +24,16 @@ type tableCount struct {
 
 func (c tableCount) writes() int64 { return c.ins + c.upd + c.del }
 
-// readCounts reads the counts of the backend tx runs on. They include
+// readCounts reads the counts of the backend tx runs on, those of a
+// table's partitions under the table's name. They include
 // earlier transactions of the backend not yet flushed to the statistics,
 // so what one piece of work did is the difference of two readings in one
 // transaction (countsOf).
 func readCounts(ctx context.Context, tx pgx.Tx) (tableCounts, error) {
-	rows, err := tx.Query(ctx, `select relname, seq_scan, seq_tup_read, coalesce(idx_scan, 0),
-		coalesce(idx_tup_fetch, 0), n_tup_ins, n_tup_upd, n_tup_hot_upd, n_tup_del
-		from pg_stat_xact_user_tables`)
+	rows, err := tx.Query(ctx, `select coalesce(i.inhparent::regclass::text, s.relname), sum(seq_scan)::int8,
+		sum(seq_tup_read)::int8, sum(coalesce(idx_scan, 0))::int8, sum(coalesce(idx_tup_fetch, 0))::int8,
+		sum(n_tup_ins)::int8, sum(n_tup_upd)::int8, sum(n_tup_hot_upd)::int8, sum(n_tup_del)::int8
+		from pg_stat_xact_user_tables s left join pg_inherits i on i.inhrelid = s.relid group by 1`)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +112,30 @@ func applyCounted(t testing.TB, conn *pgxpool.Conn, p *Projector, batches [][]pr
 func TestPlansProbeByKey(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
-	for _, table := range append(append([]string{}, DigestTables...), "build_output_chunks") {
+	// Partitioned tables take storage settings per partition: this week's
+	// and t0's (the scenarios' clock) are the ones that fill.
+	if err := EnsurePartitions(ctx, pool, time.Now(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := EnsurePartitions(ctx, pool, t0, 0); err != nil {
+		t.Fatal(err)
+	}
+	tables := append(append([]string{}, DigestTables...), "build_output_chunks")
+	for _, part := range partitionedTables {
+		rows, err := pool.Query(ctx, `select inhrelid::regclass::text from pg_inherits where inhparent = $1::regclass`, part)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		tables = append(tables, ps...)
+	}
+	for _, table := range tables {
+		if slices.Contains(partitionedTables, table) {
+			continue
+		}
 		if _, err := pool.Exec(ctx, "alter table "+table+" set (autovacuum_enabled = off)"); err != nil {
 			t.Fatal(err)
 		}
@@ -130,10 +157,12 @@ func TestPlansProbeByKey(t *testing.T) {
 	for _, sql := range []string{
 		`insert into invocations (id, project, first_event_at, last_event_at)
 		 select 'filler-' || n, 'filler', now(), now() from generate_series(1, 20000) n`,
-		`insert into targets (invocation_id, project, label)
-		 select 'filler-' || n / 10, 'filler', '//pkg:t' || n from generate_series(1, 100000) n`,
-		`insert into tests (invocation_id, project, label, status, has_summary)
-		 select 'filler-' || n / 10, 'filler', '//pkg:t' || n, 'PASSED', true from generate_series(1, 50000) n`,
+		`insert into targets (build_key, label_id)
+		 select i.build_key, build_label_id('//pkg:t' || n) from generate_series(1, 100000) n
+		 join invocations i on i.id = 'filler-' || n / 10 and i.project = 'filler'`,
+		`insert into tests (build_key, label_id, status, has_summary)
+		 select i.build_key, build_label_id('//pkg:t' || n), 'PASSED', true from generate_series(1, 50000) n
+		 join invocations i on i.id = 'filler-' || n / 10 and i.project = 'filler'`,
 	} {
 		if _, err := conn.Exec(ctx, sql); err != nil {
 			t.Fatal(err)
@@ -188,7 +217,9 @@ func TestNewRowsWrittenInBulk(t *testing.T) {
 			select count(*) from pg_get_wal_records_info($1::pg_lsn, $2::pg_lsn)
 			where record_type in ('INSERT', 'INSERT+INIT', 'MULTI_INSERT', 'MULTI_INSERT+INIT')
 			  and block_ref ~ ('rel [0-9]+/' || (select oid from pg_database where datname = current_database()) ||
-			                   '/' || pg_relation_filenode($3::regclass) || ' ')`, from, to, table).Scan(&records)
+			                   '/(' || coalesce((select string_agg(pg_relation_filenode(inhrelid)::text, '|')
+			                                     from pg_inherits where inhparent = $3::regclass),
+			                                    pg_relation_filenode($3::regclass)::text) || ') ')`, from, to, table).Scan(&records)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -78,7 +78,7 @@ func FuzzDecode(f *testing.F) {
 		}
 		for _, col := range [][]string{once.meta.key, once.meta.value, once.cmd.argv, once.fail.label,
 			once.fail.output, once.fail.config, once.fail.message, once.fail.stderr, once.fail.stderrURI,
-			once.fail.mnemonic, once.cause.label, once.cause.cLabel, once.cause.output} {
+			once.fail.mnemonic, once.fail.kind} {
 			texts = append(texts, col...)
 		}
 		for _, s := range texts {

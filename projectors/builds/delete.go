@@ -92,7 +92,7 @@ func DeleteProject(ctx context.Context, pool *pgxpool.Pool, project string, batc
 			progress(total)
 		}
 	}
-	for _, t := range []string{"hourly_rollups", "archived_builds", "project_retention"} {
+	for _, t := range []string{"hourly_rollups", "archived_builds", "project_retention", "build_labels"} {
 		if _, err := pool.Exec(ctx, "delete from "+t+" where project = $1", project); err != nil {
 			return total, fmt.Errorf("builds: delete project %s: %w", project, err)
 		}

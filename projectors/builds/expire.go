@@ -142,6 +142,8 @@ type Expirer struct {
 // ExpireStats counts what a pass deleted.
 type ExpireStats struct {
 	RowsBuilds, RawBuilds, RollupRows int
+	// Partitions: weeks of the partitioned tables dropped whole.
+	Partitions int
 }
 
 // NewExpirer returns an Expirer of def's defaults (checked) on pool; raw
@@ -220,6 +222,17 @@ func (e *Expirer) Pass(ctx context.Context) (ExpireStats, string, error) {
 		return st, ExpireReasonDatabase, err
 	}
 	if err := e.measure(ctx, ps, now); err != nil {
+		return st, ExpireReasonDatabase, err
+	}
+	// Next week's partitions before any build needs them, and past weeks
+	// dropped whole before the batched deletes, which then find nothing
+	// of those builds in the partitioned tables.
+	if err := EnsurePartitions(ctx, e.pool, now, partitionDays*24*time.Hour); err != nil {
+		return st, ExpireReasonDatabase, err
+	}
+	n, err := DropPartitions(ctx, e.pool, longestRows(e.def, ps), now)
+	st.Partitions = n
+	if err != nil {
 		return st, ExpireReasonDatabase, err
 	}
 	for _, p := range ps {
@@ -333,7 +346,10 @@ func (e *Expirer) deleteRows(ctx context.Context, project string, cutoff time.Ti
 func deleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string, extra ...string) error {
 	b := &pgx.Batch{}
 	for t, col := range rowTables {
-		if t != "invocations" {
+		switch {
+		case byBuildKey(t):
+			b.Queue(fmt.Sprintf("delete from %s where build_key in (select build_key from invocations where id = any($2) and project = $1)", t), project, ids)
+		case t != "invocations":
 			b.Queue(fmt.Sprintf("delete from %s where %s = any($2) and project = $1", t, col), project, ids)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,9 +20,9 @@ import (
 func rowsOf(t *testing.T, pool *pgxpool.Pool, k Key) int {
 	t.Helper()
 	total := 0
-	for table, col := range rowTables {
+	for table := range rowTables {
 		var n int
-		if err := pool.QueryRow(context.Background(), "select count(*) from "+table+" where project = $1 and "+col+" = $2", k.Project, k.ID).Scan(&n); err != nil {
+		if err := pool.QueryRow(context.Background(), "select count(*) from "+table+" where "+ofBuild(table), k.Project, k.ID).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		total += n
@@ -207,4 +208,82 @@ func BenchmarkExpireRows(b *testing.B) {
 	per := float64(b.Elapsed().Microseconds()) / float64(b.N*builds)
 	b.ReportMetric(per, "µs/build")
 	b.ReportMetric(per*100/1000, "ms/batch")
+}
+
+// A week of the partitioned tables goes whole once every build keyed in it
+// is past the longest rows retention of all projects; a week that still
+// holds a build within it (or a running one) stays, and nothing goes while
+// a project keeps its rows for ever. The partitions of the coming week are
+// made ahead.
+func TestExpireDropsWeeksPastTheLongestRetention(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	p := newProjector(t, Config{})
+	s := newStream(t0)
+	synthBuild(s, "acme", "old", 20, true)
+	s.advance(14 * 24 * time.Hour)
+	synthBuild(s, "acme", "mid", 20, true)
+	synthBuild(s, "beta", "mid-running", 5, false)
+	s.advance(14 * 24 * time.Hour)
+	synthBuild(s, "acme", "new", 20, true)
+	applyAll(t, pool, p, s.msgs, 40)
+	weeks := func() []int32 {
+		t.Helper()
+		ps, err := Partitions(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ws []int32
+		for _, p := range ps {
+			ws = append(ws, p.Week)
+		}
+		return ws
+	}
+	all := weeks()
+	if len(all) != 3 {
+		t.Fatalf("partitions of weeks %v, want 3", all)
+	}
+	now := t0.Add(30 * 24 * time.Hour)
+	pass := func(def Retention) ExpireStats {
+		t.Helper()
+		e, err := NewExpirer(ExpireConfig{Batch: 10}, def, pool, nil, NewExpireMetrics(prometheus.NewRegistry()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.now = func() time.Time { return now }
+		st, _, err := e.Pass(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	// beta keeps its rows for ever: no week goes, though acme's old build does.
+	if _, err := SetRetention(ctx, pool, Retention{RawDays: 1}, "acme", RetentionSet{RowsDays: nDays(20)}); err != nil {
+		t.Fatal(err)
+	}
+	if st := pass(Retention{RawDays: 1}); st.Partitions != 0 || st.RowsBuilds != 1 {
+		t.Fatalf("pass with a project keeping rows for ever: %+v, want acme/old's rows and no week", st)
+	}
+	// The default at 10 days, acme's 20 the longest: the first week goes
+	// whole; the second holds a running build and acme/mid; the third is
+	// within retention.
+	if st := pass(Retention{RawDays: 1, RowsDays: 10}); st.Partitions != 1 {
+		t.Fatalf("pass: %+v, want one week dropped", st)
+	}
+	got := weeks()
+	next := timeWeek(now.Add(partitionDays * 24 * time.Hour))
+	want := []int32{all[1], all[2], timeWeek(now), next}
+	slices.Sort(want)
+	if want = slices.Compact(want); !slices.Equal(got, want) {
+		t.Fatalf("weeks %v after the pass, want %v (the last two and this and next week's, made ahead)", got, want)
+	}
+	for _, k := range []Key{{"beta", "mid-running"}, {"acme", "mid"}, {"acme", "new"}} {
+		if n := rowsOf(t, pool, k); n == 0 {
+			t.Errorf("%v lost its rows", k)
+		}
+	}
+	var left int
+	if err := pool.QueryRow(ctx, `select count(*) from pg_class where relname ~ $1`, fmt.Sprintf("_w%d$", all[0])).Scan(&left); err != nil || left != 0 {
+		t.Fatalf("%d tables of the dropped week left (%v)", left, err)
+	}
 }

@@ -473,3 +473,16 @@ func truncate(t testing.TB, pool *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 }
+
+// ofBuild is the condition that names one build's rows of table, the
+// build's project in $1 and invocation id in $2.
+func ofBuild(table string) string {
+	if byBuildKey(table) {
+		return "build_key = (select build_key from invocations where project = $1 and id = $2)"
+	}
+	return "project = $1 and " + rowTables[table] + " = $2"
+}
+
+// sqlTestPartitions makes the partitions of every build's week, for tests
+// that write rows straight into the tables.
+const sqlTestPartitions = `select build_partitions_for(w) from (select distinct ((build_key >> 47) / 7)::int4 as w from invocations) x`

@@ -85,6 +85,12 @@ type failure struct {
 
 type causeKey struct{ kind, label, output, config string }
 
+// id is build_failure_id of migration 016: the hash (labelID) of the key's
+// parts joined by the unit separator.
+func (k causeKey) id() int64 {
+	return labelID(k.kind + "\x1f" + k.label + "\x1f" + k.output + "\x1f" + k.config)
+}
+
 type cause struct {
 	label string
 	key   causeKey
@@ -248,18 +254,21 @@ from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) as u(pro
 on conflict do nothing`
 
 const sqlInsertFailures = `
-insert into build_failures (project, invocation_id, kind, label, primary_output, configuration, mnemonic,
+insert into build_failures as f (build_key, id, reported, kind, label, primary_output, configuration, mnemonic,
     exit_code, message, stderr_uri, stderr, stdout_uri)
-select u.project, u.inv, u.kind, u.label, u.output, u.config, nullif(u.mnemonic, ''), u.exit_code,
+select u.build_key, u.id, u.reported, u.kind, u.label, u.output, u.config, nullif(u.mnemonic, ''), u.exit_code,
        nullif(u.message, ''), nullif(u.stderr_uri, ''), nullif(u.stderr, ''), nullif(u.stdout_uri, '')
-from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int4[],
-            $9::text[], $10::text[], $11::text[], $12::text[])
-     as u(project, inv, kind, label, output, config, mnemonic, exit_code, message, stderr_uri, stderr, stdout_uri)
-on conflict do nothing`
+from unnest($1::int8[], $2::int8[], $3::bool[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::int4[],
+            $10::text[], $11::text[], $12::text[], $13::text[])
+     as u(build_key, id, reported, kind, label, output, config, mnemonic, exit_code, message, stderr_uri, stderr, stdout_uri)
+on conflict (build_key, id) do update set
+    reported = true, mnemonic = excluded.mnemonic, exit_code = excluded.exit_code, message = excluded.message,
+    stderr_uri = excluded.stderr_uri, stderr = excluded.stderr, stdout_uri = excluded.stdout_uri
+where excluded.reported and not f.reported`
 
 const sqlInsertCauses = `
-insert into target_causes (project, invocation_id, label, cause_kind, cause_label, cause_output, cause_configuration)
-select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[])
+insert into target_causes (build_key, label_id, cause_id)
+select * from unnest($1::int8[], $2::int8[], $3::int8[])
 on conflict do nothing`
 
 // onceCols are the batch's rows of the four tables, as unnest() arguments.
@@ -267,11 +276,14 @@ type onceCols struct {
 	meta struct{ project, inv, source, key, value []string }
 	cmd  struct{ project, inv, source, label, argv []string }
 	fail struct {
-		project, inv, kind, label, output, config, mnemonic []string
-		exitCode                                            []pgtype.Int4
-		message, stderrURI, stderr, stdoutURI               []string
+		at                                    map[[2]int64]int // index of a (build, id) in the arrays
+		key, id                               []int64
+		reported                              []bool
+		kind, label, output, config, mnemonic []string
+		exitCode                              []pgtype.Int4
+		message, stderrURI, stderr, stdoutURI []string
 	}
-	cause struct{ project, inv, label, kind, cLabel, output, config []string }
+	cause struct{ key, label, id []int64 }
 }
 
 func (c *onceCols) add(v *inv) {
@@ -287,20 +299,41 @@ func (c *onceCols) add(v *inv) {
 		r.source, r.label, r.argv = append(r.source, l.source), append(r.label, l.label), append(r.argv, joinList(l.argv))
 	}
 	for _, f := range v.failures {
-		r := &c.fail
-		r.project, r.inv = append(r.project, p), append(r.inv, id)
-		r.kind, r.label = append(r.kind, f.key.kind), append(r.label, f.key.label)
-		r.output, r.config = append(r.output, f.key.output), append(r.config, f.key.config)
-		r.mnemonic, r.message = append(r.mnemonic, f.mnemonic), append(r.message, f.message)
-		r.exitCode = append(r.exitCode, pgtype.Int4{Int32: f.exitCode, Valid: f.hasExit})
-		r.stderrURI, r.stderr, r.stdoutURI = append(r.stderrURI, f.stderrURI), append(r.stderr, f.stderr), append(r.stdoutURI, f.stdoutURI)
+		c.addFailure(v.buildKey, f, true)
 	}
 	for _, k := range v.causes {
 		r := &c.cause
-		r.project, r.inv, r.label = append(r.project, p), append(r.inv, id), append(r.label, k.label)
-		r.kind, r.cLabel = append(r.kind, k.key.kind), append(r.cLabel, k.key.label)
-		r.output, r.config = append(r.output, k.key.output), append(r.config, k.key.config)
+		r.key, r.label, r.id = append(r.key, v.buildKey), append(r.label, labelID(k.label)), append(r.id, k.key.id())
+		// The cause's own row, until (or unless) an event reports it.
+		c.addFailure(v.buildKey, failure{key: k.key}, false)
 	}
+}
+
+// addFailure adds a build_failures row: once per (build, id) in a batch,
+// the first reported one winning over one only a cause named (the SQL
+// applies the same rule to a stored row).
+func (c *onceCols) addFailure(build int64, f failure, reported bool) {
+	r := &c.fail
+	k := [2]int64{build, f.key.id()}
+	if i, ok := r.at[k]; ok {
+		if reported && !r.reported[i] {
+			r.reported[i] = true
+			r.mnemonic[i], r.message[i] = f.mnemonic, f.message
+			r.exitCode[i] = pgtype.Int4{Int32: f.exitCode, Valid: f.hasExit}
+			r.stderrURI[i], r.stderr[i], r.stdoutURI[i] = f.stderrURI, f.stderr, f.stdoutURI
+		}
+		return
+	}
+	if r.at == nil {
+		r.at = make(map[[2]int64]int)
+	}
+	r.at[k] = len(r.key)
+	r.key, r.id, r.reported = append(r.key, build), append(r.id, k[1]), append(r.reported, reported)
+	r.kind, r.label = append(r.kind, f.key.kind), append(r.label, f.key.label)
+	r.output, r.config = append(r.output, f.key.output), append(r.config, f.key.config)
+	r.mnemonic, r.message = append(r.mnemonic, f.mnemonic), append(r.message, f.message)
+	r.exitCode = append(r.exitCode, pgtype.Int4{Int32: f.exitCode, Valid: f.hasExit})
+	r.stderrURI, r.stderr, r.stdoutURI = append(r.stderrURI, f.stderrURI), append(r.stderr, f.stderr), append(r.stdoutURI, f.stdoutURI)
 }
 
 func (c *onceCols) queue(b *pgx.Batch) {
@@ -310,12 +343,12 @@ func (c *onceCols) queue(b *pgx.Batch) {
 	if m := &c.cmd; len(m.inv) > 0 {
 		b.Queue(sqlInsertCommandLines, m.project, m.inv, m.source, m.label, m.argv)
 	}
-	if f := &c.fail; len(f.inv) > 0 {
-		b.Queue(sqlInsertFailures, f.project, f.inv, f.kind, f.label, f.output, f.config, f.mnemonic,
+	if f := &c.fail; len(f.key) > 0 {
+		b.Queue(sqlInsertFailures, f.key, f.id, f.reported, f.kind, f.label, f.output, f.config, f.mnemonic,
 			f.exitCode, f.message, f.stderrURI, f.stderr, f.stdoutURI)
 	}
-	if k := &c.cause; len(k.inv) > 0 {
-		b.Queue(sqlInsertCauses, k.project, k.inv, k.label, k.kind, k.cLabel, k.output, k.config)
+	if k := &c.cause; len(k.key) > 0 {
+		b.Queue(sqlInsertCauses, k.key, k.label, k.id)
 	}
 }
 
@@ -405,21 +438,20 @@ func (b *Build) readMetadata(ctx context.Context, q Querier) error {
 	return nil
 }
 
-// causesColumn is a column of a query over targets (not aliased): a
+// causesColumn is a column of a query over targets joined with their
+// build_labels row (labels; neither aliased otherwise): a
 // failed target's root causes as a JSON array of Cause, null if it has
 // none. Only a target that did not succeed probes target_causes (by its
 // primary key) and build_failures (by theirs).
 const causesColumn = `case when targets.success is not true then (
-    select json_agg(json_build_object('kind', c.cause_kind, 'label', c.cause_label,
-               'primary_output', c.cause_output, 'configuration', c.cause_configuration, 'mnemonic', f.mnemonic,
+    select json_agg(json_build_object('kind', f.kind, 'label', f.label,
+               'primary_output', f.primary_output, 'configuration', f.configuration, 'mnemonic', f.mnemonic,
                'exit_code', f.exit_code, 'message', f.message, 'stderr_uri', f.stderr_uri, 'stderr', f.stderr)
-           order by c.cause_label collate "C", c.cause_output collate "C", c.cause_kind collate "C",
-                    c.cause_configuration collate "C")
+           order by f.label collate "C", f.primary_output collate "C", f.kind collate "C",
+                    f.configuration collate "C")
     from target_causes c
-    left join build_failures f on f.invocation_id = c.invocation_id and f.project = c.project
-         and f.kind = c.cause_kind and f.label = c.cause_label and f.primary_output = c.cause_output
-         and f.configuration = c.cause_configuration
-    where c.invocation_id = targets.invocation_id and c.project = targets.project and c.label = targets.label) end`
+    join build_failures f on f.build_key = c.build_key and f.id = c.cause_id
+    where c.build_key = targets.build_key and c.label_id = targets.label_id) end`
 
 // setCauses sets t's root causes from causesColumn's value.
 func (t *Target) setCauses(raw []byte) error {
@@ -431,17 +463,18 @@ func (t *Target) setCauses(raw []byte) error {
 }
 
 // sqlPageCauses reads the root causes of some of a build's targets.
-const sqlPageCauses = `select label, ` + causesColumn + ` from targets
-where invocation_id = $1 and project = $2 and label = any($3::text[])`
+const sqlPageCauses = `select labels.label, ` + causesColumn + `
+from targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
+where targets.build_key = ` + sqlBuildKey + ` and targets.label_id = any($3::int8[])`
 
 // pageCauses fills the root causes of a page of targets, in one query for
 // those that did not succeed.
 func pageCauses(ctx context.Context, db Querier, project, invocationID string, ts []Target) error {
-	var failed []string
+	var failed []int64
 	for i := range ts {
 		ts[i].RootCauses = []Cause{}
 		if !ts[i].Success {
-			failed = append(failed, ts[i].Label)
+			failed = append(failed, labelID(ts[i].Label))
 		}
 	}
 	if len(failed) == 0 {

@@ -49,19 +49,33 @@ func (p PageQuery) limit() int {
 	return p.Limit
 }
 
-// The queries of the paged reads. Each names its index in the plan
-// (TestPagedReadsUseTheIndex): the primary keys, targets_failed_idx (whose
-// predicate the failed query repeats word for word, so that the planner
-// may use it) and tests_status_idx (migrations/012_builds_output_pages.sql).
+// The queries of the paged reads, in label order (bytewise, collate "C").
+// Each names its index in the plan (TestPagedReadsUseTheIndex): the
+// primary keys (build_key, label_id) and build_labels_label_idx,
+// targets_failed_idx (whose predicate the failed query repeats, so that
+// the planner may use it) and, for the statuses but PASSED, the partial
+// tests_status_idx (migrations/016_builds_compact.sql). A row names its label by id; the
+// text is in build_labels.
 const (
-	sqlTargetsPage = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason from targets
-where invocation_id = $1 and project = $2 and label > $3 order by label limit $4`
-	sqlFailedTargetsPage = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason from targets
-where invocation_id = $1 and project = $2 and label > $3 and failed order by label limit $4`
-	sqlTestsPage = `select label, status, attempts, duration_ms, cached from tests
-where invocation_id = $1 and project = $2 and label > $3 order by label limit $4`
-	sqlTestsByStatusPage = `select label, status, attempts, duration_ms, cached from tests
-where invocation_id = $1 and project = $2 and status = $5 and label > $3 order by label limit $4`
+	sqlTargetsPage = `select l.label, coalesce(t.kind, ''), coalesce(t.success, false), t.failure_reason
+from targets t join build_labels l on l.project = $2 and l.id = t.label_id
+where t.build_key = ` + sqlBuildKey + ` and l.label collate "C" > $3 order by l.label collate "C" limit $4`
+	sqlFailedTargetsPage = `select l.label, coalesce(t.kind, ''), coalesce(t.success, false), t.failure_reason
+from targets t join build_labels l on l.project = $2 and l.id = t.label_id
+where t.build_key = ` + sqlBuildKey + ` and t.failed and l.label collate "C" > $3 order by l.label collate "C" limit $4`
+	sqlTestsPage = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
+from tests t join build_labels l on l.project = $2 and l.id = t.label_id
+where t.build_key = ` + sqlBuildKey + ` and l.label collate "C" > $3 order by l.label collate "C" limit $4`
+	sqlTestsByStatusPage = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
+from tests t join build_labels l on l.project = $2 and l.id = t.label_id
+where t.build_key = ` + sqlBuildKey + ` and t.status = $5 and l.label collate "C" > $3 order by l.label collate "C" limit $4`
+	// sqlTestsNotPassedPage is sqlTestsByStatusPage for a status but
+	// PASSED: the predicate of tests_status_idx, repeated, lets the
+	// planner read the few rows of the status from it.
+	sqlTestsNotPassedPage = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
+from tests t join build_labels l on l.project = $2 and l.id = t.label_id
+where t.build_key = ` + sqlBuildKey + ` and t.status = $5 and t.status <> 'PASSED' and l.label collate "C" > $3
+order by l.label collate "C" limit $4`
 	sqlOutputPages = `select page, data from build_output_pages
 where invocation_id = $1 and project = $2 and stream = $3 and page between $4 and $5 order by page`
 	sqlOutputSize = `select stream, count(*)::int4, sum(bytes)::int8 from build_output_pages
@@ -101,8 +115,12 @@ func Targets(ctx context.Context, db Querier, project, invocationID string, q Pa
 func Tests(ctx context.Context, db Querier, project, invocationID string, q PageQuery) ([]Test, error) {
 	args := []any{invocationID, project, q.After, q.limit()}
 	sql := sqlTestsPage
-	if q.Status != "" {
+	switch q.Status {
+	case "":
+	case "PASSED":
 		sql, args = sqlTestsByStatusPage, append(args, q.Status)
+	default:
+		sql, args = sqlTestsNotPassedPage, append(args, q.Status)
 	}
 	rows, err := db.Query(ctx, sql, args...)
 	if err != nil {
@@ -136,9 +154,9 @@ type Counts struct {
 func CountRows(ctx context.Context, db Querier, project, invocationID string) (Counts, error) {
 	var c Counts
 	err := db.QueryRow(ctx, `select
-		(select count(*) from targets where invocation_id = $1 and project = $2),
-		(select count(*) from targets where invocation_id = $1 and project = $2 and success is not true),
-		(select count(*) from tests where invocation_id = $1 and project = $2)`, invocationID, project).Scan(
+		(select count(*) from targets where build_key = `+sqlBuildKey+`),
+		(select count(*) from targets where build_key = `+sqlBuildKey+` and success is not true),
+		(select count(*) from tests where build_key = `+sqlBuildKey+`)`, invocationID, project).Scan(
 		&c.Targets, &c.TargetsNotSucceeded, &c.Tests)
 	if err != nil {
 		return c, fmt.Errorf("builds: counts of %s in project %s: %w", invocationID, project, err)
@@ -330,8 +348,7 @@ func WriteJSON(ctx context.Context, db Querier, w io.Writer, project, invocation
 		return fmt.Errorf("builds: json of %s targets: %w", invocationID, err)
 	}
 	bw.write(head[i+2 : j])
-	if err := writeRows(ctx, db, bw, `select label, status, attempts, duration_ms, cached
-		from tests where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project,
+	if err := writeRows(ctx, db, bw, sqlAllTests, invocationID, project,
 		func(rows pgx.Rows) (any, error) {
 			var t Test
 			err := rows.Scan(&t.Label, &t.Status, &t.Attempts, &t.DurationMs, &t.Cached)

@@ -19,13 +19,18 @@ func (p *Projector) Reset(ctx context.Context, tx pgx.Tx) error {
 }
 
 // rowTables are the tables with a row set per build, and the column that
-// holds its invocation id; hourly_rollups is not one of them.
+// names the build: its invocation id (with a project column beside it), or
+// build_key for the tables partitioned by it (partitions.go);
+// hourly_rollups is not one of them.
 var rowTables = map[string]string{
-	"invocations": "id", "targets": "invocation_id", "tests": "invocation_id", "build_metrics": "invocation_id",
+	"invocations": "id", "targets": "build_key", "tests": "build_key", "build_metrics": "invocation_id",
 	"build_output": "invocation_id", "build_output_pages": "invocation_id", "build_output_chunks": "invocation_id",
-	"build_metadata": "invocation_id", "build_command_lines": "invocation_id", "build_failures": "invocation_id",
-	"target_causes": "invocation_id",
+	"build_metadata": "invocation_id", "build_command_lines": "invocation_id", "build_failures": "build_key",
+	"target_causes": "build_key",
 }
+
+// byBuildKey reports whether table names its builds by build_key.
+func byBuildKey(table string) bool { return rowTables[table] == "build_key" }
 
 // ResetExcept empties the projection but for the builds in keep, whose raw
 // events are gone (a replay could not build them again). The rollups are
@@ -47,7 +52,7 @@ func (p *Projector) resetExcept(ctx context.Context, tx pgx.Tx, keep []Key) erro
 	for t := range rowTables {
 		tables = append(tables, t)
 	}
-	_, err := tx.Exec(ctx, `create temporary table builds_keep (project text, id text, primary key (project, id)) on commit drop`)
+	_, err := tx.Exec(ctx, `create temporary table builds_keep (project text, id text, build_key bigint, primary key (project, id)) on commit drop`)
 	if err != nil {
 		return err
 	}
@@ -57,6 +62,13 @@ func (p *Projector) resetExcept(ctx context.Context, tx pgx.Tx, keep []Key) erro
 			rows[i] = []any{k.Project, k.ID}
 		}
 		if _, err := tx.CopyFrom(ctx, pgx.Identifier{"builds_keep"}, []string{"project", "id"}, pgx.CopyFromRows(rows)); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `update builds_keep k set build_key = i.build_key
+			from invocations i where i.id = k.id and i.project = k.project`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `create index on builds_keep (build_key)`); err != nil {
 			return err
 		}
 	}
@@ -72,6 +84,9 @@ func (p *Projector) resetExcept(ctx context.Context, tx pgx.Tx, keep []Key) erro
 	}
 	for _, t := range tables {
 		sql := fmt.Sprintf(`delete from %s t where not exists (select 1 from builds_keep k where k.project = t.project and k.id = t.%s)`, t, rowTables[t])
+		if byBuildKey(t) {
+			sql = fmt.Sprintf(`delete from %s t where not exists (select 1 from builds_keep k where k.build_key = t.build_key)`, t)
+		}
 		if _, err := tx.Exec(ctx, sql); err != nil {
 			return err
 		}

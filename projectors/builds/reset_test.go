@@ -2,6 +2,8 @@ package builds
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -80,8 +82,11 @@ func resetExcept(t *testing.T, pool *pgxpool.Pool, p *Projector, keep ...Key) {
 
 func deleteRows(t *testing.T, pool *pgxpool.Pool, k Key) {
 	t.Helper()
-	for table, col := range rowTables {
-		if _, err := pool.Exec(context.Background(), "delete from "+table+" where project = $1 and "+col+" = $2", k.Project, k.ID); err != nil {
+	// The invocation last: the other tables find the build by its key.
+	tables := slices.Sorted(maps.Keys(rowTables))
+	tables = append(slices.DeleteFunc(tables, func(t string) bool { return t == "invocations" }), "invocations")
+	for _, table := range tables {
+		if _, err := pool.Exec(context.Background(), "delete from "+table+" where "+ofBuild(table), k.Project, k.ID); err != nil {
 			t.Fatal(err)
 		}
 	}

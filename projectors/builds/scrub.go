@@ -166,20 +166,21 @@ const scrubKeys = `(invocation_id, project) in (select * from unnest($1::text[],
 
 func scrubTargets(ctx context.Context, tx pgx.Tx, s Scrubber, keys []invKey, st *ScrubStats) error {
 	ids, projects := keyArrays(keys)
-	rows, err := tx.Query(ctx, `select invocation_id, project, label, kind, failure_reason, tags from targets where `+scrubKeys+` for update`, ids, projects)
+	rows, err := tx.Query(ctx, `select t.build_key, t.label_id, t.kind, t.failure_reason, t.tags from targets t
+		where t.build_key in (select build_key from invocations where (id, project) in (select * from unnest($1::text[], $2::text[])))
+		for update`, ids, projects)
 	if err != nil {
 		return err
 	}
 	type target struct {
-		inv, project string
-		label        string
+		key, label   int64
 		kind, reason *string
 		tags         []string
 	}
 	var changed []target
 	for rows.Next() {
 		var t target
-		if err := rows.Scan(&t.inv, &t.project, &t.label, &t.kind, &t.reason, &t.tags); err != nil {
+		if err := rows.Scan(&t.key, &t.label, &t.kind, &t.reason, &t.tags); err != nil {
 			rows.Close()
 			return err
 		}
@@ -209,8 +210,8 @@ func scrubTargets(ctx context.Context, tx pgx.Tx, s Scrubber, keys []invKey, st 
 		return err
 	}
 	for _, t := range changed {
-		if _, err := tx.Exec(ctx, `update targets set kind = $4, failure_reason = $5, tags = $6 where invocation_id = $1 and project = $2 and label = $3`,
-			t.inv, t.project, t.label, t.kind, t.reason, t.tags); err != nil {
+		if _, err := tx.Exec(ctx, `update targets set kind = $3, failure_reason = $4, tags = $5 where build_key = $1 and label_id = $2`,
+			t.key, t.label, t.kind, t.reason, t.tags); err != nil {
 			return err
 		}
 		st.TargetsChanged++

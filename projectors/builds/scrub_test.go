@@ -50,7 +50,7 @@ func TestScrub(t *testing.T) {
 		var b strings.Builder
 		for _, q := range []string{
 			`select string_agg(i::text, E'\n' order by id) from invocations i`,
-			`select string_agg(t::text, E'\n' order by invocation_id, label) from targets t`,
+			`select string_agg(l.label || ' ' || t::text, E'\n' order by build_key, label_id) from targets t join build_labels l on l.id = t.label_id`,
 		} {
 			var v string
 			if err := pool.QueryRow(ctx, q).Scan(&v); err != nil {

@@ -173,8 +173,14 @@ func show(ctx context.Context, q Querier, project, invocationID string, rows boo
 }
 
 // sqlAllTargets reads every target of a build, with its root causes.
-const sqlAllTargets = `select label, coalesce(kind, ''), coalesce(success, false), failure_reason, ` + causesColumn + `
-from targets where invocation_id = $1 and project = $2 order by label collate "C"`
+const sqlAllTargets = `select labels.label, coalesce(kind, ''), coalesce(success, false), failure_reason, ` + causesColumn + `
+from targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
+where targets.build_key = ` + sqlBuildKey + ` order by labels.label collate "C"`
+
+// sqlAllTests reads every test of a build.
+const sqlAllTests = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
+from tests t join build_labels l on l.project = $2 and l.id = t.label_id
+where t.build_key = ` + sqlBuildKey + ` order by l.label collate "C"`
 
 // showRows reads all the build's targets and tests into b.
 func showRows(ctx context.Context, q Querier, b *Build, project, invocationID string) error {
@@ -196,9 +202,7 @@ func showRows(ctx context.Context, q Querier, b *Build, project, invocationID st
 		return fmt.Errorf("builds: show %s targets: %w", invocationID, err)
 	}
 
-	rows, err = q.Query(ctx, `
-		select label, status, attempts, duration_ms, cached
-		from tests where invocation_id = $1 and project = $2 order by label collate "C"`, invocationID, project)
+	rows, err = q.Query(ctx, sqlAllTests, invocationID, project)
 	if err != nil {
 		return fmt.Errorf("builds: show %s tests: %w", invocationID, err)
 	}
@@ -240,18 +244,16 @@ var DigestTables = []string{"invocations", "targets", "tests", "build_metrics", 
 
 var digestOrder = map[string]string{
 	"invocations":         `id collate "C", project collate "C"`,
-	"targets":             `invocation_id collate "C", project collate "C", label collate "C"`,
-	"tests":               `invocation_id collate "C", project collate "C", label collate "C"`,
+	"targets":             `build_key, label_id`,
+	"tests":               `build_key, label_id`,
 	"build_metrics":       `invocation_id collate "C", project collate "C"`,
 	"build_output":        `invocation_id collate "C", project collate "C"`,
 	"build_output_pages":  `invocation_id collate "C", project collate "C", stream, page`,
 	"hourly_rollups":      `project collate "C", hour`,
 	"build_metadata":      `invocation_id collate "C", project collate "C", source collate "C", key collate "C"`,
 	"build_command_lines": `invocation_id collate "C", project collate "C", source collate "C", label collate "C"`,
-	"build_failures": `invocation_id collate "C", project collate "C", kind collate "C", label collate "C",
-		primary_output collate "C", configuration collate "C"`,
-	"target_causes": `invocation_id collate "C", project collate "C", label collate "C", cause_kind collate "C",
-		cause_label collate "C", cause_output collate "C", cause_configuration collate "C"`,
+	"build_failures":      `build_key, id`,
+	"target_causes":       `build_key, label_id, cause_id`,
 }
 
 // Digest returns, per projection table, the md5 of all its rows (their text

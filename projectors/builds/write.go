@@ -2,6 +2,7 @@ package builds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -73,19 +74,24 @@ const sqlKeyedPlans = `select set_config('enable_seqscan', 'off', true), set_con
        set_config('enable_mergejoin', 'off', true), set_config('plan_cache_mode', 'force_generic_plan', true)`
 
 const sqlLoad = `
-select i.project, i.id, i.last_sequence, i.status, i.stream_done
+select i.project, i.id, i.last_sequence, i.status, i.stream_done, i.build_key
 from unnest($1::text[], $2::text[]) as u(project, id)
 join invocations i on i.id = u.id and i.project = u.project`
 
+// sqlExistingTargets and sqlExistingTests find the batch's target and test
+// rows (label ids in $4, labelID) of stored builds; they run in the load's
+// round trip, before the batch knows the builds' keys.
 const sqlExistingTargets = `
-select t.project, t.invocation_id, t.label
-from unnest($1::text[], $2::text[], $3::text[]) as u(project, inv, label)
-join targets t on t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
+select u.project, u.inv, u.label
+from unnest($1::text[], $2::text[], $3::text[], $4::int8[]) as u(project, inv, label, label_id)
+join invocations i on i.id = u.inv and i.project = u.project
+join targets t on t.build_key = i.build_key and t.label_id = u.label_id`
 
 const sqlExistingTests = `
-select t.project, t.invocation_id, t.label
-from unnest($1::text[], $2::text[], $3::text[]) as u(project, inv, label)
-join tests t on t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
+select u.project, u.inv, u.label
+from unnest($1::text[], $2::text[], $3::text[], $4::int8[]) as u(project, inv, label, label_id)
+join invocations i on i.id = u.inv and i.project = u.project
+join tests t on t.build_key = i.build_key and t.label_id = u.label_id`
 
 // eventBucket is invocations.last_event_bucket of a last_event_at: the
 // time rounded down to 5 minutes, which the sweep's index holds rather than
@@ -110,20 +116,20 @@ select u.id, u.build_id, u.project, nullif(u.command, '') as command,
        case when u.exit_code is not null then case when u.exit_code = 0 then 'succeeded' else 'failed' end
             when u.attempt_result <> '' then case when u.attempt_result = 'COMMAND_SUCCEEDED' then 'succeeded' else 'failed' end
             else 'running' end as status,
-       u.done, u.first_at, u.last_at, ` + eventBucket("u.last_at") + `, u.last_seq, u.n
+       u.done, u.first_at, u.last_at, ` + eventBucket("u.last_at") + `, u.last_seq, u.n, u.build_key
 from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
             $8::text[], $9::text[], $10::timestamptz[], $11::timestamptz[], $12::int4[], $13::text[],
-            $14::text[], $15::timestamptz[], $16::timestamptz[], $17::int8[], $18::int8[], $19::bool[])
+            $14::text[], $15::timestamptz[], $16::timestamptz[], $17::int8[], $18::int8[], $19::bool[], $20::int8[])
      as u(id, build_id, project, command, patterns, user_name, host, workspace_dir, bazel_version,
           started_at, finished_at, exit_code, exit_code_name, attempt_result,
-          first_at, last_at, last_seq, n, done)`
+          first_at, last_at, last_seq, n, done, build_key)`
 
 var sqlInsertInvocations = `
 insert into invocations (id, build_id, project, command, patterns, user_name, host, workspace_dir,
     bazel_version, started_at, finished_at, exit_code, exit_code_name, attempt_result, status,
-    stream_done, first_event_at, last_event_at, last_event_bucket, last_sequence, event_count)
+    stream_done, first_event_at, last_event_at, last_event_bucket, last_sequence, event_count, build_key)
 ` + invocationRows + `
-returning project, id, last_sequence, status, stream_done`
+returning project, id, last_sequence, status, stream_done, build_key`
 
 // sqlUpdateInvocations merges the batch into stored invocations. Status and
 // finished_at: BuildFinished decides (exit code 0 = succeeded); else
@@ -163,7 +169,7 @@ update invocations i set
     event_count    = i.event_count + u.n
 from (` + invocationRows + `) u
 where i.id = u.id and i.project = u.project
-returning i.project, i.id, i.last_sequence, i.status, i.stream_done`
+returning i.project, i.id, i.last_sequence, i.status, i.stream_done, i.build_key`
 
 // sqlUpdateProgress is sqlUpdateInvocations for the invocations that a
 // batch only moves on (inv.progressOnly): running, and no event of the
@@ -188,10 +194,10 @@ from unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::timestamp
 where i.id = u.id and i.project = u.project and i.last_sequence = u.stored_seq`
 
 const targetRows = `
-select u.project, u.inv, u.label, nullif(u.kind, '') as kind, u.success, nullif(u.reason, '') as reason, u.rank,
+select u.build_key, u.label_id, nullif(u.kind, '') as kind, u.success, nullif(u.reason, '') as reason, u.rank,
        case when u.has_tags then string_to_array(u.tags, E'\x1f') end as tags
-from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::text[], $7::int2[], $8::bool[], $9::text[])
-     as u(project, inv, label, kind, success, reason, rank, has_tags, tags)`
+from unnest($1::int8[], $2::int8[], $3::text[], $4::bool[], $5::text[], $6::int2[], $7::bool[], $8::text[])
+     as u(build_key, label_id, kind, success, reason, rank, has_tags, tags)`
 
 // sqlUpdateTargets: the first kind and tags win; a target succeeded only if
 // all its completions (one per configuration) did; the failure reason from
@@ -210,12 +216,12 @@ update targets t set
     failed         = case when t.success = false or u.success = false then true end,
     tags           = coalesce(t.tags, u.tags)
 from (` + targetRows + `) u
-where t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
+where t.build_key = u.build_key and t.label_id = u.label_id`
 
 const testRows = `
-select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bool[], $6::int4[], $7::int4[],
-                     $8::int4[], $9::int4[], $10::int4[], $11::int8[], $12::int4[])
-     as u(project, inv, label, status, has_summary, attempts, run_count, shard_count, total_run_count,
+select * from unnest($1::int8[], $2::int8[], $3::text[], $4::bool[], $5::int4[], $6::int4[],
+                     $7::int4[], $8::int4[], $9::int4[], $10::int8[], $11::int4[])
+     as u(build_key, label_id, status, has_summary, attempts, run_count, shard_count, total_run_count,
           results, duration_ms, num_cached)`
 
 // sqlUpdateTests: a TestSummary decides status, run totals, duration and
@@ -236,7 +242,7 @@ update tests t set
                            when t.has_summary then t.num_cached
                            else t.num_cached + u.num_cached end
 from (` + testRows + `) u
-where t.invocation_id = u.inv and t.project = u.project and t.label = u.label`
+where t.build_key = u.build_key and t.label_id = u.label_id`
 
 const sqlMetrics = `
 insert into build_metrics as m (project, invocation_id, actions_created, actions_executed, action_cache_hits,
@@ -275,6 +281,14 @@ from build_output_chunks c join invocations i on i.id = c.invocation_id and i.pr
 where i.status <> 'running' and i.last_event_at < $1
 order by 2, 1`
 
+// sqlInsertLabels records the labels of the batch's new target and test
+// rows in build_labels. A label already there is found by the primary key
+// and written nothing (no WAL).
+const sqlInsertLabels = `
+insert into build_labels (project, id, label)
+select * from unnest($1::text[], $2::int8[], $3::text[])
+on conflict do nothing`
+
 // durationBuckets is the number of duration_hist counters (see
 // build_duration_bucket in migrations/002_builds.sql).
 const durationBuckets = 12
@@ -296,7 +310,7 @@ with cur as (
         select count(*) filter (where t.status = 'PASSED')::int as passed,
                count(*) filter (where t.status not in ('PASSED', 'FLAKY', 'NO_STATUS'))::int as failed,
                count(*) filter (where t.status = 'FLAKY')::int as flaky
-        from tests t where t.invocation_id = i.id and t.project = i.project) n
+        from tests t where t.build_key = i.build_key) n
     where i.status <> 'running' or i.counted_status is not null
 ), changed as (
     select * from cur
@@ -380,6 +394,8 @@ type writes struct {
 	met            metricCols
 	once           onceCols // metadata.go
 	chunks         chunkCols
+	labels         labelCols
+	weeks          []int32 // partitions of the new builds
 	finalize       map[invKey]*inv
 	finIDs         []invKey
 	reconcIDs      []invKey
@@ -391,6 +407,16 @@ type writes struct {
 func (s *state) write(ctx context.Context, tx pgx.Tx) error {
 	slices.SortFunc(s.ids, invKey.compare)
 	w := &writes{finalize: map[invKey]*inv{}}
+	var fresh []*inv
+	for _, id := range s.ids {
+		if v := s.invs[id]; v.write && !v.stored {
+			v.buildKey = buildKey(v.firstAt, v.firstSeq)
+			fresh = append(fresh, v)
+		}
+	}
+	if err := uniqueKeys(ctx, tx, fresh); err != nil {
+		return err
+	}
 	for _, id := range s.ids {
 		if v := s.invs[id]; v.write {
 			s.collect(w, v)
@@ -406,8 +432,16 @@ func (s *state) write(ctx context.Context, tx pgx.Tx) error {
 			return err
 		}
 	}
+	if err := s.cache.ensurePartitions(ctx, tx, w.weeks); err != nil {
+		return err
+	}
 	// Before the pipeline: its rollup statement counts the tests.
 	if err := w.copyNew(ctx, tx); err != nil {
+		if noPartition(err) {
+			// Dropped by the retention of another process since this
+			// process made it: forget the partitions known, and retry.
+			return fmt.Errorf("%w (%v)", errStale, err)
+		}
 		return stale(fmt.Errorf("builds: write batch: %w", err), s.rowsKnown)
 	}
 	after := make(map[invKey]known, len(w.newInv.id)+len(w.oldInv.id))
@@ -434,15 +468,19 @@ func (s *state) collect(w *writes, v *inv) {
 	case v.stored:
 		w.oldInv.add(v)
 	default:
+		if wk := keyWeek(v.buildKey); !slices.Contains(w.weeks, wk) {
+			w.weeks = append(w.weeks, wk)
+		}
 		w.newInv.add(v)
 	}
 	slices.Sort(v.targetOrder)
 	for _, l := range v.targetOrder {
 		switch t := v.targets[l]; {
 		case s.targetExists[rowKey{id, l}]:
-			w.oldTgt.add(id, t)
+			w.oldTgt.add(v, t)
 		case t.known:
-			w.newTgt.add(id, t)
+			w.newTgt.add(v, t)
+			w.labels.add(id.project, l)
 			v.newTargets = append(v.newTargets, l)
 			// else: only a failed action names the label, and it is not a
 			// target of this build (a dependency's action): no row.
@@ -451,9 +489,10 @@ func (s *state) collect(w *writes, v *inv) {
 	slices.Sort(v.testOrder)
 	for _, l := range v.testOrder {
 		if s.testExists[rowKey{id, l}] {
-			w.oldTst.add(id, v.tests[l])
+			w.oldTst.add(v, v.tests[l])
 		} else {
-			w.newTst.add(id, v.tests[l])
+			w.newTst.add(v, v.tests[l])
+			w.labels.add(id.project, l)
 			v.newTests = append(v.newTests, l)
 		}
 	}
@@ -485,7 +524,7 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 	readBack := func(rows pgx.Rows) error {
 		var k invKey
 		var c known
-		_, err := pgx.ForEachRow(rows, []any{&k.project, &k.id, &c.seq, &c.status, &c.done}, func() error {
+		_, err := pgx.ForEachRow(rows, []any{&k.project, &k.id, &c.seq, &c.status, &c.done, &c.buildKey}, func() error {
 			after[k] = c
 			return nil
 		})
@@ -508,8 +547,11 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 		})
 	}
 	update(sqlUpdateProgress, len(w.progress.id), w.progress.args)
-	update(sqlUpdateTargets, len(w.oldTgt.inv), w.oldTgt.args)
-	update(sqlUpdateTests, len(w.oldTst.inv), w.oldTst.args)
+	update(sqlUpdateTargets, len(w.oldTgt.key), w.oldTgt.args)
+	update(sqlUpdateTests, len(w.oldTst.key), w.oldTst.args)
+	if len(w.labels.id) > 0 {
+		b.Queue(sqlInsertLabels, w.labels.project, w.labels.id, w.labels.label)
+	}
 	if len(w.met.inv) > 0 {
 		b.Queue(sqlMetrics, w.met.args()...)
 	}
@@ -531,10 +573,10 @@ func (w *writes) copyNew(ctx context.Context, tx pgx.Tx) error {
 		n       int
 		row     func(i int) []any
 	}{
-		{"targets", []string{"project", "invocation_id", "label", "kind", "success", "failure_reason",
-			"failure_rank", "tags", "failed"}, len(w.newTgt.inv), w.newTgt.row},
-		{"tests", []string{"project", "invocation_id", "label", "status", "has_summary", "attempts", "run_count",
-			"shard_count", "total_run_count", "results", "duration_ms", "num_cached"}, len(w.newTst.inv), w.newTst.row},
+		{"targets", []string{"build_key", "label_id", "kind", "success", "failure_reason",
+			"failure_rank", "tags", "failed"}, len(w.newTgt.key), w.newTgt.row},
+		{"tests", []string{"build_key", "label_id", "status", "has_summary", "attempts", "run_count",
+			"shard_count", "total_run_count", "results", "duration_ms", "num_cached"}, len(w.newTst.key), w.newTst.row},
 		{"build_output_chunks", []string{"project", "invocation_id", "first_seq", "stdout", "stderr"},
 			len(w.chunks.inv), w.chunks.row},
 	} {
@@ -557,6 +599,50 @@ func (w *writes) copyNew(ctx context.Context, tx pgx.Tx) error {
 		}
 	}
 	return nil
+}
+
+// sqlUniqueKeys returns the keys new builds take: the one made of the
+// first message (buildKey), unless a stored build or an earlier one of the
+// batch has it. That happens only when the stream's sequences start again
+// (a stream deleted and made anew while the tables stay): such a build gets
+// a key of the same day from build_keys_unsequenced (migration 016), which
+// a replay would not give it again.
+const sqlUniqueKeys = `
+select case when exists (select 1 from invocations i where i.build_key = u.k)
+                 or row_number() over (partition by u.k order by u.n) > 1
+            then (u.k >> 47 << 47) | ((1::bigint << 46) + (1::bigint << 45) + nextval('build_keys_unsequenced'))
+            else u.k end
+from unnest($1::int8[]) with ordinality as u(k, n)
+order by u.n`
+
+// uniqueKeys makes the keys of the batch's new builds unique
+// (sqlUniqueKeys), in one round trip.
+func uniqueKeys(ctx context.Context, tx pgx.Tx, fresh []*inv) error {
+	if len(fresh) == 0 {
+		return nil
+	}
+	ks := make([]int64, len(fresh))
+	for i, v := range fresh {
+		ks[i] = v.buildKey
+	}
+	rows, err := tx.Query(ctx, sqlUniqueKeys, ks)
+	if err != nil {
+		return fmt.Errorf("builds: build keys: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(got) != len(ks) {
+		return fmt.Errorf("builds: build keys: %d of %d (%v)", len(got), len(ks), err)
+	}
+	for i, v := range fresh {
+		v.buildKey = got[i]
+	}
+	return nil
+}
+
+// noPartition reports an insert that found no partition for its build key.
+func noPartition(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23514" && strings.Contains(pe.Message, "no partition")
 }
 
 // found checks that an UPDATE met every row it named.
@@ -616,6 +702,7 @@ type invCols struct {
 	firstAt, lastAt                                                         []pgtype.Timestamptz
 	lastSeq, count                                                          []int64
 	done                                                                    []bool
+	buildKey                                                                []int64
 }
 
 func (c *invCols) add(v *inv) {
@@ -638,12 +725,13 @@ func (c *invCols) add(v *inv) {
 	c.lastSeq = append(c.lastSeq, max(v.maxSeq, v.storedSeq))
 	c.count = append(c.count, v.count)
 	c.done = append(c.done, v.done)
+	c.buildKey = append(c.buildKey, v.buildKey) // 0 for a stored build: the update keeps its own
 }
 
 func (c *invCols) args() []any {
 	return []any{c.id, c.buildID, c.project, c.command, c.patterns, c.user, c.host, c.workspace,
 		c.version, c.startedAt, c.finishedAt, c.exitCode, c.exitName, c.result, c.firstAt, c.lastAt,
-		c.lastSeq, c.count, c.done}
+		c.lastSeq, c.count, c.done, c.buildKey}
 }
 
 type progressCols struct {
@@ -668,16 +756,16 @@ func (c *progressCols) args() []any {
 }
 
 type targetCols struct {
-	project, inv, label, kind, reason, tags []string
-	success                                 []pgtype.Bool
-	rank                                    []int16
-	hasTags                                 []bool
+	key, label         []int64
+	kind, reason, tags []string
+	success            []pgtype.Bool
+	rank               []int16
+	hasTags            []bool
 }
 
-func (c *targetCols) add(k invKey, t *target) {
-	c.project = append(c.project, k.project)
-	c.inv = append(c.inv, k.id)
-	c.label = append(c.label, t.label)
+func (c *targetCols) add(v *inv, t *target) {
+	c.key = append(c.key, v.buildKey)
+	c.label = append(c.label, labelID(t.label))
 	c.kind = append(c.kind, t.kind)
 	c.success = append(c.success, pgtype.Bool{Bool: t.success > 0, Valid: t.success != 0})
 	c.reason = append(c.reason, t.reason)
@@ -704,24 +792,24 @@ func (c *targetCols) row(i int) []any {
 	if c.hasTags[i] {
 		tags = splitList(c.tags[i])
 	}
-	return []any{c.project[i], c.inv[i], c.label[i], kind, c.success[i], reason, c.rank[i], tags, failed}
+	return []any{c.key[i], c.label[i], kind, c.success[i], reason, c.rank[i], tags, failed}
 }
 
 func (c *targetCols) args() []any {
-	return []any{c.project, c.inv, c.label, c.kind, c.success, c.reason, c.rank, c.hasTags, c.tags}
+	return []any{c.key, c.label, c.kind, c.success, c.reason, c.rank, c.hasTags, c.tags}
 }
 
 type testCols struct {
-	project, inv, label, status                                 []string
+	key, label                                                  []int64
+	status                                                      []string
 	hasSummary                                                  []bool
 	attempts, runCount, shardCount, totalRuns, results, nCached []int32
 	duration                                                    []int64
 }
 
-func (c *testCols) add(k invKey, t *test) {
-	c.project = append(c.project, k.project)
-	c.inv = append(c.inv, k.id)
-	c.label = append(c.label, t.label)
+func (c *testCols) add(v *inv, t *test) {
+	c.key = append(c.key, v.buildKey)
+	c.label = append(c.label, labelID(t.label))
 	c.status = append(c.status, t.status)
 	c.hasSummary = append(c.hasSummary, t.hasSummary)
 	c.attempts = append(c.attempts, t.attempts)
@@ -734,13 +822,34 @@ func (c *testCols) add(k invKey, t *test) {
 }
 
 func (c *testCols) row(i int) []any {
-	return []any{c.project[i], c.inv[i], c.label[i], c.status[i], c.hasSummary[i], c.attempts[i], c.runCount[i],
+	return []any{c.key[i], c.label[i], c.status[i], c.hasSummary[i], c.attempts[i], c.runCount[i],
 		c.shardCount[i], c.totalRuns[i], c.results[i], c.duration[i], c.nCached[i]}
 }
 
 func (c *testCols) args() []any {
-	return []any{c.project, c.inv, c.label, c.status, c.hasSummary, c.attempts, c.runCount, c.shardCount,
+	return []any{c.key, c.label, c.status, c.hasSummary, c.attempts, c.runCount, c.shardCount,
 		c.totalRuns, c.results, c.duration, c.nCached}
+}
+
+// labelCols are the labels of the batch's new rows, once each.
+type labelCols struct {
+	seen           map[[2]string]bool
+	project, label []string
+	id             []int64
+}
+
+func (c *labelCols) add(project, label string) {
+	k := [2]string{project, label}
+	if c.seen[k] {
+		return
+	}
+	if c.seen == nil {
+		c.seen = make(map[[2]string]bool)
+	}
+	c.seen[k] = true
+	c.project = append(c.project, project)
+	c.label = append(c.label, label)
+	c.id = append(c.id, labelID(label))
 }
 
 type metricCols struct {

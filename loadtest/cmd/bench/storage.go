@@ -113,7 +113,8 @@ type storageReport struct {
 
 // buildsTables are the builds projection's tables the scenario measures.
 var buildsTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages",
-	"build_output_chunks", "hourly_rollups", "build_metadata", "build_command_lines", "build_failures", "target_causes"}
+	"build_output_chunks", "hourly_rollups", "build_metadata", "build_command_lines", "build_failures", "target_causes",
+	"build_labels"}
 
 func (b *bench) storageScenario(ctx context.Context, rep *scenarioReport) error {
 	sc := b.cfg.storage
@@ -345,7 +346,8 @@ func measureStorage(ctx context.Context, conn *pgx.Conn, natsURL string) (storag
 	for _, t := range buildsTables {
 		id := pgx.Identifier{t}.Sanitize()
 		var size, rows int64
-		err := conn.QueryRow(ctx, "select pg_total_relation_size($1::regclass), (select coalesce(sum(pg_column_size(r.*)), 0) from "+id+" r)", t).
+		// A partitioned table's size is its partitions'.
+		err := conn.QueryRow(ctx, "select coalesce((select sum(pg_total_relation_size(relid))::int8 from pg_partition_tree($1::regclass)), pg_total_relation_size($1::regclass)), (select coalesce(sum(pg_column_size(r.*)), 0) from "+id+" r)", t).
 			Scan(&size, &rows)
 		if err != nil {
 			return st, fmt.Errorf("size of %s: %w", t, err)
