@@ -310,9 +310,10 @@ insert into target_causes (build_key, label_id, cause_id)
 select * from unnest($1::int8[], $2::int8[], $3::int8[])
 on conflict do nothing`
 
-// onceCols are the batch's rows of the four tables, as unnest() arguments.
+// argvKey is a build_argv key, the hash as a string (a map key).
 type argvKey struct{ project, hash string }
 
+// onceCols are the batch's rows of the four tables, as unnest() arguments.
 type onceCols struct {
 	meta struct{ project, inv, source, key, value []string }
 	cmd  struct {
