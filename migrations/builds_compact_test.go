@@ -50,7 +50,7 @@ func TestBuildsCompactMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := oldRows(t, conn)
-	// Up to the newest schema, which the read side follows (018 moved the
+	// Up to the newest schema, which the read side follows (017 moved the
 	// command lines); down again through 016 below.
 	if err := m.Migrate(ctx); err != nil {
 		t.Fatal(err)

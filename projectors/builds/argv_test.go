@@ -259,7 +259,7 @@ func TestDeleteSkipsCommandLinesABatchHolds(t *testing.T) {
 }
 
 // TestArgvHashMatchesSQL: the projector's hash of an argument array is
-// build_argv_hash's, with which migration 018 hashed the rows it moved, so
+// build_argv_hash's, with which migration 017 hashed the rows it moved, so
 // that a command line projected after the migration finds the array
 // moved, and a replay makes the rows the migration made.
 func TestArgvHashMatchesSQL(t *testing.T) {

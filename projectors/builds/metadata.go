@@ -35,7 +35,7 @@ const (
 // Sources of build_command_lines rows.
 //
 // Each distinct argument array is stored once per project, in build_argv,
-// keyed by argvHash (migrations/018_builds_argv.sql): a project's CI
+// keyed by argvHash (migrations/017_builds_argv.sql): a project's CI
 // builds send the same command lines build after build, so a build's
 // rows name their arrays and hold none.
 //
@@ -278,7 +278,7 @@ on conflict (project, hash) do update set argv = a.argv where false`
 
 // argvHash is build_argv's key of an argument array: the SHA-256 of each
 // argument's bytes preceded by their length as 4 bytes, big-endian, the
-// encoding of the SQL function build_argv_hash (migration 018, which
+// encoding of the SQL function build_argv_hash (migration 017, which
 // hashes existing rows with it; TestArgvHashMatchesSQL holds the two
 // equal). argv must be the array as stored (see onceCols.add).
 func argvHash(argv []string) []byte {
