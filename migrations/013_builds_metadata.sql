@@ -46,7 +46,8 @@ create index build_metadata_lookup on build_metadata (project, key, value);
 -- flattened: chunks as they are, options in their combined form), redacted
 -- by the edge. The "original" and unstructured command lines and the full
 -- option lists repeat these and are not projected (projectors/builds,
--- metadata.go).
+-- metadata.go). 017 moves argv to build_argv, each distinct array once per
+-- project, which these rows name by its hash (argv_hash).
 create table build_command_lines (
     project       text not null,
     invocation_id text not null,

@@ -76,7 +76,7 @@ func FuzzDecode(f *testing.F) {
 		for _, l := range v.cmdLines {
 			texts = append(texts, l.label, joinList(l.argv))
 		}
-		for _, col := range [][]string{once.meta.key, once.meta.value, once.cmd.argv, once.fail.label,
+		for _, col := range [][]string{once.meta.key, once.meta.value, once.argv.argv, once.fail.label,
 			once.fail.output, once.fail.config, once.fail.message, once.fail.stderr, once.fail.stderrURI,
 			once.fail.mnemonic, once.fail.kind} {
 			texts = append(texts, col...)

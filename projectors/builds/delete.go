@@ -63,8 +63,9 @@ func DeleteRows(ctx context.Context, pool *pgxpool.Pool, project, id string, pro
 // DeleteProject deletes every build of project (DeleteBuilds), batch
 // builds to a transaction, calling progress with the total after each
 // batch; then what is left of it: rollup rows of builds whose rows were
-// already gone, archived_builds rows without a build, and its retention
-// overrides. It returns how many builds it deleted.
+// already gone, archived_builds rows without a build, command lines no
+// build names, and its retention overrides. It returns how many builds it
+// deleted.
 func DeleteProject(ctx context.Context, pool *pgxpool.Pool, project string, batch int, progress func(deleted int)) (int, error) {
 	total := 0
 	for {
@@ -91,6 +92,9 @@ func DeleteProject(ctx context.Context, pool *pgxpool.Pool, project string, batc
 		if progress != nil {
 			progress(total)
 		}
+	}
+	if err := collectProjectArgv(ctx, pool, project, batch); err != nil {
+		return total, fmt.Errorf("builds: delete project %s: %w", project, err)
 	}
 	for _, t := range []string{"hourly_rollups", "archived_builds", "project_retention", "build_labels"} {
 		if _, err := pool.Exec(ctx, "delete from "+t+" where project = $1", project); err != nil {

@@ -342,14 +342,17 @@ func (e *Expirer) deleteRows(ctx context.Context, project string, cutoff time.Ti
 
 // deleteBuilds deletes the rows of project's builds ids from every
 // per-build table and the extra tables named (keyed by invocation_id and
-// project too), the invocations row last.
+// project too), the invocations row last, and then the argument arrays
+// their command lines named that no other build's name (collectArgv).
 func deleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string, extra ...string) error {
 	b := &pgx.Batch{}
+	// First, so that its rows are the batch's first results.
+	b.Queue(sqlDeleteCommandLines, project, ids)
 	for t, col := range rowTables {
 		switch {
 		case byBuildKey(t):
 			b.Queue(fmt.Sprintf("delete from %s where build_key in (select build_key from invocations where id = any($2) and project = $1)", t), project, ids)
-		case t != "invocations":
+		case t != "invocations" && t != "build_command_lines":
 			b.Queue(fmt.Sprintf("delete from %s where %s = any($2) and project = $1", t, col), project, ids)
 		}
 	}
@@ -357,7 +360,19 @@ func deleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string, 
 		b.Queue(fmt.Sprintf("delete from %s where invocation_id = any($2) and project = $1", t), project, ids)
 	}
 	b.Queue("delete from invocations where id = any($2) and project = $1", project, ids)
-	return tx.SendBatch(ctx, b).Close()
+	br := tx.SendBatch(ctx, b)
+	rows, err := br.Query()
+	var locked [][]byte
+	if err == nil {
+		locked, err = pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	}
+	if err := br.Close(); err != nil {
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	return collectArgv(ctx, tx, project, locked)
 }
 
 // deleteRollups deletes at most Batch of project's rollup rows of hours

@@ -469,7 +469,7 @@ func truncate(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
 	if _, err := pool.Exec(context.Background(),
 		`truncate invocations, targets, tests, build_metrics, build_output, build_output_pages, build_output_chunks, hourly_rollups,
-		build_metadata, build_command_lines, build_failures, target_causes`); err != nil {
+		build_metadata, build_command_lines, build_argv, build_failures, target_causes`); err != nil {
 		t.Fatal(err)
 	}
 }

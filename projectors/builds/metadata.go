@@ -2,6 +2,8 @@ package builds
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/schemas/bep"
 )
@@ -30,6 +33,11 @@ const (
 )
 
 // Sources of build_command_lines rows.
+//
+// Each distinct argument array is stored once per project, in build_argv,
+// keyed by argvHash (migrations/017_builds_argv.sql): a project's CI
+// builds send the same command lines build after build, so a build's
+// rows name their arrays and hold none.
 //
 // Of the command lines Bazel reports, the projection keeps the canonical
 // structured one (every option as Bazel understood it, rc files expanded),
@@ -247,11 +255,42 @@ insert into build_metadata (project, invocation_id, source, key, value)
 select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
 on conflict do nothing`
 
+// sqlInsertCommandLines inserts the batch's command lines ($1-$5), and the
+// argument arrays ($6-$8: each (project, hash) once) of those it inserted:
+// the first value of a key wins, and an array is written only for a row
+// that names it. An array already stored is locked (ON CONFLICT DO UPDATE
+// locks the row whatever its WHERE says) until the batch commits, so that
+// deleting another build that named it cannot collect it meanwhile: the
+// collector skips a locked array, and one it locked first and deleted is
+// inserted again here once it commits (collectArgv).
 const sqlInsertCommandLines = `
-insert into build_command_lines (project, invocation_id, source, label, argv)
-select u.project, u.inv, u.source, u.label, string_to_array(u.argv, E'\x1f')
-from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) as u(project, inv, source, label, argv)
-on conflict do nothing`
+with cl as (
+    insert into build_command_lines (project, invocation_id, source, label, argv_hash)
+    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[])
+    on conflict do nothing
+    returning project, argv_hash
+)
+insert into build_argv as a (project, hash, argv)
+select u.project, u.hash, string_to_array(u.argv, E'\x1f')
+from unnest($6::text[], $7::bytea[], $8::text[]) as u(project, hash, argv)
+where exists (select 1 from cl where cl.project = u.project and cl.argv_hash = u.hash)
+on conflict (project, hash) do update set argv = a.argv where false`
+
+// argvHash is build_argv's key of an argument array: the SHA-256 of each
+// argument's bytes preceded by their length as 4 bytes, big-endian, the
+// encoding of the SQL function build_argv_hash (migration 017, which
+// hashes existing rows with it; TestArgvHashMatchesSQL holds the two
+// equal). argv must be the array as stored (see onceCols.add).
+func argvHash(argv []string) []byte {
+	h := sha256.New()
+	var n [4]byte
+	for _, a := range argv {
+		binary.BigEndian.PutUint32(n[:], uint32(len(a)))
+		h.Write(n[:])
+		h.Write([]byte(a))
+	}
+	return h.Sum(nil)
+}
 
 const sqlInsertFailures = `
 insert into build_failures as f (build_key, id, reported, kind, label, primary_output, configuration, mnemonic,
@@ -271,10 +310,23 @@ insert into target_causes (build_key, label_id, cause_id)
 select * from unnest($1::int8[], $2::int8[], $3::int8[])
 on conflict do nothing`
 
+// argvKey is a build_argv key, the hash as a string (a map key).
+type argvKey struct{ project, hash string }
+
 // onceCols are the batch's rows of the four tables, as unnest() arguments.
 type onceCols struct {
 	meta struct{ project, inv, source, key, value []string }
-	cmd  struct{ project, inv, source, label, argv []string }
+	cmd  struct {
+		project, inv, source, label []string
+		hash                        [][]byte
+	}
+	// argv holds each (project, hash) of cmd once: ON CONFLICT DO UPDATE
+	// may not meet a row twice in one statement.
+	argv struct {
+		project, argv []string
+		hash          [][]byte
+		seen          map[argvKey]bool
+	}
 	fail struct {
 		at                                    map[[2]int64]int // index of a (build, id) in the arrays
 		key, id                               []int64
@@ -294,9 +346,21 @@ func (c *onceCols) add(v *inv) {
 		r.source, r.key, r.value = append(r.source, m.source), append(r.key, m.key), append(r.value, m.value)
 	}
 	for _, l := range v.cmdLines {
+		// Hashed as stored: joinList replaces the separator in arguments,
+		// and string_to_array makes [""] the empty array.
+		joined := joinList(l.argv)
+		hash := argvHash(splitList(joined))
 		r := &c.cmd
 		r.project, r.inv = append(r.project, p), append(r.inv, id)
-		r.source, r.label, r.argv = append(r.source, l.source), append(r.label, l.label), append(r.argv, joinList(l.argv))
+		r.source, r.label, r.hash = append(r.source, l.source), append(r.label, l.label), append(r.hash, hash)
+		a := &c.argv
+		if k := (argvKey{p, string(hash)}); !a.seen[k] {
+			if a.seen == nil {
+				a.seen = map[argvKey]bool{}
+			}
+			a.seen[k] = true
+			a.project, a.hash, a.argv = append(a.project, p), append(a.hash, hash), append(a.argv, joined)
+		}
 	}
 	for _, f := range v.failures {
 		c.addFailure(v.buildKey, f, true)
@@ -341,7 +405,8 @@ func (c *onceCols) queue(b *pgx.Batch) {
 		b.Queue(sqlInsertMetadata, m.project, m.inv, m.source, m.key, m.value)
 	}
 	if m := &c.cmd; len(m.inv) > 0 {
-		b.Queue(sqlInsertCommandLines, m.project, m.inv, m.source, m.label, m.argv)
+		a := &c.argv
+		b.Queue(sqlInsertCommandLines, m.project, m.inv, m.source, m.label, m.hash, a.project, a.hash, a.argv)
 	}
 	if f := &c.fail; len(f.key) > 0 {
 		b.Queue(sqlInsertFailures, f.key, f.id, f.reported, f.kind, f.label, f.output, f.config, f.mnemonic,
@@ -349,6 +414,70 @@ func (c *onceCols) queue(b *pgx.Batch) {
 	}
 	if k := &c.cause; len(k.key) > 0 {
 		b.Queue(sqlInsertCauses, k.key, k.label, k.id)
+	}
+}
+
+// Collecting argument arrays: deleting builds deletes their
+// build_command_lines rows, then the build_argv rows those named that no
+// row names any more (an array that other builds name stays).
+
+// sqlDeleteCommandLines deletes builds' command lines ($1 the project, $2
+// their ids) and locks the arrays they named, but for those a projector's
+// batch holds (it names them again: sqlInsertCommandLines).
+const sqlDeleteCommandLines = `
+with gone as (
+    delete from build_command_lines where invocation_id = any($2) and project = $1 returning argv_hash
+)
+select hash from build_argv where project = $1 and hash in (select argv_hash from gone)
+for update skip locked`
+
+// sqlCollectArgv deletes the locked arrays $2 of project $1 that no row
+// names. It must be a statement after the one that locked them: its
+// snapshot then holds every row that a projector's batch which held one of
+// them committed (READ COMMITTED: each statement takes its own).
+const sqlCollectArgv = `
+delete from build_argv a
+where a.project = $1 and a.hash = any($2)
+  and not exists (select 1 from build_command_lines c where c.project = a.project and c.argv_hash = a.hash)`
+
+// collectArgv deletes, in tx (READ COMMITTED), those of the locked arrays
+// hashes of project that no command line names.
+func collectArgv(ctx context.Context, tx pgx.Tx, project string, hashes [][]byte) error {
+	if len(hashes) == 0 {
+		return nil
+	}
+	_, err := tx.Exec(ctx, sqlCollectArgv, project, hashes)
+	return err
+}
+
+// sqlLockProjectArgv locks a batch of project $1's arrays after hash $2,
+// skipping those a projector's batch holds.
+const sqlLockProjectArgv = `
+select hash from build_argv where project = $1 and hash > $2 order by hash limit $3
+for update skip locked`
+
+// collectProjectArgv deletes, batch arrays to a transaction, those of
+// project's arrays that no command line names: what deleting a whole
+// project leaves (an array skipped while a batch of the projector held it
+// and no build then named).
+func collectProjectArgv(ctx context.Context, pool *pgxpool.Pool, project string, batch int) error {
+	after := []byte{}
+	for {
+		var locked [][]byte
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			rows, err := tx.Query(ctx, sqlLockProjectArgv, project, after, batch)
+			if err != nil {
+				return err
+			}
+			if locked, err = pgx.CollectRows(rows, pgx.RowTo[[]byte]); err != nil {
+				return err
+			}
+			return collectArgv(ctx, tx, project, locked)
+		})
+		if err != nil || len(locked) < batch {
+			return err
+		}
+		after = locked[len(locked)-1]
 	}
 }
 
@@ -420,8 +549,10 @@ func (b *Build) readMetadata(ctx context.Context, q Querier) error {
 	slices.SortFunc(b.WorkspaceStatus, func(x, y StatusItem) int { return strings.Compare(x.Key, y.Key) })
 
 	rows, err = q.Query(ctx, `
-		select source, label, argv from build_command_lines where invocation_id = $1 and project = $2
-		order by source collate "C", label collate "C"`, b.ID, b.Project)
+		select c.source, c.label, a.argv from build_command_lines c
+		join build_argv a on a.project = c.project and a.hash = c.argv_hash
+		where c.invocation_id = $1 and c.project = $2
+		order by c.source collate "C", c.label collate "C"`, b.ID, b.Project)
 	if err != nil {
 		return fmt.Errorf("command lines: %w", err)
 	}

@@ -21,7 +21,9 @@ func (p *Projector) Reset(ctx context.Context, tx pgx.Tx) error {
 // rowTables are the tables with a row set per build, and the column that
 // names the build: its invocation id (with a project column beside it), or
 // build_key for the tables partitioned by it (partitions.go);
-// hourly_rollups is not one of them.
+// hourly_rollups is not one of them, nor build_argv (the argument arrays
+// that build_command_lines rows name, shared by builds: emptied with them,
+// or kept as far as kept rows name them).
 var rowTables = map[string]string{
 	"invocations": "id", "targets": "build_key", "tests": "build_key", "build_metrics": "invocation_id",
 	"build_output": "invocation_id", "build_output_pages": "invocation_id", "build_output_chunks": "invocation_id",
@@ -79,7 +81,7 @@ func (p *Projector) resetExcept(ctx context.Context, tx pgx.Tx, keep []Key) erro
 		return err
 	}
 	if len(keep) == 0 {
-		_, err := tx.Exec(ctx, "truncate "+strings.Join(tables, ", "))
+		_, err := tx.Exec(ctx, "truncate "+strings.Join(append(tables, "build_argv"), ", "))
 		return err
 	}
 	for _, t := range tables {
@@ -91,7 +93,9 @@ func (p *Projector) resetExcept(ctx context.Context, tx pgx.Tx, keep []Key) erro
 			return err
 		}
 	}
-	return nil
+	_, err = tx.Exec(ctx, `delete from build_argv a where not exists (
+		select 1 from build_command_lines c where c.project = a.project and c.argv_hash = a.hash)`)
+	return err
 }
 
 // sqlUncount takes away from hourly_rollups what every invocation not in

@@ -240,7 +240,7 @@ func Output(ctx context.Context, q Querier, project, invocationID string) (stdou
 // Digest reports them. build_output_chunks (scratch whose rows depend on
 // batch boundaries) and consumer_positions are not among them.
 var DigestTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages",
-	"hourly_rollups", "build_metadata", "build_command_lines", "build_failures", "target_causes"}
+	"hourly_rollups", "build_metadata", "build_command_lines", "build_argv", "build_failures", "target_causes"}
 
 var digestOrder = map[string]string{
 	"invocations":         `id collate "C", project collate "C"`,
@@ -252,6 +252,7 @@ var digestOrder = map[string]string{
 	"hourly_rollups":      `project collate "C", hour`,
 	"build_metadata":      `invocation_id collate "C", project collate "C", source collate "C", key collate "C"`,
 	"build_command_lines": `invocation_id collate "C", project collate "C", source collate "C", label collate "C"`,
+	"build_argv":          `project collate "C", hash`,
 	"build_failures":      `build_key, id`,
 	"target_causes":       `build_key, label_id, cause_id`,
 }

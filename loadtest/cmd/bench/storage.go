@@ -111,9 +111,11 @@ type storageReport struct {
 	ArchiveRatioToStream    float64 `json:"archive_ratio_to_stream"`
 }
 
-// buildsTables are the builds projection's tables the scenario measures.
+// buildsTables are the builds projection's tables the scenario measures; a
+// table the binary under test does not have (an older revision's, in A/B
+// mode) counts 0.
 var buildsTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages",
-	"build_output_chunks", "hourly_rollups", "build_metadata", "build_command_lines", "build_failures", "target_causes",
+	"build_output_chunks", "hourly_rollups", "build_metadata", "build_command_lines", "build_argv", "build_failures", "target_causes",
 	"build_labels"}
 
 func (b *bench) storageScenario(ctx context.Context, rep *scenarioReport) error {
@@ -296,8 +298,22 @@ func settleBuilds(ctx context.Context, conn *pgx.Conn, s *fleetStack, timeout ti
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-	_, err = conn.Exec(ctx, "vacuum "+strings.Join(buildsTables, ", "))
+	tables, err := presentTables(ctx, conn)
+	if err != nil {
+		return err
+	}
+	_, err = conn.Exec(ctx, "vacuum "+strings.Join(tables, ", "))
 	return err
+}
+
+// presentTables is those of buildsTables that the database has.
+func presentTables(ctx context.Context, conn *pgx.Conn) ([]string, error) {
+	rows, err := conn.Query(ctx, `select t from unnest($1::text[]) with ordinality as u(t, n)
+		where to_regclass(t) is not null order by n`, buildsTables)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
 }
 
 // measureArchive waits until the archiver has archived every build and
@@ -343,7 +359,11 @@ type storageState struct {
 
 func measureStorage(ctx context.Context, conn *pgx.Conn, natsURL string) (storageState, error) {
 	st := storageState{tables: map[string]int64{}, rows: map[string]int64{}}
-	for _, t := range buildsTables {
+	tables, err := presentTables(ctx, conn)
+	if err != nil {
+		return st, err
+	}
+	for _, t := range tables {
 		id := pgx.Identifier{t}.Sanitize()
 		var size, rows int64
 		// A partitioned table's size is its partitions'.
@@ -357,7 +377,6 @@ func measureStorage(ctx context.Context, conn *pgx.Conn, natsURL string) (storag
 	if err := conn.QueryRow(ctx, "select count(*) from invocations").Scan(&st.builds); err != nil {
 		return st, err
 	}
-	var err error
 	st.streamBytes, st.streamMsgs, err = streamBytes(ctx, natsURL)
 	return st, err
 }
