@@ -87,13 +87,17 @@ where t.build_key = $1 and t.status = $5 and t.status <> 'PASSED' and l.label co
 order by l.label collate "C" limit $4`
 
 	// The walk of a large build: a chunk of the project's labels in
-	// order, then the build's rows of those ids ($3: a status, or '').
+	// order, then the build's rows of those ids ($3: a status, or ''),
+	// each probed by the primary key: the LIMIT keeps the subquery a
+	// loop over the ids (a plain join may be planned as a scan of the
+	// partition when one build fills it).
 	sqlLabelChunk = `select id, label from build_labels
 where project = $1 and label collate "C" > $2 order by label collate "C" limit $3`
-	sqlTargetsOfLabels = `select t.label_id::text, ` + targetColumns + ` from targets t
-where t.build_key = $1 and t.label_id = any($2::int8[])`
-	sqlTestsOfLabels = `select t.label_id::text, ` + testColumns + ` from tests t
-where t.build_key = $1 and t.label_id = any($2::int8[]) and ($3 = '' or t.status = $3)`
+	sqlTargetsOfLabels = `select t.* from unnest($2::int8[]) u(id) cross join lateral
+    (select t.label_id::text, ` + targetColumns + ` from targets t where t.build_key = $1 and t.label_id = u.id limit 1) t`
+	sqlTestsOfLabels = `select t.* from unnest($2::int8[]) u(id) cross join lateral
+    (select t.label_id::text, ` + testColumns + ` from tests t
+     where t.build_key = $1 and t.label_id = u.id and ($3 = '' or t.status = $3) limit 1) t`
 
 	// sqlSmallBuild counts a build's rows up to one past smallBuild.
 	sqlSmallBuild  = `select count(*) from (select from %s where build_key = $1 limit $2) x`
