@@ -594,9 +594,12 @@ func (t *Target) setCauses(raw []byte) error {
 }
 
 // sqlPageCauses reads the root causes of some of a build's targets.
-const sqlPageCauses = `select labels.label, ` + causesColumn + `
-from targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
-where targets.build_key = ` + sqlBuildKey + ` and targets.label_id = any($3::int8[])`
+// Each target is probed by its key (the LIMIT keeps the subquery a loop
+// over the ids, as in pages.go's walk).
+const sqlPageCauses = `select c.* from unnest($3::int8[]) u(id) cross join lateral
+    (select labels.label, ` + causesColumn + `
+     from targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
+     where targets.build_key = ` + sqlBuildKey + ` and targets.label_id = u.id limit 1) c`
 
 // pageCauses fills the root causes of a page of targets, in one query for
 // those that did not succeed.

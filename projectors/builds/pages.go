@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -50,37 +51,64 @@ func (p PageQuery) limit() int {
 }
 
 // The queries of the paged reads, in label order (bytewise, collate "C").
-// Each names its index in the plan (TestPagedReadsUseTheIndex): the
-// primary keys (build_key, label_id) and build_labels_label_idx,
-// targets_failed_idx (whose predicate the failed query repeats, so that
-// the planner may use it) and, for the statuses but PASSED, the partial
-// tests_status_idx (migrations/016_builds_compact.sql). A row names its label by id; the
-// text is in build_labels.
+// A row names its label by id; the text is in build_labels. How a page is
+// read depends on the build's size (pageOf): a build of up to smallBuild
+// rows has them read whole, joined with their labels and sorted (the
+// primary key's range of the build, then build_labels' primary key); a
+// larger one is read by walking the project's labels in order
+// (build_labels_label_idx) a chunk at a time and probing the partition's
+// primary key for each chunk's ids, so a page costs the same however
+// large the build. PostgreSQL would choose between the two itself from
+// its statistics, but right after a big build lands (build_labels not yet
+// vacuumed, its index-only scans costed as heap reads) it sorts the
+// whole build for every page: 1.3 s a page at 200,000 targets. Failed
+// targets and tests of a status but PASSED are few, and read from the
+// partial indexes targets_failed_idx and tests_status_idx
+// (migrations/016_builds_compact.sql), whose predicates the queries
+// repeat. Each query names its index in the plan
+// (TestPagedReadsUseTheIndex).
 const (
-	sqlTargetsPage = `select l.label, coalesce(t.kind, ''), coalesce(t.success, false), t.failure_reason
+	targetColumns = `coalesce(t.kind, ''), coalesce(t.success, false), t.failure_reason`
+	testColumns   = `t.status, t.attempts, t.duration_ms, t.cached`
+
+	sqlTargetsSorted = `select l.label, ` + targetColumns + `
 from targets t join build_labels l on l.project = $2 and l.id = t.label_id
-where t.build_key = ` + sqlBuildKey + ` and l.label collate "C" > $3 order by l.label collate "C" limit $4`
-	sqlFailedTargetsPage = `select l.label, coalesce(t.kind, ''), coalesce(t.success, false), t.failure_reason
+where t.build_key = $1 and l.label collate "C" > $3 order by l.label collate "C" limit $4`
+	sqlFailedTargetsPage = `select l.label, ` + targetColumns + `
 from targets t join build_labels l on l.project = $2 and l.id = t.label_id
-where t.build_key = ` + sqlBuildKey + ` and t.failed and l.label collate "C" > $3 order by l.label collate "C" limit $4`
-	sqlTestsPage = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
+where t.build_key = $1 and t.failed and l.label collate "C" > $3 order by l.label collate "C" limit $4`
+	sqlTestsSorted = `select l.label, ` + testColumns + `
 from tests t join build_labels l on l.project = $2 and l.id = t.label_id
-where t.build_key = ` + sqlBuildKey + ` and l.label collate "C" > $3 order by l.label collate "C" limit $4`
-	sqlTestsByStatusPage = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
-from tests t join build_labels l on l.project = $2 and l.id = t.label_id
-where t.build_key = ` + sqlBuildKey + ` and t.status = $5 and l.label collate "C" > $3 order by l.label collate "C" limit $4`
-	// sqlTestsNotPassedPage is sqlTestsByStatusPage for a status but
-	// PASSED: the predicate of tests_status_idx, repeated, lets the
-	// planner read the few rows of the status from it.
-	sqlTestsNotPassedPage = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
-from tests t join build_labels l on l.project = $2 and l.id = t.label_id
-where t.build_key = ` + sqlBuildKey + ` and t.status = $5 and t.status <> 'PASSED' and l.label collate "C" > $3
+where t.build_key = $1 and l.label collate "C" > $3 and ($5 = '' or t.status = $5)
 order by l.label collate "C" limit $4`
+	sqlTestsNotPassedPage = `select l.label, ` + testColumns + `
+from tests t join build_labels l on l.project = $2 and l.id = t.label_id
+where t.build_key = $1 and t.status = $5 and t.status <> 'PASSED' and l.label collate "C" > $3
+order by l.label collate "C" limit $4`
+
+	// The walk of a large build: a chunk of the project's labels in
+	// order, then the build's rows of those ids ($3: a status, or ''),
+	// each probed by the primary key: the LIMIT keeps the subquery a
+	// loop over the ids (a plain join may be planned as a scan of the
+	// partition when one build fills it).
+	sqlLabelChunk = `select id, label from build_labels
+where project = $1 and label collate "C" > $2 order by label collate "C" limit $3`
+	sqlTargetsOfLabels = `select t.* from unnest($2::int8[]) u(id) cross join lateral
+    (select t.label_id::text, ` + targetColumns + ` from targets t where t.build_key = $1 and t.label_id = u.id limit 1) t`
+	sqlTestsOfLabels = `select t.* from unnest($2::int8[]) u(id) cross join lateral
+    (select t.label_id::text, ` + testColumns + ` from tests t
+     where t.build_key = $1 and t.label_id = u.id and ($3 = '' or t.status = $3) limit 1) t`
+
+	// sqlSmallBuild counts a build's rows up to one past smallBuild.
+	sqlSmallBuild  = `select count(*) from (select from %s where build_key = $1 limit $2) x`
 	sqlOutputPages = `select page, data from build_output_pages
 where invocation_id = $1 and project = $2 and stream = $3 and page between $4 and $5 order by page`
 	sqlOutputSize = `select stream, count(*)::int4, sum(bytes)::int8 from build_output_pages
 where invocation_id = $1 and project = $2 group by stream`
 )
+
+// smallBuild is the most rows of a build read whole for a page.
+const smallBuild = 5000
 
 // Targets returns one page of the targets of the build of project with the
 // given invocation id, in label order: all of them, or with q.Failed those
@@ -88,51 +116,171 @@ where invocation_id = $1 and project = $2 group by stream`
 // not among them). An unknown build has no targets. A failed target comes
 // with its root causes (one more query for the page's failed targets).
 func Targets(ctx context.Context, db Querier, project, invocationID string, q PageQuery) ([]Target, error) {
-	sql := sqlTargetsPage
-	if q.Failed {
-		sql = sqlFailedTargetsPage
-	}
-	rows, err := db.Query(ctx, sql, invocationID, project, q.After, q.limit())
-	if err != nil {
-		return nil, fmt.Errorf("builds: targets of %s in project %s: %w", invocationID, project, err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Target, error) {
-		var t Target
-		err := r.Scan(&t.Label, &t.Kind, &t.Success, &t.FailureReason)
+	scan := func(rows pgx.Rows, label *string) (Target, error) {
+		t := Target{}
+		err := rows.Scan(label, &t.Kind, &t.Success, &t.FailureReason)
 		return t, err
-	})
+	}
+	sorted, walk := sqlTargetsSorted, sqlTargetsOfLabels
+	if q.Failed {
+		sorted, walk = sqlFailedTargetsPage, ""
+	}
+	out, err := pageOf(ctx, db, "targets", project, invocationID, q, "", sorted, walk, scan)
 	if err != nil {
 		return nil, fmt.Errorf("builds: targets of %s in project %s: %w", invocationID, project, err)
 	}
-	if err := pageCauses(ctx, db, project, invocationID, out); err != nil {
+	ts := make([]Target, len(out))
+	for i, r := range out {
+		r.v.Label = r.label
+		ts[i] = r.v
+	}
+	if err := pageCauses(ctx, db, project, invocationID, ts); err != nil {
 		return nil, fmt.Errorf("builds: root causes of %s in project %s: %w", invocationID, project, err)
 	}
-	return out, nil
+	return ts, nil
 }
 
 // Tests returns one page of the tests of the build, in label order: all of
 // them, or with q.Status those with that status (PASSED, FAILED, FLAKY, ...).
 func Tests(ctx context.Context, db Querier, project, invocationID string, q PageQuery) ([]Test, error) {
-	args := []any{invocationID, project, q.After, q.limit()}
-	sql := sqlTestsPage
-	switch q.Status {
-	case "":
-	case "PASSED":
-		sql, args = sqlTestsByStatusPage, append(args, q.Status)
-	default:
-		sql, args = sqlTestsNotPassedPage, append(args, q.Status)
-	}
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, fmt.Errorf("builds: tests of %s in project %s: %w", invocationID, project, err)
-	}
-	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Test, error) {
-		var t Test
-		err := r.Scan(&t.Label, &t.Status, &t.Attempts, &t.DurationMs, &t.Cached)
+	scan := func(rows pgx.Rows, label *string) (Test, error) {
+		t := Test{}
+		err := rows.Scan(label, &t.Status, &t.Attempts, &t.DurationMs, &t.Cached)
 		return t, err
-	})
+	}
+	sorted, walk := sqlTestsSorted, sqlTestsOfLabels
+	if q.Status != "" && q.Status != "PASSED" {
+		sorted, walk = sqlTestsNotPassedPage, ""
+	}
+	out, err := pageOf(ctx, db, "tests", project, invocationID, q, q.Status, sorted, walk, scan)
 	if err != nil {
 		return nil, fmt.Errorf("builds: tests of %s in project %s: %w", invocationID, project, err)
+	}
+	ts := make([]Test, len(out))
+	for i, r := range out {
+		r.v.Label = r.label
+		ts[i] = r.v
+	}
+	return ts, nil
+}
+
+// labeled is a row of a page and its label.
+type labeled[T any] struct {
+	label string
+	v     T
+}
+
+// pageOf reads a page of a build's rows of table in label order: with the
+// sorted query (args: build key, project, after, limit, and for tests the
+// status) when walk
+// is "" or the build has at most smallBuild rows, else by walking the
+// project's labels and probing with walk (args: build key, ids, and for
+// tests the status).
+// scan reads a row's columns after its first (the label, or its id in a
+// walk).
+func pageOf[T any](ctx context.Context, db Querier, table, project, invocationID string, q PageQuery, status,
+	sorted, walk string, scan func(pgx.Rows, *string) (T, error)) ([]labeled[T], error) {
+	var key int64
+	switch err := db.QueryRow(ctx, `select build_key from invocations where id = $1 and project = $2`, invocationID, project).Scan(&key); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	}
+	limit := q.limit()
+	if walk != "" {
+		var n int
+		if err := db.QueryRow(ctx, fmt.Sprintf(sqlSmallBuild, table), key, smallBuild+1).Scan(&n); err != nil {
+			return nil, err
+		}
+		if n > smallBuild {
+			args := []any{key}
+			if table == "tests" {
+				args = append(args, status)
+			}
+			return walkLabels(ctx, db, project, q.After, limit, walk, args, scan)
+		}
+	}
+	args := []any{key, project, q.After, limit}
+	if table == "tests" {
+		args = append(args, status)
+	}
+	rows, err := db.Query(ctx, sorted, args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []labeled[T]
+	for rows.Next() {
+		var l labeled[T]
+		if l.v, err = scan(rows, &l.label); err != nil {
+			return nil, err
+		}
+		out = append(out, l)
+	}
+	return out, rows.Err()
+}
+
+// walkLabels reads a page of a large build: the project's labels after
+// `after` in order, 4 pages' worth at a time, each chunk's rows of the
+// build found by their ids (probe's arguments: args[0], the build key, the
+// ids, then the rest of args), until the page is full or the labels end.
+func walkLabels[T any](ctx context.Context, db Querier, project, after string, limit int,
+	probe string, args []any, scan func(pgx.Rows, *string) (T, error)) ([]labeled[T], error) {
+	chunk := 4 * limit
+	var out []labeled[T]
+	for len(out) < limit {
+		rows, err := db.Query(ctx, sqlLabelChunk, project, after, chunk)
+		if err != nil {
+			return nil, err
+		}
+		var (
+			ids    []int64
+			labels []string
+		)
+		var id int64
+		var label string
+		if _, err := pgx.ForEachRow(rows, []any{&id, &label}, func() error {
+			ids, labels = append(ids, id), append(labels, label)
+			return nil
+		}); err != nil {
+			return nil, err
+		}
+		if len(ids) == 0 {
+			break
+		}
+		rows, err = db.Query(ctx, probe, append([]any{args[0], ids}, args[1:]...)...)
+		if err != nil {
+			return nil, err
+		}
+		found := make(map[int64]T, len(ids))
+		for rows.Next() {
+			var idText string
+			v, err := scan(rows, &idText)
+			if err != nil {
+				rows.Close()
+				return nil, err
+			}
+			n, err := strconv.ParseInt(idText, 10, 64)
+			if err != nil {
+				rows.Close()
+				return nil, err
+			}
+			found[n] = v
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return nil, err
+		}
+		for i, id := range ids {
+			if v, ok := found[id]; ok && len(out) < limit {
+				out = append(out, labeled[T]{labels[i], v})
+			}
+		}
+		if len(ids) < chunk {
+			break
+		}
+		after = labels[len(labels)-1]
 	}
 	return out, nil
 }
