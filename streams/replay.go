@@ -74,6 +74,16 @@ func (r *Runner) replayTo(ctx context.Context, h *PGHeld, target uint64) error {
 	wait := retry.Backoff{Min: r.cfg.RetryMin, Max: r.cfg.RetryMax}
 	for r.position < target {
 		err := r.step(ctx)
+		if err == nil && r.idle {
+			// The last messages stored when the replay began may be gone
+			// since (trimmed once archived, deleted on request): the
+			// position then never reaches target. A fetch that found
+			// nothing, with nothing pending for the consumer, is the end.
+			var done bool
+			if done, err = r.caughtUp(ctx); err == nil && done {
+				break
+			}
+		}
 		if err == nil {
 			wait.Reset()
 			continue
@@ -88,6 +98,15 @@ func (r *Runner) replayTo(ctx context.Context, h *PGHeld, target uint64) error {
 		wait.Wait(ctx)
 	}
 	return r.sweep(ctx)
+}
+
+// caughtUp reports whether the consumer has nothing left to deliver.
+func (r *Runner) caughtUp(ctx context.Context) (bool, error) {
+	info, err := r.cons.Info(ctx)
+	if err != nil {
+		return false, fmt.Errorf("consumer %s: %w", r.name, err)
+	}
+	return info.NumPending == 0 && info.NumAckPending == 0, nil
 }
 
 // applyPrelude commits one batch of a plan's prelude: transient failures

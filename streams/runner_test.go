@@ -559,3 +559,29 @@ func TestReplayWithPlanAppliesPreludeThenStream(t *testing.T) {
 		t.Fatalf("dead letters after replay: %v (err %v), want none", info.State.Msgs, err)
 	}
 }
+
+// A replay ends though the last messages stored when it began are gone
+// (trimmed from the stream once archived): it does not wait for a
+// sequence the stream no longer holds.
+func TestReplayEndsWhenTheTailIsDeleted(t *testing.T) {
+	e := setup(t)
+	e.publish(t, bodies(10, "r")...)
+	ctx := context.Background()
+	s, err := e.js.Stream(ctx, subjects.StreamBES)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq := uint64(8); seq <= 10; seq++ {
+		if err := s.DeleteMsg(ctx, seq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := newRunner(t, e.js, e.pool, &rowsProjector{name: "rows"}, runnerConfig(), nil).Replay(cctx); err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	if got := e.rows(t, "rows"); len(got) != 7 || got[6] != "r6" {
+		t.Fatalf("after replay: %v, want r0..r6", got)
+	}
+}
