@@ -177,6 +177,19 @@ func (a *Archiver) MoveOutputs(ctx context.Context) (int, string, error) {
 	return done, "", nil
 }
 
+// MoveAllOutputs moves output (MoveOutputs) until a batch moves none,
+// and returns how many builds' output it moved or found to differ: what
+// `replay builds` does at its end, so that it ends where the live run was.
+func (a *Archiver) MoveAllOutputs(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, _, err := a.MoveOutputs(ctx)
+		if total += n; err != nil || n == 0 {
+			return total, err
+		}
+	}
+}
+
 // moveOutput moves one build's output, under the build's lock, and
 // records the outcome in its archived_builds row in the same transaction.
 func (a *Archiver) moveOutput(ctx context.Context, b untrimmed) (changed bool, reason string, err error) {
