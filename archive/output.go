@@ -18,7 +18,7 @@ import (
 // side (OutputMover: projectors/builds MoveOutput), which folds them as the
 // projector does and, when the output is byte for byte and page for page
 // what the rows hold, deletes the rows in the transaction that records the
-// move here (archived_builds.output_seq and its sizes, migration 017). The
+// move here (archived_builds.output_seq and its sizes, migration 018). The
 // console and `builds show` then read it from the object
 // (builds.OutputReader, through Objects). A re-archived build keeps what it
 // moved (its new object starts with the same messages, or it is not

@@ -20,7 +20,7 @@ import (
 // holds every event the projector applied of it, and the output those
 // events fold to is what build_output_pages (or build_output) holds, the
 // archiver deletes those rows (MoveOutput) and records in archived_builds
-// what the object holds instead (migrations/017_archived_output.sql):
+// what the object holds instead (migrations/018_archived_output.sql):
 // output_seq, the object's messages up to it fold to the output, and its
 // size per stream. A late event of the build is folded by the projector as
 // usual: with no pages left it starts at page 0, so the build's pages are
