@@ -139,6 +139,7 @@ type BuildStore interface {
 type Metrics struct {
 	builds, raw, stored              prometheus.Counter
 	trimmedBuilds, trimmedMsgs       prometheus.Counter
+	outputMoved                      prometheus.Counter
 	failures                         *prometheus.CounterVec
 	oldest, paused, waitingForHolder prometheus.Gauge
 }
@@ -150,6 +151,7 @@ const (
 	ReasonStream   = "stream"   // the BES stream could not be read
 	ReasonCheck    = "check"    // the object read back differs from what was written
 	ReasonGone     = "gone"     // the stream holds none of the build's events
+	ReasonOutput   = "output"   // the object's console output differs from PostgreSQL's: it stays there
 )
 
 // NewMetrics makes the archiver's metrics and registers them on reg (nil:
@@ -160,7 +162,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		raw:    prometheus.NewCounter(prometheus.CounterOpts{Name: "millrace_archive_raw_bytes_total", Help: "Bytes of raw events archived, uncompressed."}),
 		stored: prometheus.NewCounter(prometheus.CounterOpts{Name: "millrace_archive_stored_bytes_total", Help: "Bytes of archive objects written."}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "millrace_archive_failures_total",
-			Help: "Builds the archiver failed to archive, by reason (bucket, database, stream, check, gone)."}, []string{"reason"}),
+			Help: "Builds the archiver failed to archive, or whose console output it could not move, by reason (bucket, database, stream, check, gone, output)."}, []string{"reason"}),
 		oldest: prometheus.NewGauge(prometheus.GaugeOpts{Name: "millrace_archive_oldest_pending_seconds",
 			Help: "Age of the last event of the oldest finished build due for the archive and not archived (0: none)."}),
 		paused: prometheus.NewGauge(prometheus.GaugeOpts{Name: "millrace_archive_paused",
@@ -169,13 +171,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Archived builds whose raw events were trimmed from the BES stream."}),
 		trimmedMsgs: prometheus.NewCounter(prometheus.CounterOpts{Name: "millrace_archive_trimmed_messages_total",
 			Help: "Messages trimmed from the BES stream once archived and read by every consumer."}),
+		outputMoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "millrace_archive_output_moved_builds_total",
+			Help: "Archived builds whose console output moved from PostgreSQL into their object (a build archived again counts again)."}),
 		waitingForHolder: prometheus.NewGauge(prometheus.GaugeOpts{Name: "millrace_archive_trim_waiting_builds",
 			Help: "Archived builds whose raw events stay in the BES stream because a consumer that holds trimming back has not read them (or does not exist)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.builds, m.raw, m.stored, m.failures, m.oldest, m.paused, m.trimmedBuilds, m.trimmedMsgs, m.waitingForHolder)
+		reg.MustRegister(m.builds, m.raw, m.stored, m.failures, m.oldest, m.paused, m.trimmedBuilds, m.trimmedMsgs, m.outputMoved, m.waitingForHolder)
 	}
-	for _, r := range []string{ReasonBucket, ReasonDatabase, ReasonStream, ReasonCheck, ReasonGone} {
+	for _, r := range []string{ReasonBucket, ReasonDatabase, ReasonStream, ReasonCheck, ReasonGone, ReasonOutput} {
 		m.failures.WithLabelValues(r)
 	}
 	return m
@@ -191,7 +195,8 @@ type Archiver struct {
 	pool  *pgxpool.Pool
 	store BuildStore
 	src   Source
-	trim  Trimmer // nil: no trimming
+	trim  Trimmer     // nil: no trimming
+	out   OutputMover // nil: console output stays in PostgreSQL
 	dicts *Dicts
 	m     *Metrics
 	now   func() time.Time
@@ -215,6 +220,14 @@ func (a *Archiver) TrimWith(t Trimmer) *Archiver {
 	if !a.cfg.NoTrim {
 		a.trim = t
 	}
+	return a
+}
+
+// MoveOutputWith makes the archiver move archived builds' console output
+// from PostgreSQL into their objects through o (output.go), and returns
+// it.
+func (a *Archiver) MoveOutputWith(o OutputMover) *Archiver {
+	a.out = o
 	return a
 }
 
@@ -258,9 +271,11 @@ func (a *Archiver) Run(ctx context.Context) error {
 	return nil
 }
 
-// Pass archives the builds one look finds (at most Batch), then trims
-// those archived and read by every holder (at most Batch), and returns
-// the larger count (a full batch: the caller looks again at once). A
+// Pass archives the builds one look finds (at most Batch), then moves the
+// console output of archived builds into their objects (at most Batch,
+// when given an OutputMover), then trims those archived and read by every
+// holder (at most Batch), and returns the largest count (a full batch: the
+// caller looks again at once). A
 // failure of the bucket or the database ends the pass with its reason
 // (the caller pauses); a failure of one build's stream or check is
 // counted and logged, and the pass goes on (the build is tried again next
@@ -270,8 +285,12 @@ func (a *Archiver) Pass(ctx context.Context) (found int, reason string, err erro
 	if err != nil || ctx.Err() != nil {
 		return found, reason, err
 	}
+	moved, reason, err := a.MoveOutputs(ctx)
+	if err != nil || ctx.Err() != nil {
+		return max(found, moved), reason, err
+	}
 	trimmed, reason, err := a.trimPass(ctx)
-	return max(found, trimmed), reason, err
+	return max(found, moved, trimmed), reason, err
 }
 
 // archivePass archives the builds one look finds.
@@ -361,7 +380,13 @@ func (a *Archiver) archive(ctx context.Context, b pending, dict *Dict) (reason s
 	if prev.trimmed != nil && prev.key != "" {
 		from = prev.key
 	}
-	st, stored, reason, err := a.write(ctx, key, from, subjects.BES(b.project, b.id), dict)
+	// A build whose console output has moved into its object: the new one
+	// must start with the same messages, or the output would be lost.
+	var first uint64
+	if prev.outputSeq != nil {
+		first = uint64(prev.firstSeq)
+	}
+	st, stored, reason, err := a.write(ctx, key, from, first, subjects.BES(b.project, b.id), dict)
 	if err != nil {
 		return reason, err
 	}
@@ -385,7 +410,7 @@ on conflict (invocation_id, project) do update set
     object_key = excluded.object_key, dict_id = excluded.dict_id, events = excluded.events,
     first_seq = excluded.first_seq, last_seq = excluded.last_seq, last_event_at = excluded.last_event_at,
     raw_bytes = excluded.raw_bytes, stored_bytes = excluded.stored_bytes, archived_at = excluded.archived_at,
-    verified_at = null, verify_error = null`,
+    verified_at = null, verify_error = null, output_error = null`,
 		b.id, b.project, key, int64(dictID), int64(st.Messages), int64(st.FirstSeq), int64(st.LastSeq),
 		b.lastEventAt, int64(st.RawBytes), stored, a.now())
 	if err == nil {
@@ -406,8 +431,9 @@ on conflict (invocation_id, project) do update set
 // write streams the subject's messages into the object at key, after the
 // messages of the object at from when it is set (a trimmed build's: of the
 // stream, only the messages after its last are taken); nothing is stored
-// when it fails, or when there is no message.
-func (a *Archiver) write(ctx context.Context, key, from, subject string, dict *Dict) (Stats, int64, string, error) {
+// when it fails, when there is no message, or when first is set and the
+// object would not start with that sequence (check).
+func (a *Archiver) write(ctx context.Context, key, from string, first uint64, subject string, dict *Dict) (Stats, int64, string, error) {
 	bw, err := a.store.NewWriter(ctx, key)
 	if err != nil {
 		return Stats{}, 0, ReasonBucket, err
@@ -448,6 +474,10 @@ func (a *Archiver) write(ctx context.Context, key, from, subject string, dict *D
 	if err != nil {
 		bw.Abort()
 		return Stats{}, 0, ReasonBucket, err
+	}
+	if first != 0 && st.FirstSeq != first {
+		bw.Abort()
+		return Stats{}, 0, ReasonCheck, fmt.Errorf("archive: %s would start at message %d, not %d: its console output is in the object there", key, st.FirstSeq, first)
 	}
 	if st.Messages == 0 {
 		bw.Abort()

@@ -6,7 +6,9 @@
 // archiver (Archiver) that finds finished builds in PostgreSQL, reads their
 // events through a Source, writes, checks and records the object, and
 // trims archived builds from the stream through a Trimmer once every
-// durable consumer of it has read them.
+// durable consumer of it has read them, and moves their console output
+// out of PostgreSQL into the objects through an OutputMover (output.go;
+// Objects reads it back for the console).
 //
 // It imports no NATS: the stream is read through Source and trimmed
 // through Trimmer, which package streams implements (streams.SubjectReader,

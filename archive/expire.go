@@ -26,12 +26,15 @@ type Deleter interface {
 // event stays in the stream until its age limit), and a replay keeps its
 // rows as those of a build whose raw events are gone (PlanReplay), however
 // recent its first event. The row leaves with the build's rows, when its
-// rows retention deletes them. It is the builds retention's
-// builds.RawExpirer.
+// rows retention deletes them. A build whose console output has moved
+// into its object gets it back into PostgreSQL first (output.go), since
+// its rows stay. It is the builds retention's builds.RawExpirer.
 type RawExpirer struct {
-	pool  *pgxpool.Pool
-	store Deleter
-	trim  Trimmer // nil: the stream is left to its age limit
+	pool    *pgxpool.Pool
+	store   Deleter
+	trim    Trimmer     // nil: the stream is left to its age limit
+	out     OutputMover // nil: a build whose output moved is refused
+	objects *Objects
 }
 
 // NewRawExpirer returns a RawExpirer of the objects in store, trimming
@@ -40,8 +43,17 @@ func NewRawExpirer(pool *pgxpool.Pool, store Deleter, trim Trimmer) *RawExpirer 
 	return &RawExpirer{pool: pool, store: store, trim: trim}
 }
 
+// RestoreOutputWith makes the expirer bring moved console output back
+// into PostgreSQL through out, reading the objects of store, and returns
+// it.
+func (r *RawExpirer) RestoreOutputWith(out OutputMover, store BuildStore) *RawExpirer {
+	r.out, r.objects = out, NewObjects(store)
+	return r
+}
+
 // ExpireRaw removes the raw events of at most n of project's archived
-// builds whose last event is before before, oldest first, and returns how
+// builds whose last event is before before, oldest first (their console
+// output, if it moved, back into PostgreSQL first), and returns how
 // many. A failure of the bucket or the stream ends it with the error (the
 // retention pauses); what it removed of a build before stays removed, and
 // the next pass finishes it.
@@ -63,6 +75,14 @@ func (r *RawExpirer) ExpireRaw(ctx context.Context, project string, before time.
 		return 0, fmt.Errorf("archive: builds past raw retention: %w", err)
 	}
 	for i, b := range builds {
+		// The output first, in its own transaction: a failure after it
+		// leaves the output in PostgreSQL and the object, which the next
+		// pass deletes.
+		if err := pgx.BeginFunc(ctx, r.pool, func(tx pgx.Tx) error {
+			return restoreOutput(ctx, tx, r.out, r.objects, project, b.id)
+		}); err != nil {
+			return i, fmt.Errorf("archive: raw retention of %s/%s: %w", project, b.id, err)
+		}
 		if r.trim != nil {
 			if _, err := r.trim.Trim(ctx, subjects.BES(project, b.id), uint64(b.last)); err != nil {
 				return i, fmt.Errorf("archive: raw retention of %s/%s: %w", project, b.id, err)

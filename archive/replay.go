@@ -89,7 +89,9 @@ const maxGapsNamed = 10
 // build: when the stream has lost events of a build the archive lacks,
 // it returns ErrGap naming them, before anything is emptied. reset empties
 // the projection but for the builds it is given (the builds projector's
-// ResetExcept).
+// ResetExcept); in its transaction the plan's Reset also forgets which
+// builds' console output moved into their objects, since the replay folds
+// it into pages again (Archiver.MoveOutputs moves it once more).
 func PlanReplay(ctx context.Context, pool *pgxpool.Pool, store BuildStore, tail StreamTail,
 	reset func(context.Context, pgx.Tx, []BuildID) error, opts ReplayOptions) (projection.ReplayPlan, ReplayPlanned, error) {
 	if opts.Now.IsZero() {
@@ -125,7 +127,18 @@ func PlanReplay(ctx context.Context, pool *pgxpool.Pool, store BuildStore, tail 
 		skip[subjects.BES(k.Project, k.ID)] = math.MaxUint64
 	}
 	plan := projection.ReplayPlan{
-		Reset: func(ctx context.Context, tx pgx.Tx) error { return reset(ctx, tx, kept) },
+		Reset: func(ctx context.Context, tx pgx.Tx) error {
+			if err := reset(ctx, tx, kept); err != nil {
+				return err
+			}
+			// The replay folds every archived build's console output into
+			// pages again: what moved into the objects is in PostgreSQL
+			// once more, until the archiver moves it again (output.go).
+			_, err := tx.Exec(ctx, `update archived_builds set output_seq = null, output_stdout_bytes = null,
+    output_stderr_bytes = null, output_error = null
+where output_seq is not null or output_error is not null`)
+			return err
+		},
 		Prelude: func(ctx context.Context, apply func([]projection.Message) error) error {
 			return prelude(ctx, store, objs, opts, apply)
 		},

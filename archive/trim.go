@@ -91,10 +91,17 @@ func checkHolders(names []string) error {
 // it under the build's lock.
 type prior struct {
 	key          string
+	firstSeq     int64
 	lastSeq      int64
 	trimmed      *int64
 	verifyFailed bool
 	found        bool
+	// The build's console output (output.go): outputSeq set once it has
+	// moved into the object, outputBytes its size per stream.
+	outputSeq    *int64
+	outputBytes  [2]int64
+	outputFailed bool // output_error: it differs from PostgreSQL's
+	rawExpired   bool
 }
 
 // lockBuild takes the build's lock for the transaction and reads its row.
@@ -103,8 +110,10 @@ type prior struct {
 // would lack them, and the trim's record would say they are in it.
 func lockBuild(ctx context.Context, tx pgx.Tx, project, id string) (p prior, err error) {
 	if _, err = tx.Exec(ctx, `select pg_advisory_xact_lock(hashtextextended('archive ' || $1 || ' ' || $2, 0))`, project, id); err == nil {
-		err = tx.QueryRow(ctx, `select object_key, last_seq, trimmed_seq, verify_error is not null from archived_builds
-where invocation_id = $1 and project = $2`, id, project).Scan(&p.key, &p.lastSeq, &p.trimmed, &p.verifyFailed)
+		err = tx.QueryRow(ctx, `select object_key, first_seq, last_seq, trimmed_seq, verify_error is not null,
+       output_seq, coalesce(output_stdout_bytes, 0), coalesce(output_stderr_bytes, 0), output_error is not null, raw_expired_at is not null
+from archived_builds where invocation_id = $1 and project = $2`, id, project).Scan(&p.key, &p.firstSeq, &p.lastSeq, &p.trimmed, &p.verifyFailed,
+			&p.outputSeq, &p.outputBytes[0], &p.outputBytes[1], &p.outputFailed, &p.rawExpired)
 		p.found = err == nil
 		if errors.Is(err, pgx.ErrNoRows) {
 			err = nil

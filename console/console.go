@@ -7,7 +7,7 @@
 //
 // Handlers are thin: they parse the request, call one read function of a
 // projection's package, which owns its SQL (builds.Latest,
-// builds.WriteJSON, builds.Targets, builds.Tests, builds.OutputPage,
+// builds.WriteJSON, builds.Targets, builds.Tests, builds.OutputReader,
 // builds.Projects), and render. The agreed direction (embedded templates
 // with a layout, CSP, server-sent events) is in docs/design.md,
 // "Planned"; README.md says what there is.
@@ -32,8 +32,10 @@ const Latest = 100
 
 // Register serves the console on mux. pool is the database once connected
 // (a process may serve before PostgreSQL answers): nil until then, and
-// every page is 503 meanwhile.
-func Register(mux *http.ServeMux, pool func() *pgxpool.Pool) {
+// every page is 503 meanwhile. archive reads the objects of archived
+// builds (archive.Objects over the process's bucket), where their console
+// output moves once archived; nil: there is none, and such output is 503.
+func Register(mux *http.ServeMux, pool func() *pgxpool.Pool, archive func() builds.Archive) {
 	mux.HandleFunc("GET /{$}", withPool(pool, latest))
 	// A build is (project, invocation id): two projects may send the same
 	// id, so a build's page names both.
@@ -42,7 +44,7 @@ func Register(mux *http.ServeMux, pool func() *pgxpool.Pool) {
 	// builds.OutputPage): what a page of a build of a million events reads.
 	mux.HandleFunc("GET /builds/{project}/{id}/targets", withPool(pool, targetsPage))
 	mux.HandleFunc("GET /builds/{project}/{id}/tests", withPool(pool, testsPage))
-	mux.HandleFunc("GET /builds/{project}/{id}/output/{stream}/{page}", withPool(pool, outputPage))
+	mux.HandleFunc("GET /builds/{project}/{id}/output/{stream}/{page}", withPool(pool, outputPage(archive)))
 	// The invocation id alone (links from before projects were part of a
 	// build's address): one project has it, go there; several, list them
 	// (300 Multiple Choices) rather than pick one tenant's build.
@@ -129,25 +131,33 @@ func testsPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 }
 
 // outputPage serves one page of a stream (stdout or stderr) of a build's
-// console output, as Bazel printed it.
-func outputPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
-	stream := map[string]int16{"stdout": builds.StreamStdout, "stderr": builds.StreamStderr}[r.PathValue("stream")]
-	page, err := strconv.ParseInt(r.PathValue("page"), 10, 32)
-	if stream == 0 || err != nil || page < 0 {
-		http.Error(w, "want /output/stdout/N or /output/stderr/N, N a page from 0", http.StatusBadRequest)
-		return
+// console output, as Bazel printed it, from PostgreSQL or, once the build
+// is archived, from its object (builds.OutputReader).
+func outputPage(archive func() builds.Archive) handler {
+	return func(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
+		stream := map[string]int16{"stdout": builds.StreamStdout, "stderr": builds.StreamStderr}[r.PathValue("stream")]
+		page, err := strconv.ParseInt(r.PathValue("page"), 10, 32)
+		if stream == 0 || err != nil || page < 0 {
+			http.Error(w, "want /output/stdout/N or /output/stderr/N, N a page from 0", http.StatusBadRequest)
+			return
+		}
+		out := builds.OutputReader{DB: p}
+		if archive != nil {
+			out.Archive = archive()
+		}
+		b, err := out.Page(r.Context(), r.PathValue("project"), r.PathValue("id"), stream, int32(page))
+		switch {
+		case errors.Is(err, builds.ErrNotFound):
+			http.Error(w, "no such page", http.StatusNotFound)
+		case errors.Is(err, builds.ErrNoArchive):
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		default:
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Write(b)
+		}
 	}
-	b, err := builds.OutputPage(r.Context(), p, r.PathValue("project"), r.PathValue("id"), stream, int32(page))
-	if errors.Is(err, builds.ErrNotFound) {
-		http.Error(w, "no such page", http.StatusNotFound)
-		return
-	}
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Write(b)
 }
 
 func byID(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {

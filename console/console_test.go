@@ -39,7 +39,7 @@ func TestConsoleBuildPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	Register(mux, func() *pgxpool.Pool { return pool })
+	Register(mux, func() *pgxpool.Pool { return pool }, nil)
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
@@ -112,7 +112,7 @@ func TestConsolePagedRoutes(t *testing.T) {
 		}
 	}
 	mux := http.NewServeMux()
-	Register(mux, func() *pgxpool.Pool { return pool })
+	Register(mux, func() *pgxpool.Pool { return pool }, nil)
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	get := func(path string) (int, string) {
@@ -158,7 +158,7 @@ func TestConsolePagedRoutes(t *testing.T) {
 // panics.
 func TestNotConnectedYet(t *testing.T) {
 	mux := http.NewServeMux()
-	Register(mux, func() *pgxpool.Pool { return nil })
+	Register(mux, func() *pgxpool.Pool { return nil }, nil)
 	for _, path := range []string{"/", "/builds/p/i", "/builds/i"} {
 		rec := httptest.NewRecorder()
 		mux.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))

@@ -1,7 +1,9 @@
 package console
 
 import (
+	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -167,4 +169,28 @@ func cause(c builds.Cause) string {
 		s += ", stderr at " + *c.StderrURI
 	}
 	return s
+}
+
+// WriteOutput writes the console output of the build with invocation id
+// id as Bazel printed it: its stdout to stdout, its stderr to stderr (what
+// `millrace builds show --output` prints), through r, which reads it from
+// the archive once it has moved there. With project empty, the one
+// project that has the id; several are an error naming them.
+func WriteOutput(ctx context.Context, stdout, stderr io.Writer, r builds.OutputReader, project, id string) error {
+	if project == "" {
+		ps, err := builds.Projects(ctx, r.DB, id)
+		if err != nil {
+			return err
+		}
+		if len(ps) != 1 {
+			return fmt.Errorf("%d projects have a build %q (%s): name one with --project", len(ps), id, strings.Join(ps, ", "))
+		}
+		project = ps[0]
+	}
+	o, e := bufio.NewWriter(stdout), bufio.NewWriter(stderr)
+	err := r.WriteOutput(ctx, project, id, o, e)
+	if errors.Is(err, builds.ErrNotFound) {
+		return fmt.Errorf("no build %q of project %q in the database", id, project)
+	}
+	return errors.Join(err, o.Flush(), e.Flush())
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/archive"
@@ -16,6 +17,7 @@ import (
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/logs"
 	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
 )
@@ -44,8 +46,21 @@ func (p *process) archiver(c archive.Config) supervise.Component {
 		if err != nil {
 			return err
 		}
-		return a.TrimWith(streams.SubjectTrimmer{Stream: src.Stream}).Run(ctx)
+		return a.TrimWith(streams.SubjectTrimmer{Stream: src.Stream}).MoveOutputWith(outputMover{}).Run(ctx)
 	})
+}
+
+// outputMover is builds.MoveOutput and RestoreOutput as the archive calls
+// them (neither package imports the other).
+type outputMover struct{}
+
+func (outputMover) MoveOutput(ctx context.Context, tx pgx.Tx, b archive.OutputBuild, msgs archive.Messages) (archive.OutputMoved, error) {
+	r, err := builds.MoveOutput(ctx, tx, b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
+	return archive.OutputMoved{Moved: r.Moved, Pending: r.Pending, Bytes: r.Bytes, Differs: r.Differs}, err
+}
+
+func (outputMover) RestoreOutput(ctx context.Context, tx pgx.Tx, b archive.OutputBuild, msgs archive.Messages) error {
+	return builds.RestoreOutput(ctx, tx, b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
 }
 
 func zstdTrainCommand() command {

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -14,10 +16,15 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/millrace/millrace/archive"
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/schemas/bep"
 	"github.com/millrace/millrace/streams"
 )
 
@@ -101,6 +108,10 @@ type archiveRun struct {
 	bucket  string // its directory
 	subject string // the invocation's
 	events  int    // its messages
+	// messages are the invocation's, as published.
+	messages []*archive.Message
+	// stop stops `project builds` (and waits for it).
+	stop func()
 }
 
 func startArchiveRun(t *testing.T, args ...string) *archiveRun {
@@ -135,7 +146,7 @@ func startArchiveRun(t *testing.T, args ...string) *archiveRun {
 			}
 		}
 		if len(b.Messages) > r.events {
-			r.events, r.subject = len(b.Messages), b.Messages[0].SubjectName
+			r.events, r.subject, r.messages = len(b.Messages), b.Messages[0].SubjectName, b.Messages
 		}
 	}
 	r.env = []string{"MILLRACE_NATS_URL=" + ns.ClientURL(), "DATABASE_URL=" + db, "MILLRACE_BUCKET_URL=" + r.bucket}
@@ -144,7 +155,8 @@ func startArchiveRun(t *testing.T, args ...string) *archiveRun {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	r.stop = sync.OnceFunc(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
+	t.Cleanup(r.stop)
 	if r.pool, err = pgxpool.New(ctx, db); err != nil {
 		t.Fatal(err)
 	}
@@ -160,4 +172,84 @@ func mustOpen(t *testing.T, dir string) *bucket.Bucket {
 	}
 	t.Cleanup(func() { bk.Close() })
 	return bk
+}
+
+// TestArchiveOutputEndToEnd: once `project builds` has archived the build,
+// its console output is no longer in PostgreSQL, and `builds show
+// --output` prints it from the archive as Bazel printed it; `replay
+// builds` folds it into pages and moves it into the archive again, so
+// that it ends where the live run was.
+func TestArchiveOutputEndToEnd(t *testing.T) {
+	// Not trimmed: a replay waits for the stream's last sequence, which a
+	// stream of one build trimmed whole no longer holds.
+	r := startArchiveRun(t, "--archive-trim=false")
+	ctx, pool, env := r.ctx, r.pool, r.env
+	const id = "ea8ce61d-03a8-4221-bbab-4581a0acff79"
+	moved := func() (seq *int64, rows int) {
+		pool.QueryRow(ctx, `select output_seq from archived_builds where invocation_id = $1`, id).Scan(&seq)
+		pool.QueryRow(ctx, `select count(*) from build_output_pages where invocation_id = $1`, id).Scan(&rows)
+		return seq, rows
+	}
+	poll.Until(t, "the build's output moved into the archive", func() bool {
+		seq, rows := moved()
+		return seq != nil && rows == 0
+	}, poll.Within(60*time.Second))
+	wantOut, wantErr := bazelOutput(t, r.messages)
+	if wantOut+wantErr == "" {
+		t.Fatal("the recorded build printed nothing")
+	}
+	show := func(what string) {
+		t.Helper()
+		out, errOut := millrace(t, env, false, "builds", "show", "--output", id)
+		if out != wantOut || errOut != wantErr {
+			t.Fatalf("%s: builds show --output printed %d and %d bytes, Bazel %d and %d", what, len(out), len(errOut), len(wantOut), len(wantErr))
+		}
+	}
+	show("from the archive")
+	if _, errOut := millrace(t, append(env, "MILLRACE_BUCKET_URL="+t.TempDir()), true, "builds", "show", "--output", id); !strings.Contains(errOut, archive.BuildKey("millrace-fixtures", id)) {
+		t.Fatalf("builds show --output, the object missing: %q", errOut)
+	}
+
+	r.stop()
+	digest := func() map[string]string {
+		d, err := builds.Digest(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	before := digest()
+	_, errOut := millrace(t, env, false, "replay", "builds")
+	if !strings.Contains(errOut, "the console output of 1 archived builds moved into the archive again") {
+		t.Fatalf("replay builds: %q", errOut)
+	}
+	if seq, rows := moved(); seq == nil || rows != 0 {
+		t.Fatalf("after the replay: output_seq %v, %d pages in PostgreSQL", seq, rows)
+	}
+	if after := digest(); !maps.Equal(after, before) {
+		t.Fatalf("the replay did not end where the live run was:\n got %v\nwant %v", after, before)
+	}
+	show("after the replay")
+}
+
+// bazelOutput is the console output of a recorded build as Bazel printed
+// it: its progress events' stdout and stderr, each sequence number once.
+func bazelOutput(t *testing.T, msgs []*archive.Message) (stdout, stderr string) {
+	t.Helper()
+	var last int64
+	var o, e strings.Builder
+	for _, m := range msgs {
+		var obe buildpb.OrderedBuildEvent
+		if m.Header("Millrace-Kind") != "tool" || proto.Unmarshal(m.Payload, &obe) != nil || obe.SequenceNumber <= last {
+			continue
+		}
+		last = obe.SequenceNumber
+		var be bep.BuildEvent
+		if a := obe.GetEvent().GetBazelEvent(); a == nil || proto.Unmarshal(a.GetValue(), &be) != nil {
+			continue
+		}
+		o.WriteString(be.GetProgress().GetStdout())
+		e.WriteString(be.GetProgress().GetStderr())
+	}
+	return o.String(), e.String()
 }

@@ -79,7 +79,7 @@ func (o *projectorOptions) retention(p *process, rawDays int, withRaw bool) (sup
 			if err != nil {
 				return err
 			}
-			raw = archive.NewRawExpirer(pool, p.bk, streams.SubjectTrimmer{Stream: src.Stream})
+			raw = archive.NewRawExpirer(pool, p.bk, streams.SubjectTrimmer{Stream: src.Stream}).RestoreOutputWith(outputMover{}, p.bk)
 		}
 		x, err := builds.NewExpirer(cfg, def, pool, raw, m)
 		if err != nil {
@@ -248,7 +248,27 @@ func replayBuilds(ctx context.Context, no streams.Options, do database.Options, 
 	}
 	fmt.Fprintf(os.Stderr, "replay builds: %d builds from the archive, then the stream; %d kept as they are (raw events past --retention-raw-days)\n",
 		planned.Archived, planned.Kept)
-	return replayStream(ctx, bb, pool, proj, po.runnerConfig(log), plan, "replay builds", "events")
+	if err := replayStream(ctx, bb, pool, proj, po.runnerConfig(log), plan, "replay builds", "events"); err != nil {
+		return err
+	}
+	return moveOutputAgain(ctx, bb, pool, bk, log)
+}
+
+// moveOutputAgain moves the console output that the replay folded into
+// pages into the archive again, so that the replay ends where the live run
+// was.
+func moveOutputAgain(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, bk *bucket.Bucket, log *slog.Logger) error {
+	src, err := besSource(ctx, bb)
+	if err != nil {
+		return err
+	}
+	a, err := archive.New(archive.Config{Logger: log}, pool, bk, src, nil)
+	if err != nil {
+		return err
+	}
+	n, err := a.MoveOutputWith(outputMover{}).MoveAllOutputs(ctx)
+	fmt.Fprintf(os.Stderr, "replay builds: the console output of %d archived builds moved into the archive again\n", n)
+	return err
 }
 
 // replayStream empties p's projection and applies rc.Stream again
@@ -292,7 +312,7 @@ func buildsShowCommand() command {
 	return command{
 		Name:    "builds show",
 		Summary: "print the projection of one build",
-		Usage:   "<invocation_id> [--project P]",
+		Usage:   "<invocation_id> [--project P] [--json | --output]",
 		Long: `Reads the database directly; no server needs to run.
 
 A build is a project and an invocation id: clients of two projects may choose
@@ -300,28 +320,54 @@ the same id (Bazel's --invocation_id). With --project, prints that project's
 build. Without it, prints every build with that id (one after the other);
 with --json, it prints the build if exactly one project has the id, and
 otherwise fails naming the projects that have it, so that a tool never reads
-one tenant's build for another's.`,
+one tenant's build for another's. With --output, it prints the build's console
+output as Bazel printed it (its stdout on standard output, its stderr on
+standard error; one project's, as --json), read from the build's archive
+object in the bucket (--bucket-url) once the archiver has moved it there.`,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo      logs.Options
 				do      database.Options
+				bo      bucket.Options
 				asJSON  bool
+				output  bool
 				project string
 			)
 			lo.RegisterFlags(fs)
 			do.RegisterFlags(fs)
+			bo.RegisterFlags(fs)
 			fs.BoolVar(&asJSON, "json", false, "print JSON (the stable format tools compare)")
+			fs.BoolVar(&output, "output", false, "print the build's console output: stdout to standard output, stderr to standard error")
 			envflag.String(fs, &project, "project", "MILLRACE_BUILDS_PROJECT", "", "the project of the build; empty: any project that has the invocation id")
 			return func(ctx context.Context, args []string) error {
-				if len(args) != 1 {
-					return envflag.Usage("builds show takes one invocation id")
+				if len(args) != 1 || asJSON && output {
+					return envflag.Usage("builds show takes one invocation id, and --json or --output")
 				}
 				return once("builds show", &lo, func(ctx context.Context, log *slog.Logger) error {
+					if output {
+						return showOutput(ctx, do, bo, project, args[0], log)
+					}
 					return showBuilds(ctx, do, project, args[0], asJSON, log)
 				})(ctx, nil)
 			}
 		},
 	}
+}
+
+// showOutput prints the console output of the one build with an
+// invocation id (of project, if given), from the database and the archive.
+func showOutput(ctx context.Context, do database.Options, bo bucket.Options, project, id string, log *slog.Logger) error {
+	pool, err := database.Open(ctx, do.Config(false, log))
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	bk, err := bo.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer bk.Close()
+	return console.WriteOutput(ctx, os.Stdout, os.Stderr, builds.OutputReader{DB: pool, Archive: archive.NewObjects(bk)}, project, id)
 }
 
 // showBuilds prints the builds with an invocation id (builds.Find).

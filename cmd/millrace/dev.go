@@ -4,12 +4,14 @@ import (
 	"context"
 	"flag"
 	"path/filepath"
+	"sync"
 
 	"github.com/millrace/millrace/archive"
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/supervise"
+	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/commits"
@@ -112,7 +114,10 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	devSecrets := filepath.Dir(filepath.Clean(o.fleet.CADir))
 	o.fleet.DevSecrets, o.resv.DevSecrets, o.commits.DevSecrets = devSecrets, devSecrets, devSecrets
 	resvAPI, resvGRPC := p.reservations(o.resv)
-	console.Register(p.mux, p.db.Pool)
+	// The bucket is open before the HTTP server serves (components start
+	// in order).
+	objects := sync.OnceValue(func() builds.Archive { return archive.NewObjects(p.bk) })
+	console.Register(p.mux, p.db.Pool, objects)
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
 		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor, p.archiver(o.archive), retention}
 	// The Kafka export, when brokers are named: it needs the backbone only.

@@ -22,10 +22,14 @@ import (
 // plan is archive.PlanReplay), and 2,100 until retention and deletion
 // (projects retention, builds delete, the retention component of project
 // builds and dev: flags, wiring and output, about 125 lines; what they do
-// is in projectors/builds and archive).
+// is in projectors/builds and archive), and 2,230 until console output
+// moved into the archive (the adapter between archive and projectors/builds,
+// which import neither the other, builds show --output, the replay's
+// moves at its end and the console's bucket: about 65 lines; what they do
+// is in projectors/builds, archive and console).
 const (
 	maxFuncLines = 60
-	maxLines     = 2230
+	maxLines     = 2300
 )
 
 func TestCommandsStayThin(t *testing.T) {

@@ -142,7 +142,7 @@ func (b *bench) storageScenario(ctx context.Context, rep *scenarioReport) error 
 		if n == 50 {
 			rep.Checks = append(rep.Checks, atMost(fmt.Sprintf("%s: PostgreSQL bytes per %d-target build", scStorage, n),
 				st.PostgresTotalPerBuild, storageTargetPGBytes, "B",
-				fmt.Sprintf("%d events a build; the console output is still kept here, not yet in the archive (%s)",
+				fmt.Sprintf("%d events a build; the console output leaves PostgreSQL once the archiver has moved it into the build's object (%s)",
 					st.EventsPerBuild, tableFigures(st.PostgresBytesPerBuild))))
 		}
 	}
