@@ -78,10 +78,14 @@ func (r *Runner) replayTo(ctx context.Context, h *PGHeld, target uint64) error {
 			// The last messages stored when the replay began may be gone
 			// since (trimmed once archived, deleted on request): the
 			// position then never reaches target. A fetch that found
-			// nothing, with nothing pending for the consumer, is the end.
+			// nothing, with nothing pending for the consumer, is the end,
+			// and the position moves to target over what is gone, as the
+			// live runner's would have moved over it.
 			var done bool
 			if done, err = r.caughtUp(ctx); err == nil && done {
-				break
+				if _, err = r.commit(ctx, nil, target); err == nil {
+					break
+				}
 			}
 		}
 		if err == nil {

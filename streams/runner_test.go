@@ -584,4 +584,7 @@ func TestReplayEndsWhenTheTailIsDeleted(t *testing.T) {
 	if got := e.rows(t, "rows"); len(got) != 7 || got[6] != "r6" {
 		t.Fatalf("after replay: %v, want r0..r6", got)
 	}
+	if pos := e.position(t, "rows"); pos != 10 {
+		t.Fatalf("position %d after the replay, want 10 (over the messages gone)", pos)
+	}
 }
