@@ -101,11 +101,11 @@ func TestCacheStale(t *testing.T) {
 			 delete from targets where success is null`,
 			`insert into targets select * from gone`},
 		{"target rows appeared",
-			`insert into targets (build_key, label_id, kind)
-			 select i.build_key, l.label_id, 'tampered'
+			`insert into targets (build_key, label_id, kind_id)
+			 select i.build_key, l.label_id, -7
 			 from invocations i cross join (select distinct label_id from targets) l
 			 where i.status = 'running' on conflict do nothing`,
-			`delete from targets where kind = 'tampered'`},
+			`delete from targets where kind_id = -7`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			pool, conn := acquire(t)

@@ -66,8 +66,8 @@ func (p PageQuery) limit() int {
 // (migrations/016_builds_compact.sql), whose predicates the queries
 // repeat. Each query names its index in the plan
 // (TestPagedReadsUseTheIndex).
-const (
-	targetColumns = `coalesce(t.kind, ''), coalesce(t.success, false), t.failure_reason`
+var (
+	targetColumns = kindColumn("t") + `, coalesce(t.success, false), t.failure_reason`
 	testColumns   = `t.status, t.attempts, t.duration_ms, t.cached`
 
 	sqlTargetsSorted = `select l.label, ` + targetColumns + `

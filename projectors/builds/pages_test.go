@@ -154,9 +154,10 @@ func bigBuild(exec func(string, ...any), project, inv string, n int) {
 	exec(`insert into build_labels (project, id, label)
 		select $1, build_label_id(l), l from (select format('//pkg%s:t%s', i / 100, i) from generate_series(0, $2 - 1) i) x(l)
 		on conflict do nothing`, project, n)
-	exec(`insert into targets (build_key, label_id, kind, success, failure_reason, failed)
+	exec(`insert into build_kinds values (build_kind_id('genrule rule'), 'genrule rule') on conflict do nothing`)
+	exec(`insert into targets (build_key, label_id, kind_id, success, failure_reason, failed)
 		select (select build_key from invocations where id = $1 and project = $2), build_label_id(format('//pkg%s:t%s', i / 100, i)),
-		       'genrule rule', i % 7 <> 3, case when i % 7 = 3 then 'broke' end, case when i % 7 = 3 then true end
+		       build_kind_id('genrule rule'), i % 7 <> 3, case when i % 7 = 3 then 'broke' end, case when i % 7 = 3 then true end
 		from generate_series(0, $3 - 1) i`, inv, project, n)
 	exec(`insert into tests (build_key, label_id, status, has_summary)
 		select (select build_key from invocations where id = $1 and project = $2), build_label_id(format('//pkg%s:t%s', i / 100, i)),

@@ -65,6 +65,16 @@ func labelID(label string) int64 {
 	return int64(binary.BigEndian.Uint64(h[:8]))
 }
 
+// kindID is build_kind_id(kind) of migration 019: the first 4 bytes of
+// the kind's SHA-256. Kinds are few (a rule class each: "genrule rule",
+// "sh_test rule", ...), so 32 bits keep them apart (two of 1,000 kinds
+// share an id with a chance of about one in 10^4) and a target's row holds
+// 4 bytes instead of the text.
+func kindID(kind string) int32 {
+	h := sha256.Sum256([]byte(kind))
+	return int32(binary.BigEndian.Uint32(h[:4]))
+}
+
 // sqlEnsurePartitions creates the partitions of the given weeks that are
 // missing (build_partitions_for: made apart and attached, which locks the
 // parents only against other DDL).
@@ -215,4 +225,10 @@ func DropPartitions(ctx context.Context, pool *pgxpool.Pool, longestDays int, no
 func notAttached(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && (pe.Code == "42P01" || pe.Code == "42P16" || strings.Contains(pe.Message, "is not a partition"))
+}
+
+// kindColumn is, in a query over targets aliased alias, a target's kind
+// ('' if Bazel did not say) from build_kinds.
+func kindColumn(alias string) string {
+	return "coalesce((select k.kind from build_kinds k where k.id = " + alias + ".kind_id), '')"
 }

@@ -23,6 +23,15 @@ func TestIDsAgreeWithSQL(t *testing.T) {
 			t.Errorf("build_label_id(%q) = %d, labelID %d", l, got, labelID(l))
 		}
 	}
+	for _, kind := range []string{"genrule rule", "sh_test rule", "ü"} {
+		var got int32
+		if err := pool.QueryRow(ctx, `select build_kind_id($1)`, kind).Scan(&got); err != nil {
+			t.Fatal(err)
+		}
+		if got != kindID(kind) {
+			t.Errorf("build_kind_id(%q) = %d, kindID %d", kind, got, kindID(kind))
+		}
+	}
 	k := causeKey{kind: causeAction, label: "//a:b", output: "bazel-out/k8/bin/a/b.txt", config: "aa3a58c4"}
 	var got int64
 	if err := pool.QueryRow(ctx, `select build_failure_id($1, $2, $3, $4)`, k.kind, k.label, k.output, k.config).Scan(&got); err != nil {

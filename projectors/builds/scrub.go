@@ -166,30 +166,31 @@ const scrubKeys = `(invocation_id, project) in (select * from unnest($1::text[],
 
 func scrubTargets(ctx context.Context, tx pgx.Tx, s Scrubber, keys []invKey, st *ScrubStats) error {
 	ids, projects := keyArrays(keys)
-	rows, err := tx.Query(ctx, `select t.build_key, t.label_id, t.kind, t.failure_reason, t.tags from targets t
+	if err := scrubKinds(ctx, tx, s, ids, projects, st); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, `select t.build_key, t.label_id, t.failure_reason, t.tags from targets t
 		where t.build_key in (select build_key from invocations where (id, project) in (select * from unnest($1::text[], $2::text[])))
 		for update`, ids, projects)
 	if err != nil {
 		return err
 	}
 	type target struct {
-		key, label   int64
-		kind, reason *string
-		tags         []string
+		key, label int64
+		reason     *string
+		tags       []string
 	}
 	var changed []target
 	for rows.Next() {
 		var t target
-		if err := rows.Scan(&t.key, &t.label, &t.kind, &t.reason, &t.tags); err != nil {
+		if err := rows.Scan(&t.key, &t.label, &t.reason, &t.tags); err != nil {
 			rows.Close()
 			return err
 		}
 		ch := false
-		for _, p := range []**string{&t.kind, &t.reason} {
-			if *p != nil {
-				if n := s.Text(**p); n != **p {
-					*p, ch = &n, true
-				}
+		if t.reason != nil {
+			if n := s.Text(*t.reason); n != *t.reason {
+				t.reason, ch = &n, true
 			}
 		}
 		if t.tags != nil {
@@ -210,8 +211,43 @@ func scrubTargets(ctx context.Context, tx pgx.Tx, s Scrubber, keys []invKey, st 
 		return err
 	}
 	for _, t := range changed {
-		if _, err := tx.Exec(ctx, `update targets set kind = $3, failure_reason = $4, tags = $5 where build_key = $1 and label_id = $2`,
-			t.key, t.label, t.kind, t.reason, t.tags); err != nil {
+		if _, err := tx.Exec(ctx, `update targets set failure_reason = $3, tags = $4 where build_key = $1 and label_id = $2`,
+			t.key, t.label, t.reason, t.tags); err != nil {
+			return err
+		}
+		st.TargetsChanged++
+	}
+	return nil
+}
+
+// scrubKinds redacts the kinds the builds' targets name. A kind's text is
+// kept once (build_kinds) for every build that names it, so its redaction
+// holds for all of them; its id stays, and a later build sending the
+// text as it was finds the id taken and the redacted text kept.
+func scrubKinds(ctx context.Context, tx pgx.Tx, s Scrubber, ids, projects []string, st *ScrubStats) error {
+	rows, err := tx.Query(ctx, `select k.id, k.kind from build_kinds k where k.id in (
+		select t.kind_id from targets t where t.build_key in
+		(select build_key from invocations where (id, project) in (select * from unnest($1::text[], $2::text[]))))
+		for update`, ids, projects)
+	if err != nil {
+		return err
+	}
+	type kind struct {
+		id   int32
+		text string
+	}
+	var changed []kind
+	var k kind
+	if _, err := pgx.ForEachRow(rows, []any{&k.id, &k.text}, func() error {
+		if n := s.Text(k.text); n != k.text {
+			changed = append(changed, kind{k.id, n})
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, k := range changed {
+		if _, err := tx.Exec(ctx, `update build_kinds set kind = $2 where id = $1`, k.id, k.text); err != nil {
 			return err
 		}
 		st.TargetsChanged++

@@ -173,7 +173,7 @@ func show(ctx context.Context, q Querier, project, invocationID string, rows boo
 }
 
 // sqlAllTargets reads every target of a build, with its root causes.
-const sqlAllTargets = `select labels.label, coalesce(kind, ''), coalesce(success, false), failure_reason, ` + causesColumn + `
+var sqlAllTargets = `select labels.label, ` + kindColumn("targets") + `, coalesce(success, false), failure_reason, ` + causesColumn + `
 from targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
 where targets.build_key = ` + sqlBuildKey + ` order by labels.label collate "C"`
 

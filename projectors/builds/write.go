@@ -194,10 +194,10 @@ from unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::timestamp
 where i.id = u.id and i.project = u.project and i.last_sequence = u.stored_seq`
 
 const targetRows = `
-select u.build_key, u.label_id, nullif(u.kind, '') as kind, u.success, nullif(u.reason, '') as reason, u.rank,
+select u.build_key, u.label_id, u.kind_id, u.success, nullif(u.reason, '') as reason, u.rank,
        case when u.has_tags then string_to_array(u.tags, E'\x1f') end as tags
-from unnest($1::int8[], $2::int8[], $3::text[], $4::bool[], $5::text[], $6::int2[], $7::bool[], $8::text[])
-     as u(build_key, label_id, kind, success, reason, rank, has_tags, tags)`
+from unnest($1::int8[], $2::int8[], $3::int4[], $4::bool[], $5::text[], $6::int2[], $7::bool[], $8::text[])
+     as u(build_key, label_id, kind_id, success, reason, rank, has_tags, tags)`
 
 // sqlUpdateTargets: the first kind and tags win; a target succeeded only if
 // all its completions (one per configuration) did; the failure reason from
@@ -207,7 +207,7 @@ from unnest($1::int8[], $2::int8[], $3::text[], $4::bool[], $5::text[], $6::int2
 // and its update stays HOT (migrations/012_builds_output_pages.sql).
 const sqlUpdateTargets = `
 update targets t set
-    kind           = coalesce(t.kind, u.kind),
+    kind_id        = coalesce(t.kind_id, u.kind_id),
     success        = case when t.success is null then u.success
                           when u.success is null then t.success
                           else t.success and u.success end,
@@ -287,6 +287,12 @@ order by 2, 1`
 const sqlInsertLabels = `
 insert into build_labels (project, id, label)
 select * from unnest($1::text[], $2::int8[], $3::text[])
+on conflict do nothing`
+
+// sqlInsertKinds records the batch's target kinds in build_kinds.
+const sqlInsertKinds = `
+insert into build_kinds (id, kind)
+select * from unnest($1::int4[], $2::text[])
 on conflict do nothing`
 
 // durationBuckets is the number of duration_hist counters (see
@@ -395,6 +401,7 @@ type writes struct {
 	once           onceCols // metadata.go
 	chunks         chunkCols
 	labels         labelCols
+	kinds          kindCols
 	weeks          []int32 // partitions of the new builds
 	finalize       map[invKey]*inv
 	finIDs         []invKey
@@ -477,9 +484,9 @@ func (s *state) collect(w *writes, v *inv) {
 	for _, l := range v.targetOrder {
 		switch t := v.targets[l]; {
 		case s.targetExists[rowKey{id, l}]:
-			w.oldTgt.add(v, t)
+			w.oldTgt.add(v, t, &w.kinds)
 		case t.known:
-			w.newTgt.add(v, t)
+			w.newTgt.add(v, t, &w.kinds)
 			w.labels.add(id.project, l)
 			v.newTargets = append(v.newTargets, l)
 			// else: only a failed action names the label, and it is not a
@@ -552,6 +559,9 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 	if len(w.labels.id) > 0 {
 		b.Queue(sqlInsertLabels, w.labels.project, w.labels.id, w.labels.label)
 	}
+	if len(w.kinds.id) > 0 {
+		b.Queue(sqlInsertKinds, w.kinds.id, w.kinds.kind)
+	}
 	if len(w.met.inv) > 0 {
 		b.Queue(sqlMetrics, w.met.args()...)
 	}
@@ -573,7 +583,7 @@ func (w *writes) copyNew(ctx context.Context, tx pgx.Tx) error {
 		n       int
 		row     func(i int) []any
 	}{
-		{"targets", []string{"build_key", "label_id", "kind", "success", "failure_reason",
+		{"targets", []string{"build_key", "label_id", "kind_id", "success", "failure_reason",
 			"failure_rank", "tags", "failed"}, len(w.newTgt.key), w.newTgt.row},
 		{"tests", []string{"build_key", "label_id", "status", "has_summary", "attempts", "run_count",
 			"shard_count", "total_run_count", "results", "duration_ms", "num_cached"}, len(w.newTst.key), w.newTst.row},
@@ -756,17 +766,18 @@ func (c *progressCols) args() []any {
 }
 
 type targetCols struct {
-	key, label         []int64
-	kind, reason, tags []string
-	success            []pgtype.Bool
-	rank               []int16
-	hasTags            []bool
+	key, label   []int64
+	kind         []pgtype.Int4 // kindID; null: Bazel did not say
+	reason, tags []string
+	success      []pgtype.Bool
+	rank         []int16
+	hasTags      []bool
 }
 
-func (c *targetCols) add(v *inv, t *target) {
+func (c *targetCols) add(v *inv, t *target, kinds *kindCols) {
 	c.key = append(c.key, v.buildKey)
 	c.label = append(c.label, labelID(t.label))
-	c.kind = append(c.kind, t.kind)
+	c.kind = append(c.kind, kinds.add(t.kind))
 	c.success = append(c.success, pgtype.Bool{Bool: t.success > 0, Valid: t.success != 0})
 	c.reason = append(c.reason, t.reason)
 	c.rank = append(c.rank, t.rank)
@@ -783,8 +794,8 @@ func (c *targetCols) row(i int) []any {
 	if c.success[i].Valid && !c.success[i].Bool {
 		failed = true
 	}
-	if c.kind[i] != "" {
-		kind = c.kind[i]
+	if c.kind[i].Valid {
+		kind = c.kind[i].Int32
 	}
 	if c.reason[i] != "" {
 		reason = c.reason[i]
@@ -829,6 +840,25 @@ func (c *testCols) row(i int) []any {
 func (c *testCols) args() []any {
 	return []any{c.key, c.label, c.status, c.hasSummary, c.attempts, c.runCount, c.shardCount,
 		c.totalRuns, c.results, c.duration, c.nCached}
+}
+
+// kindCols are the kinds of the batch's targets, once each, for
+// build_kinds.
+type kindCols struct {
+	id   []int32
+	kind []string
+}
+
+// add records kind and returns its id (null for no kind).
+func (c *kindCols) add(kind string) pgtype.Int4 {
+	if kind == "" {
+		return pgtype.Int4{}
+	}
+	id := kindID(kind)
+	if !slices.Contains(c.id, id) {
+		c.id, c.kind = append(c.id, id), append(c.kind, kind)
+	}
+	return pgtype.Int4{Int32: id, Valid: true}
 }
 
 // labelCols are the labels of the batch's new rows, once each.
