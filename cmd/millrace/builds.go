@@ -473,7 +473,7 @@ func scrubBuilds(ctx context.Context, do database.Options, ro redact.Options, so
 			DryRun bool `json:"dry_run"`
 		}{st, so.DryRun})
 	}
-	fmt.Printf("builds scrub: %d invocations scanned in %s; %s %d invocations, %d targets, %d console outputs\n",
-		st.Invocations, time.Since(start).Round(time.Millisecond), verb, st.InvocationsChanged, st.TargetsChanged, st.OutputsChanged)
+	fmt.Printf("builds scrub: %d invocations scanned in %s; %s %d invocations, %d targets, %d metadata rows, %d console outputs\n",
+		st.Invocations, time.Since(start).Round(time.Millisecond), verb, st.InvocationsChanged, st.TargetsChanged, st.MetadataChanged, st.OutputsChanged)
 	return nil
 }

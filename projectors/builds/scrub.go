@@ -35,12 +35,17 @@ type ScrubStats struct {
 	InvocationsChanged int64 `json:"invocations_changed"`
 	TargetsChanged     int64 `json:"targets_changed"`
 	OutputsChanged     int64 `json:"outputs_changed"` // build_output and build_output_chunks rows, streams of build_output_pages
+	// MetadataChanged counts rows of build_metadata, build_command_lines
+	// and build_failures.
+	MetadataChanged int64 `json:"metadata_changed"`
 }
 
 // Scrub applies s to every projected column that holds text from Bazel's
 // events (invocations: command, patterns, user, host, workspace; targets:
-// kind, failure reason, tags; console output, decompressed and compressed
-// again), for rows projected before the edge redacted events. New events
+// kind, failure reason, tags; metadata values; command lines; failures:
+// message, stderr and its URIs; console output, decompressed and
+// compressed again), for rows projected before the edge redacted events,
+// or redacted by rules older than s's. New events
 // are redacted at the edge, so the projector never writes a secret back;
 // Scrub is idempotent and safe to run while the projector runs (each batch
 // locks the rows it rewrites). Rows change only where s changes them.
@@ -137,6 +142,10 @@ for update`, after.id, after.project, opts.Project, opts.Batch)
 	if err := scrubTargets(ctx, tx, s, ids, st); err != nil {
 		return nil, err
 	}
+	mi, mp := keyArrays(ids)
+	if err := scrubMetadata(ctx, tx, s, mi, mp, st); err != nil {
+		return nil, err
+	}
 	for _, t := range []struct{ table, key string }{{"build_output", "invocation_id"}, {"build_output_chunks", "invocation_id, first_seq"}} {
 		if err := scrubOutput(ctx, tx, s, ids, t.table, st); err != nil {
 			return nil, err
@@ -216,6 +225,120 @@ func scrubTargets(ctx context.Context, tx pgx.Tx, s Scrubber, keys []invKey, st 
 			return err
 		}
 		st.TargetsChanged++
+	}
+	return nil
+}
+
+// scrubMetadata redacts the builds' metadata values, failures and
+// command lines. A command line's arguments are kept once per project
+// (build_argv, by their hash): a redacted one is stored under the hash of
+// its new arguments and the build's row pointed at it; the old array goes
+// once no row names it, and stays while other builds' rows do (they are
+// redacted when their own builds are scrubbed).
+func scrubMetadata(ctx context.Context, tx pgx.Tx, s Scrubber, ids, projects []string, st *ScrubStats) error {
+	const ofBuilds = `(invocation_id, project) in (select * from unnest($1::text[], $2::text[]))`
+	rows, err := tx.Query(ctx, `select invocation_id, project, source, key, value from build_metadata where `+ofBuilds+` for update`, ids, projects)
+	if err != nil {
+		return err
+	}
+	type meta struct{ inv, project, source, key, value string }
+	var metas []meta
+	var m meta
+	if _, err := pgx.ForEachRow(rows, []any{&m.inv, &m.project, &m.source, &m.key, &m.value}, func() error {
+		if n := s.Text(m.value); n != m.value {
+			m.value = n
+			metas = append(metas, m)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, m := range metas {
+		if _, err := tx.Exec(ctx, `update build_metadata set value = $5 where invocation_id = $1 and project = $2 and source = $3 and key = $4`,
+			m.inv, m.project, m.source, m.key, m.value); err != nil {
+			return err
+		}
+		st.MetadataChanged++
+	}
+
+	rows, err = tx.Query(ctx, `select f.build_key, f.id, f.message, f.stderr, f.stderr_uri, f.stdout_uri from build_failures f
+		where f.build_key in (select build_key from invocations where (id, project) in (select * from unnest($1::text[], $2::text[])))
+		for update`, ids, projects)
+	if err != nil {
+		return err
+	}
+	type failure struct {
+		key, id int64
+		texts   [4]*string
+	}
+	var fails []failure
+	var f failure
+	if _, err := pgx.ForEachRow(rows, []any{&f.key, &f.id, &f.texts[0], &f.texts[1], &f.texts[2], &f.texts[3]}, func() error {
+		changed := false
+		for i, p := range f.texts {
+			if p != nil {
+				if n := s.Text(*p); n != *p {
+					f.texts[i], changed = &n, true
+				}
+			}
+		}
+		if changed {
+			fails = append(fails, f)
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, f := range fails {
+		if _, err := tx.Exec(ctx, `update build_failures set message = $3, stderr = $4, stderr_uri = $5, stdout_uri = $6 where build_key = $1 and id = $2`,
+			f.key, f.id, f.texts[0], f.texts[1], f.texts[2], f.texts[3]); err != nil {
+			return err
+		}
+		st.MetadataChanged++
+	}
+
+	rows, err = tx.Query(ctx, `select c.invocation_id, c.project, c.source, c.label, c.argv_hash, a.argv
+		from build_command_lines c join build_argv a on a.project = c.project and a.hash = c.argv_hash
+		where (c.invocation_id, c.project) in (select * from unnest($1::text[], $2::text[])) for update of c`, ids, projects)
+	if err != nil {
+		return err
+	}
+	type line struct {
+		inv, project, source, label string
+		hash                        []byte
+		argv                        []string
+	}
+	var lines []line
+	var l line
+	if _, err := pgx.ForEachRow(rows, []any{&l.inv, &l.project, &l.source, &l.label, &l.hash, &l.argv}, func() error {
+		argv := slices.Clone(l.argv)
+		for i := range argv {
+			argv[i] = s.Text(argv[i])
+		}
+		if !slices.Equal(argv, l.argv) {
+			lines = append(lines, line{l.inv, l.project, l.source, l.label, slices.Clone(l.hash), argv})
+		}
+		return nil
+	}); err != nil {
+		return err
+	}
+	for _, l := range lines {
+		h := argvHash(l.argv)
+		if _, err := tx.Exec(ctx, `insert into build_argv (project, hash, argv) values ($1, $2, $3) on conflict do nothing`, l.project, h, l.argv); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `update build_command_lines set argv_hash = $5 where invocation_id = $1 and project = $2 and source = $3 and label = $4`,
+			l.inv, l.project, l.source, l.label, h); err != nil {
+			return err
+		}
+		// An array a projector's batch holds (it names it in a new row)
+		// is skipped: it stays, named.
+		if _, err := tx.Exec(ctx, `delete from build_argv a where a.project = $1 and a.hash = $2
+			and a.hash in (select hash from build_argv where project = $1 and hash = $2 for update skip locked)
+			and not exists (select 1 from build_command_lines c where c.project = a.project and c.argv_hash = a.hash)`, l.project, l.hash); err != nil {
+			return err
+		}
+		st.MetadataChanged++
 	}
 	return nil
 }

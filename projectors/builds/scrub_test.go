@@ -2,6 +2,7 @@ package builds
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -145,5 +146,77 @@ func TestScrub(t *testing.T) {
 	}
 	if want := "INFO: --remote_header=Authorization=" + redact.Marker + "\nexport GH=" + redact.Marker + "\nINFO: done\n"; string(e) != want {
 		t.Fatalf("output of the running build after scrub and finish = %q, want %q", e, want)
+	}
+}
+
+// A scrub reaches what a build says about itself: metadata values, the
+// messages of its failures and its command lines (kept once per project:
+// the redacted arguments under their own hash, the old array gone once no
+// build names it), in the project scrubbed only.
+func TestScrubMetadata(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	p := newProjector(t, Config{})
+	s := newStream(t0)
+	for _, k := range [][2]string{{"acme", "inv-1"}, {"acme", "inv-2"}, {"beta", "inv-3"}} {
+		b := s.invocation(k[0], k[1])
+		b.tool(startedEv(k[1], s.advance(time.Second)))
+		b.tool(buildMetadataEv(map[string]string{"CI_RUN_URL": "https://bot:SECRET4@ci.example/run/1", "BRANCH": "main"}))
+		b.tool(structuredEv("canonical", nil, []string{"--remote_header=Authorization=Bearer SECRET1"}, "build", "//..."))
+		b.tool(actionEv("//a:b", "bazel-out/a/b.txt", false, 1, "curl https://u:SECRET4@x.example failed"))
+		b.tool(finishedEv(1, "BUILD_FAILURE", s.advance(time.Minute)))
+		b.finishStream()
+	}
+	applyAll(t, pool, p, s.msgs, 1000)
+	held := func(project string) string {
+		t.Helper()
+		var v string
+		err := pool.QueryRow(ctx, `select concat_ws(E'\n',
+			(select string_agg(value, ' ' order by value) from build_metadata where project = $1),
+			(select string_agg(coalesce(f.message, ''), ' ') from build_failures f join invocations i on i.build_key = f.build_key where i.project = $1),
+			(select string_agg(array_to_string(argv, ' '), ' ') from build_argv where project = $1))`, project).Scan(&v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	for _, pr := range []string{"acme", "beta"} {
+		if h := held(pr); !strings.Contains(h, "SECRET1") || !strings.Contains(h, "SECRET4") {
+			t.Fatalf("%s holds no secrets before the scrub; the test does not test:\n%s", pr, h)
+		}
+	}
+	st, err := Scrub(ctx, pool, redact.MustNew(redact.Config{}), ScrubOptions{Project: "acme", Batch: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Per build: a metadata value, a failure, a command line.
+	if st.MetadataChanged != 6 {
+		t.Errorf("metadata rows changed: %d, want 6 (%+v)", st.MetadataChanged, st)
+	}
+	acme := held("acme")
+	for _, sec := range []string{"SECRET1", "SECRET4"} {
+		if strings.Contains(acme, sec) {
+			t.Errorf("acme still holds %q:\n%s", sec, acme)
+		}
+	}
+	if !strings.Contains(acme, "--remote_header=Authorization="+redact.Marker) || !strings.Contains(acme, "main") {
+		t.Errorf("the scrub took more than the secrets:\n%s", acme)
+	}
+	if h := held("beta"); !strings.Contains(h, "SECRET1") {
+		t.Errorf("scrubbing acme changed beta's rows:\n%s", h)
+	}
+	var arrays int
+	if err := pool.QueryRow(ctx, `select count(*) from build_argv where project = 'acme'`).Scan(&arrays); err != nil || arrays != 1 {
+		t.Errorf("acme keeps %d argument arrays (%v), want the redacted one only", arrays, err)
+	}
+	b, err := Show(ctx, pool, "acme", "inv-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(b.CommandLine, "--remote_header=Authorization="+redact.Marker) {
+		t.Errorf("inv-2's command line after the scrub: %q", b.CommandLine)
+	}
+	if st, err := Scrub(ctx, pool, redact.MustNew(redact.Config{}), ScrubOptions{}); err != nil || st.MetadataChanged != 3 {
+		t.Errorf("scrubbing everything then: %+v (%v), want beta's 3 rows", st, err)
 	}
 }
