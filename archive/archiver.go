@@ -41,8 +41,13 @@ type Config struct {
 	// before it is archived, so that late events (Bazel's retries, the
 	// lifecycle's end) are in. Zero: DefaultAfter; negative: never archive.
 	After time.Duration
-	// Interval is how often the archiver looks for builds to archive once
-	// it has archived every one it found. Zero: DefaultInterval.
+	// Interval is the least time between two looks for builds to
+	// archive once a look found less than a batch (a full batch: the next
+	// look is at once), and how often trimming is tried again while
+	// archived builds wait for a holder. Between looks the archiver
+	// sleeps until the next build it knows of is due, and looks at least
+	// every After for those it could not know of (Run). Zero:
+	// DefaultInterval.
 	Interval time.Duration
 	// Batch is the most builds one look takes. Zero: DefaultBatch.
 	Batch int
@@ -107,7 +112,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	envflag.SignedDuration(fs, &c.After, "archive-after", "MILLRACE_ARCHIVE_AFTER", DefaultAfter,
 		"how long after its last event a finished build's raw events go to the bucket (--bucket-url); negative: never archive")
 	envflag.Duration(fs, &c.Interval, "archive-interval", "MILLRACE_ARCHIVE_INTERVAL", DefaultInterval,
-		"how often the archiver looks for finished builds once it has archived those it found")
+		"least time between the archiver's looks for finished builds once it has archived those it found (a build is archived within it of being due); while none is due it looks when the next it knows of is, and at least every --archive-after")
 	envflag.Int(fs, &c.Batch, "archive-batch", "MILLRACE_ARCHIVE_BATCH", DefaultBatch, "most builds the archiver takes per look")
 	envflag.Duration(fs, &c.Lookback, "archive-lookback", "MILLRACE_ARCHIVE_LOOKBACK", DefaultLookback,
 		"how far back the archiver looks for builds not archived (the BES stream keeps nothing older than its age limit)")
@@ -200,6 +205,11 @@ type Archiver struct {
 	dicts *Dicts
 	m     *Metrics
 	now   func() time.Time
+
+	// What the last pass learnt of when the next one is worth making
+	// (nextLook).
+	nextDue   time.Time // when the earliest build seen and not yet due is; zero: none
+	untrimmed int64     // archived builds a holder has not read yet
 }
 
 // New makes an archiver; m may be nil (metrics kept unregistered). It
@@ -249,6 +259,7 @@ func (a *Archiver) Run(ctx context.Context) error {
 	log := a.cfg.Logger
 	pause := backoff.Backoff{Min: min(time.Second, a.cfg.MaxPause), Max: a.cfg.MaxPause, Jitter: true}
 	for ctx.Err() == nil {
+		start := a.now()
 		n, reason, err := a.Pass(ctx)
 		if ctx.Err() != nil {
 			return nil
@@ -264,11 +275,41 @@ func (a *Archiver) Run(ctx context.Context) error {
 		}
 		a.m.paused.Set(0)
 		pause.Reset()
-		if n < a.cfg.Batch && !backoff.Sleep(ctx, a.cfg.Interval) {
+		if n < a.cfg.Batch && !backoff.Sleep(ctx, a.nextLook(start).Sub(a.now())) {
 			return nil
 		}
 	}
 	return nil
+}
+
+// nextLook is when Run looks again after a pass that began at start and
+// found less than a batch. An idle archiver does not ask PostgreSQL every
+// Interval for builds that cannot be due: a build becomes due After its
+// last event, so the pass noted the earliest one it saw that is not due
+// yet (nextDue). A build the pass could not see (not projected yet) whose
+// last event came after start is due after start+After, by when the
+// archiver has looked again; one whose events were stored before start
+// but projected after waits for that look, so it is archived as late as
+// the projector was, and at most After after it is due. A build the
+// projector's sweep finishes (abandoned) was due long before and waits
+// the same, and so does the console output of an archived build that
+// could not move yet (MoveOutputs: the projector behind the object, or an
+// object that did not read). While archived builds wait for a holder to
+// read them, trimming is tried every Interval, as it was. Looks are never
+// closer than Interval: a build is archived within Interval of being due,
+// as when the archiver looked every Interval.
+func (a *Archiver) nextLook(start time.Time) time.Time {
+	at := start.Add(max(a.cfg.After, a.cfg.Interval))
+	if !a.nextDue.IsZero() && a.nextDue.Before(at) {
+		at = a.nextDue
+	}
+	if a.untrimmed > 0 {
+		at = start
+	}
+	if floor := start.Add(a.cfg.Interval); at.Before(floor) {
+		at = floor
+	}
+	return at
 }
 
 // Pass archives the builds one look finds (at most Batch), then moves the
@@ -295,7 +336,11 @@ func (a *Archiver) Pass(ctx context.Context) (found int, reason string, err erro
 
 // archivePass archives the builds one look finds.
 func (a *Archiver) archivePass(ctx context.Context) (found int, reason string, err error) {
-	builds, err := a.due(ctx)
+	now := a.now()
+	builds, err := a.due(ctx, now)
+	if err == nil && len(builds) < a.cfg.Batch {
+		a.nextDue, err = a.upcoming(ctx, now)
+	}
 	if err != nil {
 		a.m.failures.WithLabelValues(ReasonDatabase).Inc()
 		return 0, ReasonDatabase, err
@@ -335,8 +380,7 @@ func (a *Archiver) archivePass(ctx context.Context) (found int, reason string, e
 // due lists the finished builds whose last event is at least After old
 // and that are not archived, or whose events are newer than their object,
 // oldest first.
-func (a *Archiver) due(ctx context.Context) ([]pending, error) {
-	now := a.now()
+func (a *Archiver) due(ctx context.Context, now time.Time) ([]pending, error) {
 	rows, err := a.pool.Query(ctx, `
 select i.project, i.id, i.last_event_at
 from invocations i
@@ -352,6 +396,39 @@ limit $3`, now.Add(-a.cfg.Lookback), now.Add(-a.cfg.After), a.cfg.Batch)
 	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (p pending, err error) {
 		return p, r.Scan(&p.project, &p.id, &p.lastEventAt)
 	})
+}
+
+// bucketSlack is how much earlier than a last_event_at its
+// last_event_bucket may be: the bucket is the time rounded down to 5
+// minutes (projectors/builds, eventBucket); an hour keeps the bound right
+// should the rounding grow, and the index range small.
+const bucketSlack = time.Hour
+
+// sqlUpcoming is the earliest last event of the builds due's conditions
+// would list but for its time: finished, not archived (or with events
+// newer than their object), last event after the cutoff; on
+// invocations_finished_idx, from the bucket of the cutoff.
+const sqlUpcoming = `
+select min(i.last_event_at)
+from invocations i
+left join archived_builds a on a.invocation_id = i.id and a.project = i.project
+where (i.status <> 'running' or i.stream_done)
+  and i.last_event_bucket >= $1 and i.last_event_at > $2
+  and (a.invocation_id is null or (a.last_event_at < i.last_event_at and a.raw_expired_at is null))`
+
+// upcoming returns when the earliest finished build that is not due yet
+// as of now (its last event less than After old) becomes due; zero when
+// there is none.
+func (a *Archiver) upcoming(ctx context.Context, now time.Time) (time.Time, error) {
+	cutoff := now.Add(-a.cfg.After)
+	var last *time.Time
+	if err := a.pool.QueryRow(ctx, sqlUpcoming, cutoff.Add(-bucketSlack), cutoff).Scan(&last); err != nil {
+		return time.Time{}, fmt.Errorf("archive: builds due next: %w", err)
+	}
+	if last == nil {
+		return time.Time{}, nil
+	}
+	return last.Add(a.cfg.After), nil
 }
 
 // bucketError marks a failure of the bucket inside a stream read.

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"io"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -60,6 +62,7 @@ func (f *flaky) NewReader(ctx context.Context, key string) (io.ReadCloser, error
 
 type env struct {
 	ctx   context.Context
+	url   string
 	pool  *pgxpool.Pool
 	js    jetstream.JetStream
 	src   streams.SubjectReader
@@ -69,7 +72,7 @@ type env struct {
 func newEnv(t *testing.T) *env {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	t.Cleanup(cancel)
-	pool, _ := testenv.Pool(t)
+	pool, url := testenv.Pool(t)
 	nc, err := nats.Connect(testenv.NATS(t).ClientURL())
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +91,7 @@ func newEnv(t *testing.T) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bk.Close() })
-	return &env{ctx: ctx, pool: pool, js: js, src: streams.SubjectReader{Stream: s}, store: &flaky{Bucket: bk}}
+	return &env{ctx: ctx, url: url, pool: pool, js: js, src: streams.SubjectReader{Stream: s}, store: &flaky{Bucket: bk}}
 }
 
 // publish stores a recorded build's messages on its subject, as the edge
@@ -383,4 +386,93 @@ func TestArchiverBuildGone(t *testing.T) {
 	if ok, _ := e.store.Exists(e.ctx, archive.BuildKey(project, "gone")); ok {
 		t.Fatal("an empty object was stored")
 	}
+}
+
+// looks counts the archiver's looks for builds: the statements on a pool
+// that read invocations as the archiver's due and upcoming builds do.
+type looks struct{ n atomic.Int64 }
+
+func (l *looks) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "from invocations i") {
+		l.n.Add(1)
+	}
+	return ctx
+}
+
+func (*looks) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// tracedPool opens a second pool on e's database whose statements tr sees.
+func tracedPool(t *testing.T, url string, tr pgx.QueryTracer) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.Tracer = tr
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// TestArchiverIdleLooksWhenDue: an archiver with nothing due does not ask
+// PostgreSQL every Interval: it looks once, sleeps until the build it saw
+// is due, and archives it then, in two looks where an archiver looking
+// every Interval (10 ms here) makes a hundred.
+func TestArchiverIdleLooksWhenDue(t *testing.T) {
+	e := newEnv(t)
+	var l looks
+	pool := tracedPool(t, e.url, &l)
+	b := invocation(t, "bazel-test-60.besrec")
+	e.publish(t, b)
+	n, lastTool := tools(b)
+	const after = time.Hour
+	e.finished(t, project, testID, after-time.Second, n, lastTool) // due in a second
+	a, err := archive.New(archive.Config{After: after, Interval: 10 * time.Millisecond}, pool, e.store, e.src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	poll.Until(t, "the build archived once due", func() bool {
+		_, ok := e.archived(t, project, testID)
+		return ok
+	})
+	// Each look asks for the builds due and for the next one to be.
+	if got := l.n.Load(); got > 4 {
+		t.Fatalf("%d statements looked for builds before the one build was archived; want 2 looks (4)", got)
+	}
+	if ok, _ := e.store.Exists(e.ctx, archive.BuildKey(project, testID)); !ok {
+		t.Fatal("no object")
+	}
+}
+
+// TestArchiverLooksEveryAfterForBuildsUnseen: a build projected already
+// due after the archiver's last look (the projector was behind, or its
+// sweep abandoned the build) is archived by the look After later.
+func TestArchiverLooksEveryAfterForBuildsUnseen(t *testing.T) {
+	e := newEnv(t)
+	var l looks
+	pool := tracedPool(t, e.url, &l)
+	a, err := archive.New(archive.Config{After: 200 * time.Millisecond, Interval: 10 * time.Millisecond}, pool, e.store, e.src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	poll.Until(t, "the first look", func() bool { return l.n.Load() >= 2 })
+	b := invocation(t, "bazel-test-60.besrec")
+	e.publish(t, b)
+	n, lastTool := tools(b)
+	e.finished(t, project, testID, time.Hour, n, lastTool)
+	poll.Until(t, "the build archived by a later look", func() bool {
+		_, ok := e.archived(t, project, testID)
+		return ok
+	})
 }

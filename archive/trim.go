@@ -218,6 +218,7 @@ where object_key <> '' and verify_error is null and (trimmed_seq is null or trim
 		return 0, ReasonDatabase, fmt.Errorf("archive: builds to trim: %w", err)
 	}
 	a.m.waitingForHolder.Set(float64(waiting))
+	a.untrimmed = waiting
 	if trimmed < a.cfg.Batch {
 		trimmed = 0
 	}

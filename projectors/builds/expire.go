@@ -19,15 +19,23 @@ import (
 
 // Defaults of ExpireConfig.
 const (
-	DefaultExpireInterval = time.Minute
-	DefaultExpireBatch    = 100
+	DefaultExpireInterval     = time.Minute
+	DefaultExpireIdleInterval = 15 * time.Minute
+	DefaultExpireBatch        = 100
 )
 
 // ExpireConfig configures the Expirer. A zero field takes its default; a
 // negative one is refused by NewExpirer.
 type ExpireConfig struct {
-	// Interval is the pause between passes.
+	// Interval is the pause after a pass that deleted something.
 	Interval time.Duration
+	// IdleInterval is the longest pause while passes delete nothing:
+	// after each such pass the pause doubles from Interval up to it, so
+	// that an idle database is not asked every Interval, project by
+	// project, for what cannot be there yet (retention is counted in
+	// days). What passes its retention meanwhile is deleted at most
+	// IdleInterval late. Less than Interval: Interval.
+	IdleInterval time.Duration
 	// Batch is how many builds (or rollup rows) one transaction deletes.
 	Batch int
 	// MaxPause is the longest pause after a failing pass (Interval when 0).
@@ -37,7 +45,8 @@ type ExpireConfig struct {
 
 // RegisterFlags registers the Expirer's flags on fs.
 func (c *ExpireConfig) RegisterFlags(fs *flag.FlagSet) {
-	envflag.Duration(fs, &c.Interval, "retention-interval", "MILLRACE_RETENTION_INTERVAL", DefaultExpireInterval, "pause between the retention's passes, which delete what is past its project's retention")
+	envflag.Duration(fs, &c.Interval, "retention-interval", "MILLRACE_RETENTION_INTERVAL", DefaultExpireInterval, "pause after a retention pass that deleted something (passes delete what is past its project's retention)")
+	envflag.Duration(fs, &c.IdleInterval, "retention-idle-interval", "MILLRACE_RETENTION_IDLE_INTERVAL", DefaultExpireIdleInterval, "longest pause between retention passes while they delete nothing: it doubles from --retention-interval after each such pass up to this; what passes its retention meanwhile is deleted at most this late")
 	envflag.Int(fs, &c.Batch, "retention-batch", "MILLRACE_RETENTION_BATCH", DefaultExpireBatch, "builds (or rollup rows) the retention deletes per transaction")
 }
 
@@ -51,12 +60,19 @@ func (c ExpireConfig) withDefaults() (ExpireConfig, error) {
 	if err := knob.NotNegative("builds", "ExpireConfig.Interval", c.Interval, DefaultExpireInterval); err != nil {
 		return c, err
 	}
+	if err := knob.NotNegative("builds", "ExpireConfig.IdleInterval", c.IdleInterval, DefaultExpireIdleInterval); err != nil {
+		return c, err
+	}
 	if err := knob.NotNegative("builds", "ExpireConfig.Batch", c.Batch, DefaultExpireBatch); err != nil {
 		return c, err
 	}
 	if c.Interval == 0 {
 		c.Interval = DefaultExpireInterval
 	}
+	if c.IdleInterval == 0 {
+		c.IdleInterval = DefaultExpireIdleInterval
+	}
+	c.IdleInterval = max(c.IdleInterval, c.Interval)
 	if c.Batch == 0 {
 		c.Batch = DefaultExpireBatch
 	}
@@ -163,14 +179,18 @@ func NewExpirer(cfg ExpireConfig, def Retention, pool *pgxpool.Pool, raw RawExpi
 }
 
 // Run checks every project's retention (CheckRetention: a broken one ends
-// Run with its error, the process does not start deleting), then makes a
-// pass every Interval until ctx ends. A failing pass pauses it (backoff up
-// to MaxPause) with millrace_retention_paused at 1.
+// Run with its error, the process does not start deleting), then makes
+// passes until ctx ends: Interval after one that deleted something, and
+// while they delete nothing a pause doubling up to IdleInterval
+// (nextPause). A failing pass pauses it (backoff up to MaxPause) with
+// millrace_retention_paused at 1.
 func (e *Expirer) Run(ctx context.Context) error {
 	pause := backoff.Backoff{Min: min(time.Second, e.cfg.MaxPause), Max: e.cfg.MaxPause, Jitter: true}
 	checked := false
+	var wait time.Duration
 	for ctx.Err() == nil {
 		var err error
+		var st ExpireStats
 		reason := ExpireReasonDatabase
 		if !checked {
 			floor := 0
@@ -184,7 +204,7 @@ func (e *Expirer) Run(ctx context.Context) error {
 			}
 		}
 		if checked {
-			_, reason, err = e.Pass(ctx)
+			st, reason, err = e.Pass(ctx)
 		}
 		if ctx.Err() != nil {
 			return nil
@@ -204,11 +224,22 @@ func (e *Expirer) Run(ctx context.Context) error {
 		}
 		e.m.paused.Set(0)
 		pause.Reset()
-		if !backoff.Sleep(ctx, e.cfg.Interval) {
+		wait = e.cfg.nextPause(wait, st)
+		if !backoff.Sleep(ctx, wait) {
 			return nil
 		}
 	}
 	return nil
+}
+
+// nextPause is the pause after a pass that deleted st, the one before it
+// having been prev: Interval after a pass that deleted something (more
+// may come due soon), else prev doubled, from Interval up to IdleInterval.
+func (c ExpireConfig) nextPause(prev time.Duration, st ExpireStats) time.Duration {
+	if st != (ExpireStats{}) || prev < c.Interval {
+		return c.Interval
+	}
+	return min(2*prev, c.IdleInterval)
 }
 
 // Pass deletes everything past retention now, project by project, batch

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -285,5 +287,93 @@ func TestExpireDropsWeeksPastTheLongestRetention(t *testing.T) {
 	var left int
 	if err := pool.QueryRow(ctx, `select count(*) from pg_class where relname ~ $1`, fmt.Sprintf("_w%d$", all[0])).Scan(&left); err != nil || left != 0 {
 		t.Fatalf("%d tables of the dropped week left (%v)", left, err)
+	}
+}
+
+// passes counts the Expirer's passes (and its check at start): the
+// statements on a pool that list the projects' retention.
+type passes struct{ n atomic.Int64 }
+
+func (p *passes) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if d.SQL == sqlRetentionProjects {
+		p.n.Add(1)
+	}
+	return ctx
+}
+
+func (*passes) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// While its passes delete nothing the retention backs off, the pause
+// doubling from Interval up to IdleInterval, instead of asking an idle
+// database every Interval; it still runs, and deletes a build that comes
+// past its retention meanwhile within IdleInterval.
+func TestExpireBacksOffWhileIdle(t *testing.T) {
+	_, url := testenv.Pool(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n passes
+	cfg.ConnConfig.Tracer = &n
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	const interval, idle = 2 * time.Millisecond, 300 * time.Millisecond
+	e, err := NewExpirer(ExpireConfig{Interval: interval, IdleInterval: idle}, Retention{RawDays: 1, RowsDays: 5}, pool, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.now = func() time.Time { return t0.Add(10 * 24 * time.Hour) }
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- e.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+
+	// The check at start and ten passes: at least the pauses 2, 4, ...,
+	// 256 ms and 300 ms apart, where passes every Interval take some 30 ms.
+	start := time.Now()
+	poll.Until(t, "ten passes", func() bool { return n.n.Load() >= 11 })
+	if took, least := time.Since(start), 810*time.Millisecond; took < least {
+		t.Fatalf("ten passes that deleted nothing in %v; backing off they take at least %v", took, least)
+	}
+
+	p := newProjector(t, Config{})
+	s := newStream(t0)
+	synthBuild(s, "acme", "old", 20, true)
+	applyAll(t, pool, p, s.msgs, 40)
+	poll.Until(t, "the build past retention deleted by a later pass", func() bool {
+		return rowsOf(t, pool, Key{"acme", "old"}) == 0
+	})
+}
+
+// The pause after a pass: Interval after one that deleted something, else
+// the last doubled up to IdleInterval; an IdleInterval under Interval is
+// Interval, a negative one refused.
+func TestExpireNextPause(t *testing.T) {
+	c, err := ExpireConfig{Interval: time.Minute, IdleInterval: 10 * time.Minute}.withDefaults()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []time.Duration
+	var d time.Duration
+	for _, st := range []ExpireStats{{}, {}, {}, {}, {}, {}, {RawBuilds: 1}, {}} {
+		d = c.nextPause(d, st)
+		got = append(got, d)
+	}
+	want := []time.Duration{time.Minute, 2 * time.Minute, 4 * time.Minute, 8 * time.Minute, 10 * time.Minute, 10 * time.Minute, time.Minute, 2 * time.Minute}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("pauses %v, want %v", got, want)
+	}
+	if c, _ := (ExpireConfig{Interval: time.Hour}).withDefaults(); c.IdleInterval != time.Hour {
+		t.Fatalf("IdleInterval under Interval: %v, want Interval", c.IdleInterval)
+	}
+	if c, _ := (ExpireConfig{}).withDefaults(); c.IdleInterval != DefaultExpireIdleInterval || c.Interval != DefaultExpireInterval {
+		t.Fatalf("defaults: %+v", c)
+	}
+	if _, err := NewExpirer(ExpireConfig{IdleInterval: -time.Second}, Retention{RawDays: 1}, nil, nil, nil); err == nil || !strings.Contains(err.Error(), "IdleInterval") {
+		t.Fatalf("negative IdleInterval: %v", err)
 	}
 }
