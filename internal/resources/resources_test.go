@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/millrace/millrace/internal/devdb"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/resources"
@@ -123,21 +119,7 @@ func TestOpenFailureClosesWhatOpened(t *testing.T) {
 // leaves it as it is.
 func TestMigrated(t *testing.T) {
 	ctx := context.Background()
-	srv := testenv.Server(t)
-	name := fmt.Sprintf("millrace_test_resources_%d", time.Now().UnixNano())
-	admin, err := pgx.Connect(ctx, srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "create database "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { admin.Exec(context.Background(), "drop database if exists "+name+" with (force)") })
-	url, err := devdb.WithDatabase(srv.URL, name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	url := testenv.EmptyDatabase(t)
 	schema := func(need resources.Need) (exists bool) {
 		o, _ := options(t, need, "-database-url", url)
 		err := o.Run(ctx, "", nil, nil, func(r *resources.Opened) error {
