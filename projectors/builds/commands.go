@@ -77,8 +77,8 @@ func WriteScrub(w io.Writer, st ScrubStats, dryRun bool, took time.Duration, asJ
 			DryRun bool `json:"dry_run"`
 		}{st, dryRun})
 	}
-	fmt.Fprintf(w, "builds scrub: %d invocations scanned in %s; %s %d invocations, %d targets, %d console outputs\n",
-		st.Invocations, took.Round(time.Millisecond), scrubVerb(dryRun), st.InvocationsChanged, st.TargetsChanged, st.OutputsChanged)
+	fmt.Fprintf(w, "builds scrub: %d invocations scanned in %s; %s %d invocations, %d targets, %d metadata rows, %d console outputs\n",
+		st.Invocations, took.Round(time.Millisecond), scrubVerb(dryRun), st.InvocationsChanged, st.TargetsChanged, st.MetadataChanged, st.OutputsChanged)
 	return nil
 }
 
