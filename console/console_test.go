@@ -257,6 +257,44 @@ func TestWriteBuildPaged(t *testing.T) {
 	}
 }
 
+// WriteBuilds prints every project's build with the id, one after the
+// other, or the one project's; a build it does not find names the projects
+// that have the id.
+func TestWriteBuilds(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `insert into invocations (id, project, status, command, first_event_at, last_event_at) values
+		('same-id', 'alpha', 'succeeded', 'build', now(), now()),
+		('same-id', 'beta', 'failed', 'test', now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	var alpha, beta, both, one bytes.Buffer
+	if err := WriteBuildPaged(ctx, &alpha, pool, "alpha", "same-id"); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteBuildPaged(ctx, &beta, pool, "beta", "same-id"); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteBuilds(ctx, &both, pool, "", "same-id"); err != nil || both.String() != alpha.String()+"\n"+beta.String() {
+		t.Fatalf("both projects' builds: %v\n%s", err, both.String())
+	}
+	if err := WriteBuilds(ctx, &one, pool, "beta", "same-id"); err != nil || one.String() != beta.String() {
+		t.Fatalf("beta's build: %v\n%s", err, one.String())
+	}
+	for project, want := range map[string]string{
+		"":      `no build "nothing" in the database`,
+		"gamma": `project "gamma" has no build "nothing"`,
+	} {
+		if err := WriteBuilds(ctx, io.Discard, pool, project, "nothing"); err == nil || err.Error() != want {
+			t.Errorf("no build of project %q: %v, want %s", project, err, want)
+		}
+	}
+	want := `project "gamma" has no build "same-id" (projects that have one: alpha, beta)`
+	if err := WriteBuilds(ctx, io.Discard, pool, "gamma", "same-id"); err == nil || err.Error() != want {
+		t.Errorf("another project's id: %v, want %s", err, want)
+	}
+}
+
 func TestCheckExposure(t *testing.T) {
 	t1, _ := apikey.Parse("0123456789abcdef0123", TokenSyntax("key"))
 	keys := Tokens{t1}

@@ -136,6 +136,37 @@ func WriteBuildPaged(ctx context.Context, out io.Writer, q builds.Querier, proje
 	return w.Flush()
 }
 
+// WriteBuilds writes every build with invocation id, or project's alone
+// when project is set, one after the other with a blank line between (what
+// `millrace builds show` prints), each a page of rows at a time
+// (WriteBuildPaged). A build it does not find is an error that names the
+// projects that have the id (builds.Find).
+func WriteBuilds(ctx context.Context, out io.Writer, q builds.Querier, project, id string) error {
+	projects := []string{project}
+	if project == "" {
+		var err error
+		if projects, err = builds.Projects(ctx, q, id); err != nil {
+			return err
+		}
+	}
+	if len(projects) == 0 {
+		return fmt.Errorf("no build %q in the database", id)
+	}
+	for i, p := range projects {
+		if i > 0 {
+			fmt.Fprintln(out)
+		}
+		err := WriteBuildPaged(ctx, out, q, p, id)
+		if errors.Is(err, builds.ErrNotFound) {
+			_, err = builds.Find(ctx, q, p, id, false) // says which projects have it
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 func deref(s *string) string {
 	if s == nil {
 		return "?"

@@ -2,8 +2,6 @@ package migrations_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"slices"
 	"strings"
 	"testing"
@@ -11,7 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/tern/v2/migrate"
 
-	"github.com/millrace/millrace/internal/devdb"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/projectors/builds"
@@ -21,31 +18,7 @@ import (
 // the test ends.
 func emptyDatabase(t testing.TB) *pgx.Conn {
 	t.Helper()
-	ctx := context.Background()
-	srv := testenv.Server(t)
-	b := make([]byte, 6)
-	rand.Read(b)
-	name := "millrace_migr_" + hex.EncodeToString(b)
-	admin, err := pgx.Connect(ctx, srv.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "create database "+name); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		c, err := pgx.Connect(context.Background(), srv.URL)
-		if err == nil {
-			c.Exec(context.Background(), "drop database if exists "+name+" with (force)")
-			c.Close(context.Background())
-		}
-	})
-	url, err := devdb.WithDatabase(srv.URL, name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pgx.Connect(ctx, url)
+	conn, err := pgx.Connect(context.Background(), testenv.EmptyDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,10 +10,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // parsed registers the backbone's flags and parses args.
@@ -100,6 +103,13 @@ func TestOptionsOpen(t *testing.T) {
 	}
 	if _, err := bb.JS.Stream(context.Background(), streams.StreamSpecs(c)[0].Name); err != nil {
 		t.Fatalf("streams not applied: %v", err)
+	}
+	// Stream and Reader open one of them, their error naming the stream.
+	if r, err := bb.Reader(context.Background(), subjects.StreamBES); err != nil || r.Stream.CachedInfo().Config.Name != subjects.StreamBES {
+		t.Fatalf("Reader(%s): %v", subjects.StreamBES, err)
+	}
+	if _, err := bb.Stream(context.Background(), "NOPE"); !errors.Is(err, jetstream.ErrStreamNotFound) || !strings.HasPrefix(err.Error(), "stream NOPE: ") {
+		t.Fatalf("a stream that is not there: %v", err)
 	}
 	if bb, _, err := parsed(t, "-nats-url", ns.ClientURL(), "-retention-raw-days", "0").Open(context.Background(), "test", nil, nil); err == nil || bb != nil {
 		t.Fatalf("a refused configuration opened %v, %v", bb, err)

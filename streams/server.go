@@ -188,6 +188,16 @@ func (b *Backbone) Publisher() *Publisher { return b.publisher }
 // Embedded is the in-process server, or nil for an external one.
 func (b *Backbone) Embedded() *server.Server { return b.server }
 
+// Stream is the backbone's stream name, its error naming the stream (the
+// commands' tools each read one).
+func (b *Backbone) Stream(ctx context.Context, name string) (jetstream.Stream, error) {
+	s, err := b.JS.Stream(ctx, name)
+	if err != nil {
+		return nil, fmt.Errorf("stream %s: %w", name, err)
+	}
+	return s, nil
+}
+
 // Close flushes what is in flight, closes the connection and stops the
 // embedded server.
 func (b *Backbone) Close() { b.closeOnce.Do(b.close) }

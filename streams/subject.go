@@ -37,6 +37,12 @@ func ReadSubject(ctx context.Context, s jetstream.Stream, subject string, fn fun
 // (archive.Source) without a type of either package in the other's.
 type SubjectReader struct{ Stream jetstream.Stream }
 
+// Reader is the backbone's stream name as a SubjectReader (Stream).
+func (b *Backbone) Reader(ctx context.Context, name string) (SubjectReader, error) {
+	s, err := b.Stream(ctx, name)
+	return SubjectReader{Stream: s}, err
+}
+
 // Read is ReadSubject with the message's fields as arguments.
 func (r SubjectReader) Read(ctx context.Context, subject string, fn func(seq uint64, at time.Time, subject string, header map[string][]string, data []byte) error) error {
 	s := r.Stream

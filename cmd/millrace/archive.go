@@ -6,16 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/archive"
-	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/logs"
+	"github.com/millrace/millrace/internal/resources"
 	"github.com/millrace/millrace/internal/supervise"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
@@ -25,20 +23,12 @@ import (
 // The raw archive: the archiver (in project builds and dev), zstd train,
 // archive verify.
 
-func besSource(ctx context.Context, bb *streams.Backbone) (streams.SubjectReader, error) {
-	s, err := bb.JS.Stream(ctx, subjects.StreamBES)
-	if err != nil {
-		return streams.SubjectReader{}, fmt.Errorf("stream %s: %w", subjects.StreamBES, err)
-	}
-	return streams.SubjectReader{Stream: s}, nil
-}
-
 // archiver moves finished builds' raw events into the process's bucket.
 func (p *process) archiver(c archive.Config) supervise.Component {
 	c.Logger = p.log.With("component", "archiver")
 	m := archive.NewMetrics(p.t.reg)
 	return p.consumer("archiver", func(ctx context.Context, pool *pgxpool.Pool) error {
-		src, err := besSource(ctx, p.bb)
+		src, err := p.bb.Reader(ctx, subjects.StreamBES)
 		if err != nil {
 			return err
 		}
@@ -68,24 +58,16 @@ func zstdTrainCommand() command {
 		Name:    "zstd train",
 		Summary: "train the raw archive's zstd dictionary and make it current",
 		Usage:   "[recording.besrec ...] | --from-stream [--builds N]",
-		Long: `Trains a dictionary on builds' records as the archive writes them (subjects,
-headers and events), from BES recordings (loadtest/besrecord's format) or from
-builds in the BES stream, stores it in the bucket (--bucket-url) under a new id
-and makes it current: the archiver uses it for the builds it writes next, and
-objects written with an older one stay readable. Every fifth build is held out
-and archived with the new dictionary and with plain zstd: it prints the
-dictionary's id, its size and both ratios.`,
+		Long:    archive.TrainDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo         logs.Options
-				no         streams.Options
-				bo         bucket.Options
+				ro         resources.Options
 				fromStream bool
 				n, size    int
 			)
 			lo.RegisterFlags(fs)
-			no.RegisterFlags(fs)
-			bo.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Backbone|resources.Bucket)
 			fs.BoolVar(&fromStream, "from-stream", false, "train on builds in the BES stream rather than on recordings")
 			fs.IntVar(&n, "builds", 200, "with --from-stream: how many builds, taken at random")
 			fs.IntVar(&size, "size", archive.DefaultDictBytes, "largest dictionary, in bytes")
@@ -93,50 +75,26 @@ dictionary's id, its size and both ratios.`,
 				if fromStream == (len(args) > 0) || n < 1 || size < 256 {
 					return envflag.Usage("zstd train takes recordings or --from-stream (--builds at least 1, --size at least 256)")
 				}
-				return once("zstd train", &lo, func(ctx context.Context, _ *slog.Logger) error {
-					builds, err := trainingBuilds(ctx, no, args, n)
-					if err != nil {
-						return err
-					}
-					return trainDict(ctx, bo, builds, size)
+				o := ro
+				if !fromStream {
+					o = ro.Only(resources.Bucket)
+				}
+				return once("zstd train", &lo, func(ctx context.Context, log *slog.Logger) error {
+					return tool(ctx, &o, log, func(r *resources.Opened) error { return trainDict(ctx, r, args, n, size) })
 				})(ctx, nil)
 			}
 		},
 	}
 }
 
-// trainingBuilds reads the recordings, or n builds of the stream.
-func trainingBuilds(ctx context.Context, no streams.Options, files []string, n int) (out []archive.Build, err error) {
-	if len(files) > 0 {
-		return archive.FromRecordings(files)
-	}
-	return out, withBackbone(ctx, no, func(bb *streams.Backbone, _ streams.Config) error {
-		src, err := besSource(ctx, bb)
-		if err != nil {
-			return err
-		}
-		// More than two messages: an invocation, not a build's two
-		// lifecycle events.
-		subs, err := streams.SampleSubjects(ctx, src.Stream, subjects.BESFilter, n, 2)
-		for _, s := range subs {
-			b, err := archive.ReadBuild(ctx, src, s, 16<<20)
-			if err != nil {
-				return err
-			}
-			out = append(out, b)
-		}
-		return err
-	})
-}
-
-// trainDict trains, stores and measures the dictionary, and prints it.
-func trainDict(ctx context.Context, bo bucket.Options, builds []archive.Build, size int) error {
-	bk, err := bo.Open(ctx)
+// trainDict trains the dictionary on the recordings, or on n builds of the
+// stream, stores and measures it, and prints it.
+func trainDict(ctx context.Context, r *resources.Opened, files []string, n, size int) error {
+	builds, err := trainingBuilds(ctx, r.BB, files, n)
 	if err != nil {
 		return err
 	}
-	defer bk.Close()
-	t, err := archive.TrainAndSave(ctx, archive.NewDicts(bk), builds, size)
+	t, err := archive.TrainAndSave(ctx, archive.NewDicts(r.Bucket), builds, size)
 	if err != nil {
 		return err
 	}
@@ -144,79 +102,63 @@ func trainDict(ctx context.Context, bo bucket.Options, builds []archive.Build, s
 	return nil
 }
 
+// trainingBuilds reads the recordings, or n builds of the stream.
+func trainingBuilds(ctx context.Context, bb *streams.Backbone, files []string, n int) (out []archive.Build, err error) {
+	if len(files) > 0 {
+		return archive.FromRecordings(files)
+	}
+	src, err := bb.Reader(ctx, subjects.StreamBES)
+	if err != nil {
+		return nil, err
+	}
+	// More than two messages: an invocation, not a build's two lifecycle
+	// events.
+	subs, err := streams.SampleSubjects(ctx, src.Stream, subjects.BESFilter, n, 2)
+	for _, s := range subs {
+		b, err := archive.ReadBuild(ctx, src, s, 16<<20)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, b)
+	}
+	return out, err
+}
+
 func archiveVerifyCommand() command {
 	return command{
 		Name:    "archive verify",
 		Summary: "read archived builds back and check them against the stream and the projection",
-		Long: `Reads each archived build's object from the bucket (--bucket-url) and checks it:
-it decodes whole to what archived_builds records; event by event (sequence,
-stored time, subject, every header, data) against the BES stream while the
-stream still holds the build; and its tool events and last tool sequence
-against the projection. Prints a line per bad build with the reason and a
-summary (--json: one JSON object per build, then the summary), records each
-verdict in archived_builds, and exits non-zero if any build is bad. Progress
-on standard error.`,
+		Long:    archive.VerifyDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo     logs.Options
-				no     streams.Options
-				do     database.Options
-				bo     bucket.Options
+				ro     resources.Options
 				vo     archive.VerifyOptions
 				asJSON bool
 			)
 			lo.RegisterFlags(fs)
-			no.RegisterFlags(fs)
-			do.RegisterFlags(fs)
-			bo.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Backbone|resources.Database|resources.Bucket)
 			fs.StringVar(&vo.Project, "project", "", "only this project's builds")
 			fs.StringVar(&vo.ID, "id", "", "only builds with this invocation id")
 			fs.BoolVar(&asJSON, "json", false, "print JSON: an object per build, then the summary")
 			return once("archive verify", &lo, func(ctx context.Context, log *slog.Logger) error {
-				return verifyArchive(ctx, no, do, bo, vo, asJSON, log)
+				return tool(ctx, &ro, log, func(r *resources.Opened) error { return verifyArchive(ctx, r, vo, asJSON) })
 			})
 		},
 	}
 }
 
 // verifyArchive runs archive.Verify and prints its findings.
-func verifyArchive(ctx context.Context, no streams.Options, do database.Options, bo bucket.Options, vo archive.VerifyOptions, asJSON bool, log *slog.Logger) error {
-	pool, err := database.Open(ctx, do.Config(false, log))
+func verifyArchive(ctx context.Context, r *resources.Opened, vo archive.VerifyOptions, asJSON bool) error {
+	src, err := r.BB.Reader(ctx, subjects.StreamBES)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	bk, err := bo.Open(ctx)
+	vo.Progress = archive.ProgressLine(os.Stderr, "archive verify", "builds")
+	sum, err := archive.Verify(ctx, r.Pool, r.Bucket, src, vo, func(f archive.Finding) { archive.WriteFinding(os.Stdout, f, asJSON) })
+	fmt.Fprintln(os.Stderr)
 	if err != nil {
 		return err
 	}
-	defer bk.Close()
-	return withBackbone(ctx, no, func(bb *streams.Backbone, _ streams.Config) error {
-		src, err := besSource(ctx, bb)
-		if err != nil {
-			return err
-		}
-		vo.Progress = func(done, total int) { fmt.Fprintf(os.Stderr, "\rarchive verify: %d/%d builds   ", done, total) }
-		sum, err := archive.Verify(ctx, pool, bk, src, vo, func(f archive.Finding) {
-			switch {
-			case asJSON:
-				printJSON(f)
-			case f.Error != "":
-				fmt.Printf("bad: %s of project %s (%s): %s\n", f.Invocation, f.Project, f.Key, strings.TrimSpace(f.Error))
-			}
-		})
-		fmt.Fprintln(os.Stderr)
-		if err != nil {
-			return err
-		}
-		if asJSON {
-			printJSON(sum)
-		} else {
-			fmt.Printf("archive verify: %d builds, %d bad\n", sum.Builds, sum.Bad)
-		}
-		if sum.Bad > 0 {
-			return fmt.Errorf("%d of %d archived builds are bad", sum.Bad, sum.Builds)
-		}
-		return nil
-	})
+	return archive.WriteSummary(os.Stdout, sum, asJSON)
 }

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"os"
 
 	"github.com/millrace/millrace/commitlog"
+	"github.com/millrace/millrace/internal/resources"
 	buildsproj "github.com/millrace/millrace/projectors/builds"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/kafka"
@@ -12,20 +14,11 @@ import (
 	"github.com/millrace/millrace/streams"
 )
 
-// openBackbone opens the backbone o names as client name, its reader kept
-// off millrace's durables (serviceConsumers).
-func openBackbone(ctx context.Context, o streams.Options, name string, m *streams.Metrics) (*streams.Backbone, streams.Config, error) {
-	return o.Open(ctx, name, serviceConsumers(), m)
-}
-
-// withBackbone opens the backbone for a tool, runs f and closes it.
-func withBackbone(ctx context.Context, o streams.Options, f func(*streams.Backbone, streams.Config) error) error {
-	bb, c, err := openBackbone(ctx, o, "millrace-streams", nil)
-	if err != nil {
-		return err
-	}
-	defer bb.Close()
-	return f(bb, c)
+// tool opens what ro names for a command that runs once (the backbone as
+// client millrace-streams, its reader kept off millrace's durables), runs
+// f and closes it.
+func tool(ctx context.Context, ro *resources.Options, log *slog.Logger, f func(*resources.Opened) error) error {
+	return ro.Run(ctx, "millrace-streams", serviceConsumers(), log, f)
 }
 
 // serviceConsumers are the durable consumers millrace's processes use; the

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -19,6 +17,7 @@ import (
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/logs"
+	"github.com/millrace/millrace/internal/resources"
 	"github.com/millrace/millrace/internal/supervise"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/services/bes"
@@ -75,7 +74,7 @@ func (o *projectorOptions) retention(p *process, rawDays int, withRaw bool) (sup
 	return p.consumer("retention", func(ctx context.Context, pool *pgxpool.Pool) error {
 		var raw builds.RawExpirer
 		if withRaw {
-			src, err := besSource(ctx, p.bb)
+			src, err := p.bb.Reader(ctx, subjects.StreamBES)
 			if err != nil {
 				return err
 			}
@@ -128,11 +127,7 @@ func projectBuildsCommand() command {
 	return command{
 		Name:    "project builds",
 		Summary: "run the builds projector (BES stream -> PostgreSQL)",
-		Long: `Consumes the BES stream into PostgreSQL: invocations, targets, tests, metrics,
-build output and hourly rollups. Several instances may run: one applies, the
-others stand by (a PostgreSQL advisory lock decides). Beside it, the archiver
-moves the raw events of finished builds to the bucket (--bucket-url), one
-object per build, --archive-after their last event (archive/README.md).`,
+		Long:    builds.ProjectDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				po procOptions
@@ -178,28 +173,18 @@ func replayBuildsCommand() command {
 	return command{
 		Name:    "replay builds",
 		Summary: "rebuild the builds projection from the archive and the BES stream",
-		Long: `Empties the builds projection and applies every archived build (from the bucket,
---bucket-url), then the BES stream less what the archive held; the result equals
-what the live projector built. A build whose raw events are gone, past
---retention-raw-days, keeps its rows as they are. When the stream has lost events
-of a build the archive lacks, it refuses before emptying anything and names the
-builds. Stop the builds projector first (replay refuses to run while it holds its
-lock); start it again afterwards.`,
+		Long:    builds.ReplayDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo logs.Options
-				no streams.Options
-				do database.Options
-				bo bucket.Options
+				ro resources.Options
 				po projectorOptions
 			)
 			lo.RegisterFlags(fs)
-			no.RegisterFlags(fs)
-			do.RegisterFlags(fs)
-			bo.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Backbone|resources.Migrated|resources.Bucket)
 			po.register(fs)
 			return once("replay builds", &lo, func(ctx context.Context, log *slog.Logger) error {
-				return replayBuilds(ctx, no, do, bo, po, log)
+				return ro.Run(ctx, "millrace-replay", serviceConsumers(), log, func(r *resources.Opened) error { return replayBuilds(ctx, r, po, log) })
 			})
 		},
 	}
@@ -207,29 +192,14 @@ lock); start it again afterwards.`,
 
 // replayBuilds plans the replay (archive.PlanReplay), says what it will
 // do, and replays.
-func replayBuilds(ctx context.Context, no streams.Options, do database.Options, bo bucket.Options, po projectorOptions, log *slog.Logger) error {
-	bb, cfg, err := openBackbone(ctx, no, "millrace-replay", nil)
-	if err != nil {
-		return err
-	}
-	defer bb.Close()
-	pool, err := database.Open(ctx, do.Config(true, log))
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	bk, err := bo.Open(ctx)
-	if err != nil {
-		return err
-	}
-	defer bk.Close()
+func replayBuilds(ctx context.Context, r *resources.Opened, po projectorOptions, log *slog.Logger) error {
 	proj, err := po.projector()
 	if err != nil {
 		return err
 	}
-	st, err := bb.JS.Stream(ctx, subjects.StreamBES)
+	st, err := r.BB.Stream(ctx, subjects.StreamBES)
 	if err != nil {
-		return fmt.Errorf("stream %s: %w", subjects.StreamBES, err)
+		return err
 	}
 	s := st.CachedInfo().State
 	reset := func(ctx context.Context, tx pgx.Tx, keep []archive.BuildID) error {
@@ -239,30 +209,28 @@ func replayBuilds(ctx context.Context, no streams.Options, do database.Options, 
 		}
 		return proj.ResetExcept(ctx, tx, ks)
 	}
-	plan, planned, err := archive.PlanReplay(ctx, pool, bk, archive.StreamTail{FirstSeq: s.FirstSeq, FirstTime: s.FirstTime, LastSeq: s.LastSeq},
-		reset, archive.ReplayOptions{RawKept: cfg.BESMaxAge, Progress: func(done, total int) {
-			fmt.Fprintf(os.Stderr, "\rreplay builds: %d/%d archived builds   ", done, total)
-		}})
+	plan, planned, err := archive.PlanReplay(ctx, r.Pool, r.Bucket, archive.StreamTail{FirstSeq: s.FirstSeq, FirstTime: s.FirstTime, LastSeq: s.LastSeq},
+		reset, archive.ReplayOptions{RawKept: r.Streams.BESMaxAge, Progress: archive.ProgressLine(os.Stderr, "replay builds", "archived builds")})
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "replay builds: %d builds from the archive, then the stream; %d kept as they are (raw events past --retention-raw-days)\n",
 		planned.Archived, planned.Kept)
-	if err := replayStream(ctx, bb, pool, proj, po.runnerConfig(log), plan, "replay builds", "events"); err != nil {
+	if err := replayStream(ctx, r.BB, r.Pool, proj, po.runnerConfig(log), plan, "replay builds", "events"); err != nil {
 		return err
 	}
-	return moveOutputAgain(ctx, bb, pool, bk, log)
+	return moveOutputAgain(ctx, r, log)
 }
 
 // moveOutputAgain moves the console output that the replay folded into
 // pages into the archive again, so that the replay ends where the live run
 // was.
-func moveOutputAgain(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, bk *bucket.Bucket, log *slog.Logger) error {
-	src, err := besSource(ctx, bb)
+func moveOutputAgain(ctx context.Context, r *resources.Opened, log *slog.Logger) error {
+	src, err := r.BB.Reader(ctx, subjects.StreamBES)
 	if err != nil {
 		return err
 	}
-	a, err := archive.New(archive.Config{Logger: log}, pool, bk, src, nil)
+	a, err := archive.New(archive.Config{Logger: log}, r.Pool, r.Bucket, src, nil)
 	if err != nil {
 		return err
 	}
@@ -271,41 +239,15 @@ func moveOutputAgain(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Po
 	return err
 }
 
-// replayStream empties p's projection and applies rc.Stream again
-// (streams.Runner.Replay), with its progress on stderr under the label
-// what; unit names the stream's messages there.
-func replayStream(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, p projection.Projector, rc streams.RunnerConfig, plan projection.ReplayPlan, what, unit string) error {
-	st, err := bb.JS.Stream(ctx, rc.Stream)
-	if err != nil {
-		return fmt.Errorf("stream %s: %w", rc.Stream, err)
-	}
-	total, start := st.CachedInfo().State.LastSeq, time.Now()
-	rc.Progress = replayProgress(what, unit, total)
+// replayStream empties p's projection and applies rc.Stream again by plan,
+// with its progress on stderr under label (streams.Runner.ReplayReported);
+// unit names the stream's messages there.
+func replayStream(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, p projection.Projector, rc streams.RunnerConfig, plan projection.ReplayPlan, label, unit string) error {
 	r, err := streams.NewRunner(bb.JS, pool, p, rc, nil)
-	if err == nil {
-		err = r.ReplayWith(ctx, plan)
+	if err != nil {
+		return err
 	}
-	if errors.Is(err, streams.ErrLocked) {
-		return fmt.Errorf("the %s projector is running (it holds its lock): stop it, replay, then start it again", p.Name())
-	}
-	if err == nil {
-		fmt.Fprintf(os.Stderr, "\r%s: done, %d %s in %s\n", what, total, unit, time.Since(start).Round(time.Millisecond))
-	}
-	return err
-}
-
-// replayProgress prints a replay's position on stderr, at most once a
-// second and at the end, on one line rewritten in place.
-func replayProgress(label, unit string, total uint64) func(streams.Progress) {
-	start, last := time.Now(), time.Time{}
-	return func(p streams.Progress) {
-		if time.Since(last) < time.Second && p.Position < total {
-			return
-		}
-		last = time.Now()
-		rate := float64(p.Applied) / max(time.Since(start).Seconds(), 0.001)
-		fmt.Fprintf(os.Stderr, "\r%s: %d/%d %s (%.0f/s)   ", label, p.Position, total, unit, rate)
-	}
+	return r.ReplayReported(ctx, plan, os.Stderr, label, unit)
 }
 
 func buildsShowCommand() command {
@@ -313,29 +255,17 @@ func buildsShowCommand() command {
 		Name:    "builds show",
 		Summary: "print the projection of one build",
 		Usage:   "<invocation_id> [--project P] [--json | --output]",
-		Long: `Reads the database directly; no server needs to run.
-
-A build is a project and an invocation id: clients of two projects may choose
-the same id (Bazel's --invocation_id). With --project, prints that project's
-build. Without it, prints every build with that id (one after the other);
-with --json, it prints the build if exactly one project has the id, and
-otherwise fails naming the projects that have it, so that a tool never reads
-one tenant's build for another's. With --output, it prints the build's console
-output as Bazel printed it (its stdout on standard output, its stderr on
-standard error; one project's, as --json), read from the build's archive
-object in the bucket (--bucket-url) once the archiver has moved it there.`,
+		Long:    builds.ShowDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo      logs.Options
-				do      database.Options
-				bo      bucket.Options
+				ro      resources.Options
 				asJSON  bool
 				output  bool
 				project string
 			)
 			lo.RegisterFlags(fs)
-			do.RegisterFlags(fs)
-			bo.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Database|resources.Bucket)
 			fs.BoolVar(&asJSON, "json", false, "print JSON (the stable format tools compare)")
 			fs.BoolVar(&output, "output", false, "print the build's console output: stdout to standard output, stderr to standard error")
 			envflag.String(fs, &project, "project", "MILLRACE_BUILDS_PROJECT", "", "the project of the build; empty: any project that has the invocation id")
@@ -343,65 +273,28 @@ object in the bucket (--bucket-url) once the archiver has moved it there.`,
 				if len(args) != 1 || asJSON && output {
 					return envflag.Usage("builds show takes one invocation id, and --json or --output")
 				}
+				o := ro
+				if !output { // the bucket holds only console output
+					o = ro.Only(resources.Database)
+				}
 				return once("builds show", &lo, func(ctx context.Context, log *slog.Logger) error {
-					if output {
-						return showOutput(ctx, do, bo, project, args[0], log)
-					}
-					return showBuilds(ctx, do, project, args[0], asJSON, log)
+					return tool(ctx, &o, log, func(r *resources.Opened) error { return showBuilds(ctx, r, project, args[0], asJSON, output) })
 				})(ctx, nil)
 			}
 		},
 	}
 }
 
-// showOutput prints the console output of the one build with an
-// invocation id (of project, if given), from the database and the archive.
-func showOutput(ctx context.Context, do database.Options, bo bucket.Options, project, id string, log *slog.Logger) error {
-	pool, err := database.Open(ctx, do.Config(false, log))
-	if err != nil {
-		return err
+// showBuilds prints the builds with an invocation id (of project, if
+// given), or the console output of the one build.
+func showBuilds(ctx context.Context, r *resources.Opened, project, id string, asJSON, output bool) error {
+	switch {
+	case output:
+		return console.WriteOutput(ctx, os.Stdout, os.Stderr, builds.OutputReader{DB: r.Pool, Archive: archive.NewObjects(r.Bucket)}, project, id)
+	case asJSON: // streamed: a build of a million events is never held whole
+		return builds.FindJSON(ctx, r.Pool, os.Stdout, project, id)
 	}
-	defer pool.Close()
-	bk, err := bo.Open(ctx)
-	if err != nil {
-		return err
-	}
-	defer bk.Close()
-	return console.WriteOutput(ctx, os.Stdout, os.Stderr, builds.OutputReader{DB: pool, Archive: archive.NewObjects(bk)}, project, id)
-}
-
-// showBuilds prints the builds with an invocation id (builds.Find).
-func showBuilds(ctx context.Context, do database.Options, project, id string, asJSON bool, log *slog.Logger) error {
-	pool, err := database.Open(ctx, do.Config(false, log))
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if asJSON { // streamed: a build of a million events is never held whole
-		return builds.FindJSON(ctx, pool, os.Stdout, project, id)
-	}
-	projects := []string{project}
-	if project == "" {
-		if projects, err = builds.Projects(ctx, pool, id); err != nil {
-			return err
-		}
-	}
-	if len(projects) == 0 {
-		return fmt.Errorf("no build %q in the database", id)
-	}
-	for i, p := range projects { // a page of targets and tests at a time
-		if i > 0 {
-			fmt.Println()
-		}
-		err := console.WriteBuildPaged(ctx, os.Stdout, pool, p, id)
-		if errors.Is(err, builds.ErrNotFound) {
-			_, err = builds.Find(ctx, pool, p, id, false) // says which projects have it
-		}
-		if err != nil {
-			return err
-		}
-	}
-	return nil
+	return console.WriteBuilds(ctx, os.Stdout, r.Pool, project, id)
 }
 
 // What was stored before the edge redacted events: `builds scrub` rewrites
@@ -413,67 +306,38 @@ func buildsScrubCommand() command {
 	return command{
 		Name:    "builds scrub",
 		Summary: "redact secrets from the projected rows of existing builds",
-		Long: `Applies the BES edge's redaction rules (the same --bes-redact-* flags) to every
-projected column that holds text from Bazel's events: commands, patterns, users,
-hosts, workspaces, target kinds, failure reasons, tags and console output. For
-builds stored before the edge redacted events. Idempotent; safe while the
-projector runs. --dry-run counts what would change.`,
+		Long:    builds.ScrubDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo     logs.Options
-				do     database.Options
+				rs     resources.Options
 				ro     redact.Options
 				so     builds.ScrubOptions
 				asJSON bool
 			)
 			lo.RegisterFlags(fs)
-			do.RegisterFlags(fs)
+			rs.RegisterFlags(fs, resources.Database)
 			ro.RegisterFlags(fs)
 			fs.StringVar(&so.Project, "project", "", "scrub only this project's builds (default: every project)")
 			fs.BoolVar(&so.DryRun, "dry-run", false, "count what would change; change nothing")
 			fs.IntVar(&so.Batch, "batch", 500, "invocations per transaction")
 			fs.BoolVar(&asJSON, "json", false, "print the totals as JSON")
 			return once("builds scrub", &lo, func(ctx context.Context, log *slog.Logger) error {
-				return scrubBuilds(ctx, do, ro, so, asJSON, log)
+				red, err := ro.Redactor()
+				if err != nil {
+					return err
+				}
+				return tool(ctx, &rs, log, func(r *resources.Opened) error {
+					start := time.Now()
+					so.Progress = builds.ScrubProgress(os.Stderr, so.DryRun)
+					st, err := builds.Scrub(ctx, r.Pool, red, so)
+					fmt.Fprintln(os.Stderr)
+					if err != nil {
+						return err
+					}
+					return builds.WriteScrub(os.Stdout, st, so.DryRun, time.Since(start), asJSON)
+				})
 			})
 		},
 	}
-}
-
-// scrubBuilds redacts the projected rows, with progress on stderr and the
-// totals on stdout.
-func scrubBuilds(ctx context.Context, do database.Options, ro redact.Options, so builds.ScrubOptions, asJSON bool, log *slog.Logger) error {
-	r, err := ro.Redactor()
-	if err != nil {
-		return err
-	}
-	pool, err := database.Open(ctx, do.Config(false, log))
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	start, last, verb := time.Now(), time.Time{}, "changed"
-	if so.DryRun {
-		verb = "would change"
-	}
-	so.Progress = func(st builds.ScrubStats) {
-		if time.Since(last) >= time.Second {
-			last = time.Now()
-			fmt.Fprintf(os.Stderr, "\rbuilds scrub: %d invocations scanned, %s %d   ", st.Invocations, verb, st.InvocationsChanged)
-		}
-	}
-	st, err := builds.Scrub(ctx, pool, r, so)
-	fmt.Fprintln(os.Stderr)
-	switch {
-	case err != nil:
-		return err
-	case asJSON:
-		return json.NewEncoder(os.Stdout).Encode(struct {
-			builds.ScrubStats
-			DryRun bool `json:"dry_run"`
-		}{st, so.DryRun})
-	}
-	fmt.Printf("builds scrub: %d invocations scanned in %s; %s %d invocations, %d targets, %d metadata rows, %d console outputs\n",
-		st.Invocations, time.Since(start).Round(time.Millisecond), verb, st.InvocationsChanged, st.TargetsChanged, st.MetadataChanged, st.OutputsChanged)
-	return nil
 }

@@ -40,7 +40,7 @@ func testBackbone(t *testing.T, tel *telemetry) *streams.Backbone {
 	if err := fs.Parse([]string{"-nats-url", ns.ClientURL()}); err != nil {
 		t.Fatal(err)
 	}
-	bb, _, err := openBackbone(context.Background(), no, "test", tel.sm)
+	bb, _, err := no.Open(context.Background(), "test", serviceConsumers(), tel.sm)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,11 +12,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/millrace/millrace/internal/cli"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/gcpace"
 	"github.com/millrace/millrace/internal/logs"
+	"github.com/millrace/millrace/internal/resources"
 	"github.com/millrace/millrace/internal/supervise"
 	fleetproj "github.com/millrace/millrace/projectors/fleet"
 	"github.com/millrace/millrace/projectors/placer"
@@ -176,38 +176,21 @@ left in its outbox before it starts.`,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo logs.Options
-				no streams.Options
-				do database.Options
+				ro resources.Options
 				fo fleetProjectorOptions
 			)
 			lo.RegisterFlags(fs)
-			no.RegisterFlags(fs)
-			do.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Backbone|resources.Migrated)
 			fo.register(fs)
-			return func(ctx context.Context, args []string) error {
-				if err := cli.NoArgs("replay fleet", args); err != nil {
-					return err
-				}
-				log, err := lo.Logger()
-				if err != nil {
-					return err
-				}
+			return once("replay fleet", &lo, func(ctx context.Context, log *slog.Logger) error {
 				proj, err := fo.projector(nil, log)
 				if err != nil {
 					return err
 				}
-				bb, _, err := openBackbone(ctx, no, "millrace-replay-fleet", nil)
-				if err != nil {
-					return err
-				}
-				defer bb.Close()
-				pool, err := database.Open(ctx, do.Config(true, log))
-				if err != nil {
-					return err
-				}
-				defer pool.Close()
-				return replayFleet(ctx, bb, pool, proj, fo.runnerConfig(log), log)
-			}
+				return ro.Run(ctx, "millrace-replay-fleet", serviceConsumers(), log, func(r *resources.Opened) error {
+					return replayFleet(ctx, r.BB, r.Pool, proj, fo.runnerConfig(log), log)
+				})
+			})
 		},
 	}
 }

@@ -8,12 +8,12 @@ import (
 	"os"
 
 	"github.com/millrace/millrace/archive"
-	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/logs"
+	"github.com/millrace/millrace/internal/resources"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // Per-project data: projects retention, builds delete.
@@ -23,14 +23,11 @@ func projectsRetentionCommand() command {
 		Name:    "projects retention",
 		Summary: "show or set how long each project's raw events, rows and rollups are kept",
 		Usage:   "[--project P] [--raw-days N] [--rows-days N] [--rollup-days N] [--json]",
-		Long: `Without a --*-days flag, prints the effective retention in days (0: for ever) of
-raw events, finished builds' rows and rollups of every project with builds or
-an override, or of --project (* marks its own values). With one, sets --project's
-(0: the default); raw may not outlive rows, nor rows rollups (projectors/builds).`,
+		Long:    builds.RetentionDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo      logs.Options
-				do      database.Options
+				ro      resources.Options
 				rc      builds.RetentionConfig
 				raw     int
 				project string
@@ -38,7 +35,7 @@ an override, or of --project (* marks its own values). With one, sets --project'
 				asJSON  bool
 			)
 			lo.RegisterFlags(fs)
-			do.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Database)
 			rc.RegisterFlags(fs)
 			streams.RegisterRetentionRawDays(fs, &raw)
 			fs.StringVar(&project, "project", "", "the project to show or set (setting needs it)")
@@ -53,16 +50,13 @@ an override, or of --project (* marks its own values). With one, sets --project'
 				} else if !set.Empty() && project == "" {
 					return envflag.Usage("projects retention: setting a retention needs --project")
 				}
-				pool, err := database.Open(ctx, do.Config(false, log))
-				if err != nil {
-					return err
-				}
-				defer pool.Close()
-				ps, err := builds.SetOrListRetention(ctx, pool, def, project, set)
-				if err != nil {
-					return err
-				}
-				return builds.WriteRetention(os.Stdout, ps, asJSON)
+				return tool(ctx, &ro, log, func(r *resources.Opened) error {
+					ps, err := builds.SetOrListRetention(ctx, r.Pool, def, project, set)
+					if err != nil {
+						return err
+					}
+					return builds.WriteRetention(os.Stdout, ps, asJSON)
+				})
 			})
 		},
 	}
@@ -73,23 +67,16 @@ func buildsDeleteCommand() command {
 		Name:    "builds delete",
 		Summary: "delete a build or a whole project: rows, rollup counts, raw events",
 		Usage:   "--project P (--id ID | --all) [--yes]",
-		Long: `Deletes the build (or every build of the project) from the BES stream (its bytes
-overwritten), the archive and the database, where the rollups forget what it
-counted; no other project's data is touched. --all needs --yes. A build still
-sending events starts again with them. See archive/README.md, "Deletion".`,
+		Long:    archive.DeleteDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo               logs.Options
-				no               streams.Options
-				do               database.Options
-				ko               bucket.Options
+				ro               resources.Options
 				project, id      string
 				all, yes, asJSON bool
 			)
 			lo.RegisterFlags(fs)
-			no.RegisterFlags(fs)
-			do.RegisterFlags(fs)
-			ko.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Backbone|resources.Database|resources.Bucket)
 			fs.StringVar(&project, "project", "", "the project (required)")
 			fs.StringVar(&id, "id", "", "the invocation id of the build to delete")
 			fs.BoolVar(&all, "all", false, "delete every build of the project")
@@ -102,9 +89,7 @@ sending events starts again with them. See archive/README.md, "Deletion".`,
 				case all && !yes:
 					return envflag.Usagef("builds delete --all deletes every build of project %q: run it again with --yes", project)
 				}
-				return withBackbone(ctx, no, func(bb *streams.Backbone, _ streams.Config) error {
-					return deleteBuilds(ctx, bb, do, ko, project, id, asJSON, log)
-				})
+				return tool(ctx, &ro, log, func(r *resources.Opened) error { return deleteBuilds(ctx, r, project, id, asJSON) })
 			})
 		},
 	}
@@ -112,37 +97,24 @@ sending events starts again with them. See archive/README.md, "Deletion".`,
 
 // deleteBuilds deletes project's build id, or with id "" the project
 // (archive.Delete), with a project's progress on stderr.
-func deleteBuilds(ctx context.Context, bb *streams.Backbone, do database.Options, ko bucket.Options, project, id string, asJSON bool, log *slog.Logger) error {
-	src, err := besSource(ctx, bb)
+func deleteBuilds(ctx context.Context, r *resources.Opened, project, id string, asJSON bool) error {
+	s, err := r.BB.Stream(ctx, subjects.StreamBES)
 	if err != nil {
 		return err
 	}
-	pool, err := database.Open(ctx, do.Config(false, log))
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	bk, err := ko.Open(ctx)
-	if err != nil {
-		return err
-	}
-	defer bk.Close()
 	erase := func(ctx context.Context, filter string) (uint64, error) {
-		return streams.EraseSubjects(ctx, src.Stream, filter, nil)
+		return streams.EraseSubjects(ctx, s, filter, nil)
 	}
 	progress := func(s string) { fmt.Fprintln(os.Stderr, "builds delete: "+s) }
 	if id != "" {
 		progress = nil
 	}
-	d, err := archive.Delete(ctx, pool, bk, erase, builds.DeleteRows, project, id, progress)
+	d, err := archive.Delete(ctx, r.Pool, r.Bucket, erase, builds.DeleteRows, project, id, progress)
 	switch {
 	case err != nil:
 		return err
 	case id != "" && d == (archive.Deleted{}):
 		return fmt.Errorf("project %q has no build %q (no rows, raw events or archive object)", project, id)
-	case asJSON:
-		return printJSON(d)
 	}
-	fmt.Printf("builds delete: deleted %d builds' rows, %d stream messages, %d archive objects of project %q\n", d.Builds, d.Messages, d.Objects, project)
-	return nil
+	return archive.WriteDeleted(os.Stdout, d, project, asJSON)
 }

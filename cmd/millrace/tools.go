@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime/debug"
 
+	"github.com/millrace/millrace/internal/cli"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/logs"
+	"github.com/millrace/millrace/internal/resources"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
@@ -52,13 +53,13 @@ func streamsApplyCommand() command {
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo logs.Options
-				no streams.Options
+				ro resources.Options
 			)
 			lo.RegisterFlags(fs)
-			no.RegisterFlags(fs)
-			return once("streams apply", &lo, func(ctx context.Context, _ *slog.Logger) error {
-				return withBackbone(ctx, no, func(_ *streams.Backbone, c streams.Config) error {
-					for _, s := range streams.StreamSpecs(c) {
+			ro.RegisterFlags(fs, resources.Backbone)
+			return once("streams apply", &lo, func(ctx context.Context, log *slog.Logger) error {
+				return tool(ctx, &ro, log, func(r *resources.Opened) error {
+					for _, s := range streams.StreamSpecs(r.Streams) {
 						fmt.Printf("applied %s (%v)\n", s.Name, s.Subjects)
 					}
 					return nil
@@ -75,15 +76,15 @@ func streamsInfoCommand() command {
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo     logs.Options
-				no     streams.Options
+				ro     resources.Options
 				asJSON bool
 			)
 			lo.RegisterFlags(fs)
-			no.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Backbone)
 			fs.BoolVar(&asJSON, "json", false, "print JSON")
-			return once("streams info", &lo, func(ctx context.Context, _ *slog.Logger) error {
-				return withBackbone(ctx, no, func(bb *streams.Backbone, c streams.Config) error {
-					out, err := streams.Describe(ctx, bb.JS, streams.StreamSpecs(c))
+			return once("streams info", &lo, func(ctx context.Context, log *slog.Logger) error {
+				return tool(ctx, &ro, log, func(r *resources.Opened) error {
+					out, err := streams.Describe(ctx, r.BB.JS, streams.StreamSpecs(r.Streams))
 					switch {
 					case err != nil:
 						return err
@@ -112,19 +113,19 @@ progress on standard error. Without --yes it only counts the messages.`,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
 				lo      logs.Options
-				no      streams.Options
+				ro      resources.Options
 				project string
 				yes     bool
 			)
 			lo.RegisterFlags(fs)
-			no.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Backbone)
 			fs.StringVar(&project, "project", "", "the project whose raw events go (required)")
 			fs.BoolVar(&yes, "yes", false, "really delete them (without it: count only)")
-			return once("streams purge-bes", &lo, func(ctx context.Context, _ *slog.Logger) error {
+			return once("streams purge-bes", &lo, func(ctx context.Context, log *slog.Logger) error {
 				if project == "" {
 					return envflag.Usage("streams purge-bes needs --project")
 				}
-				return withBackbone(ctx, no, func(bb *streams.Backbone, _ streams.Config) error { return purgeBES(ctx, bb, project, yes) })
+				return tool(ctx, &ro, log, func(r *resources.Opened) error { return purgeBES(ctx, r.BB, project, yes) })
 			})
 		},
 	}
@@ -133,9 +134,9 @@ progress on standard error. Without --yes it only counts the messages.`,
 // purgeBES erases the project's raw events (streams.EraseSubjects), or
 // with yes unset counts them.
 func purgeBES(ctx context.Context, bb *streams.Backbone, project string, yes bool) error {
-	s, err := bb.JS.Stream(ctx, subjects.StreamBES)
+	s, err := bb.Stream(ctx, subjects.StreamBES)
 	if err != nil {
-		return fmt.Errorf("stream %s: %w", subjects.StreamBES, err)
+		return err
 	}
 	filter := subjects.BESProjectFilter(project)
 	n, invocations, err := streams.CountSubjects(ctx, s, filter)
@@ -172,19 +173,7 @@ func versionCommand() command {
 		Summary: "print the version",
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			return func(ctx context.Context, args []string) error {
-				v := version
-				if info, ok := debug.ReadBuildInfo(); ok && v == "" {
-					v = info.Main.Version
-					for _, s := range info.Settings {
-						if s.Key == "vcs.revision" {
-							v += " " + s.Value
-						}
-					}
-				}
-				if v == "" {
-					v = "(devel)"
-				}
-				fmt.Println("millrace", v)
+				fmt.Println("millrace", cli.Version(version))
 				return nil
 			}
 		},

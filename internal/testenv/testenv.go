@@ -183,8 +183,23 @@ func Database(t testing.TB) string {
 	if templateErr != nil {
 		t.Fatalf("template database: %v", templateErr)
 	}
-	name := randomName("millrace_test_")
-	if err := exec(ctx, s.URL, fmt.Sprintf("create database %s template %s", name, templateName)); err != nil {
+	return newDatabase(t, s, "millrace_test_", " template "+templateName)
+}
+
+// EmptyDatabase creates a database with no schema at all for the test (a
+// migration's, or what migrates), drops it when the test ends, and
+// returns its URL.
+func EmptyDatabase(t testing.TB) string {
+	t.Helper()
+	return newDatabase(t, Server(t), "millrace_empty_", "")
+}
+
+// newDatabase creates a database named from prefix on s, as clause says
+// (a template), drops it when the test ends and returns its URL.
+func newDatabase(t testing.TB, s *devdb.Server, prefix, clause string) string {
+	t.Helper()
+	name := randomName(prefix)
+	if err := exec(context.Background(), s.URL, "create database "+name+clause); err != nil {
 		t.Fatalf("create database: %v", err)
 	}
 	t.Cleanup(func() {

@@ -541,3 +541,36 @@ func (c *Compactor) mergeShards(ctx context.Context, res *Result, m *layout.Mani
 	}
 	return out, existed, nil
 }
+
+// Description is the help of `millrace project compactor`, beside the
+// flags it describes (Config.RegisterFlags, with the fold's
+// commitlog.Options).
+const Description = `Folds the worlds of the commit log into the bucket (--bucket-url): per world,
+shards of its documents at their latest version, history segments of every
+version, and a checkpoint manifest; then deletes from COMMITS the folded
+versions that are not their document's last (compare-and-set stays
+JetStream's), so the stream keeps about one message per document.
+
+Which worlds to fold comes from a durable consumer on commits.> that reads
+headers only (--compactor-durable). A world folds once
+--compactor-min-versions of its versions wait, or once its oldest waiting
+version is --compactor-interval old; at most --compactor-concurrency worlds
+fold at once. A version is acknowledged only once its world is folded up to
+it, so a crash or a restart re-delivers exactly what was not folded. A pass
+that died between its checkpoint and its deletions is finished by the next
+pass of the world (a sweep of the versions it left).
+
+A version is never deleted before the exports of COMMITS have it: no
+version above the ack floor of a consumer --compactor-hold names, and none
+at all while one of them does not exist (a missing export consumer must not
+let versions go before they were exported; the compactor warns once). By
+default the holder is the Kafka export's consumer of COMMITS
+(export-kafka-commits) when --kafka-brokers is set and a --kafka-routes
+route reads COMMITS, as the export itself would decide from the same
+variables; --compactor-hold=none when nothing exports COMMITS.
+
+One process leads each durable name, by a lease (fold.<durable> in the
+millrace_leases bucket); others stand by and take over within
+--nats-lease-ttl of its end. A pass stores its checkpoint and each batch of
+its deletions only while the lease holds. Metrics (millrace_compactor_*,
+and millrace_consumer_*{kind="fold"}) on --http-listen.`

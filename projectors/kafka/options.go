@@ -149,3 +149,32 @@ func (o Options) Holders(stream string, streamOf func(filter string) (string, bo
 	}
 	return nil, nil
 }
+
+// Description is the help of `millrace export kafka`, beside the flags
+// it describes (RegisterFlags).
+const Description = `Exports millrace's streams to Kafka with an idempotent producer (acks from
+every in-sync replica). --kafka-routes maps subject patterns to topics; each
+stream a route reads gets a durable JetStream consumer
+("export-kafka-<stream>") whose ack floor is the export's position: a
+message is acknowledged on the stream only after Kafka acknowledged its
+record and every record before it. A broker outage pauses the export (the
+producer retries; once --kafka-max-buffered-records wait, reading stops)
+and it resumes where it stopped; a restarted exporter starts at once from
+the last acknowledged message.
+
+Each record's key is the message's subject (one invocation, node, pool or
+document), so Kafka's key hashing keeps each entity's records on one
+partition, in stream order. Headers: Millrace-Subject, Millrace-Stream,
+Millrace-Seq (the stream sequence) and the message's own headers
+(Millrace-Schema, Millrace-Kind, Nats-Msg-Id...). A record is sent twice only
+after a failure or a crash, with the same Millrace-Stream and Millrace-Seq:
+consumers deduplicate on them. Topics are created (kadm) with
+--kafka-partitions and --kafka-replication-factor unless
+--kafka-create-topics=false. TLS (--kafka-tls*) and SASL PLAIN or SCRAM
+(--kafka-sasl-*) for real clusters.
+
+One process exports each stream: it holds the lease "export.<consumer>" in
+the JetStream key-value bucket millrace_leases; others started beside it
+stand by and take over within --nats-lease-ttl of its end. Metrics
+(millrace_consumer_*{kind="export"}, millrace_export_*, millrace_kafka_*)
+on --http-listen. See projectors/kafka/README.md.`

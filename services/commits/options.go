@@ -124,3 +124,19 @@ func (e *Edge) Stop(ctx context.Context) error {
 	e.srv.Close()
 	return err
 }
+
+// Description is the help of `millrace serve commits`, beside the flags
+// it describes (RegisterFlags).
+const Description = `Serves millrace.commits.v1.Commits over gRPC and the same API over HTTP under
+/v1/worlds/ (documents as raw bodies, If-Match / If-None-Match for
+compare-and-set). Each version is one message on COMMITS
+(commits.<world>.<doc>); its stream sequence is the version. Writers
+authenticate with API keys per world. Several instances may run behind a
+balancer: compare-and-set is JetStream's, not the edge's.
+
+Versions the compactor (millrace project compactor) folded out of the
+stream are read from the bucket (--bucket-url, the compactor's): Get of an
+old version from its history segment, History across segments and stream.
+List opens a world on first use from its latest checkpoint plus the stream
+tail after it, then follows the tail; it answers every write acknowledged
+before the call.`
