@@ -3,12 +3,7 @@ package migrations_test
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
-
-	"github.com/jackc/tern/v2/migrate"
-
-	"github.com/millrace/millrace/migrations"
 )
 
 // TestArchivedOutputMigration: builds archived before the migration keep
@@ -18,21 +13,7 @@ import (
 func TestArchivedOutputMigration(t *testing.T) {
 	ctx := context.Background()
 	conn := emptyDatabase(t)
-	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.LoadMigrations(migrations.FS()); err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(m.Migrations, func(x *migrate.Migration) bool { return strings.HasSuffix(x.Name, "_archived_output.sql") })
-	if i < 0 {
-		t.Fatal("no migration named *_archived_output.sql")
-	}
-	version := m.Migrations[i].Sequence
-	if err := m.MigrateTo(ctx, version-1); err != nil {
-		t.Fatal(err)
-	}
+	m, version := migratedBefore(t, conn, "archived_output")
 	if _, err := conn.Exec(ctx, `insert into archived_builds (invocation_id, project, object_key, dict_id, events, first_seq, last_seq,
 		last_event_at, raw_bytes, stored_bytes, archived_at)
 		values ('inv-1', 'acme', 'archive/builds/acme/inv-1.mrar', 0, 10, 1, 10, now(), 100, 20, now()),

@@ -7,9 +7,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/tern/v2/migrate"
 
-	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/projectors/builds"
 )
 
@@ -22,21 +20,7 @@ import (
 func TestBuildsArgvMigration(t *testing.T) {
 	ctx := context.Background()
 	conn := emptyDatabase(t)
-	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.LoadMigrations(migrations.FS()); err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(m.Migrations, func(x *migrate.Migration) bool { return strings.HasSuffix(x.Name, "_builds_argv.sql") })
-	if i < 0 {
-		t.Fatal("no migration named *_builds_argv.sql")
-	}
-	version := m.Migrations[i].Sequence
-	if err := m.MigrateTo(ctx, version-1); err != nil {
-		t.Fatal(err)
-	}
+	m, version := migratedBefore(t, conn, "builds_argv")
 	// 2,500 builds of acme, all with one canonical line but two of their
 	// own explicit options (2,500 distinct arrays), so 7,500 rows: more
 	// than a batch of 1,000. beta's build has acme's canonical line.
@@ -180,21 +164,7 @@ func equalLines(a, b commandLines) bool {
 func TestBuildsArgvMigrationInterrupted(t *testing.T) {
 	ctx := context.Background()
 	conn := emptyDatabase(t)
-	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.LoadMigrations(migrations.FS()); err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(m.Migrations, func(x *migrate.Migration) bool { return strings.HasSuffix(x.Name, "_builds_argv.sql") })
-	if i < 0 {
-		t.Fatal("no migration named *_builds_argv.sql")
-	}
-	version := m.Migrations[i].Sequence
-	if err := m.MigrateTo(ctx, version-1); err != nil {
-		t.Fatal(err)
-	}
+	m, version := migratedBefore(t, conn, "builds_argv")
 	insertOld := func(inv string) {
 		t.Helper()
 		if _, err := conn.Exec(ctx, `insert into build_command_lines (project, invocation_id, source, label, argv)
@@ -203,7 +173,7 @@ func TestBuildsArgvMigrationInterrupted(t *testing.T) {
 		}
 	}
 	insertOld("inv-1")
-	up := m.Migrations[i].UpSQL
+	up := m.Migrations[version-1].UpSQL // tern numbers them from 1, contiguous
 	cut := strings.Index(up, "call build_argv_backfill")
 	if cut < 0 {
 		t.Fatal("no call of build_argv_backfill in the migration")

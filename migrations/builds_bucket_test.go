@@ -3,13 +3,8 @@ package migrations_test
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 	"time"
-
-	"github.com/jackc/tern/v2/migrate"
-
-	"github.com/millrace/millrace/migrations"
 )
 
 // TestBuildsEventBucketMigration: invocations.last_event_bucket stops
@@ -19,21 +14,7 @@ import (
 func TestBuildsEventBucketMigration(t *testing.T) {
 	ctx := context.Background()
 	conn := emptyDatabase(t)
-	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.LoadMigrations(migrations.FS()); err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(m.Migrations, func(x *migrate.Migration) bool { return strings.HasSuffix(x.Name, "_builds_event_bucket.sql") })
-	if i < 0 {
-		t.Fatal("no migration named *_builds_event_bucket.sql")
-	}
-	version := m.Migrations[i].Sequence
-	if err := m.MigrateTo(ctx, version-1); err != nil {
-		t.Fatal(err)
-	}
+	m, version := migratedBefore(t, conn, "builds_event_bucket")
 	if _, err := conn.Exec(ctx, `insert into invocations (id, project, first_event_at, last_event_at)
 		values ('inv-1', 'acme', '2024-03-09 14:58Z', '2024-03-09 15:03:20Z'),
 		       ('inv-2', 'acme', '2024-03-09 14:58Z', '2024-03-09 15:11Z')`); err != nil {

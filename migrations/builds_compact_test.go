@@ -4,15 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/tern/v2/migrate"
 
-	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/projectors/builds"
 )
 
@@ -24,11 +21,7 @@ import (
 func TestBuildsCompactMigration(t *testing.T) {
 	ctx := context.Background()
 	conn := emptyDatabase(t)
-	m := compactMigrator(t, conn)
-	version := compactVersion(t, m)
-	if err := m.MigrateTo(ctx, version-1); err != nil {
-		t.Fatal(err)
-	}
+	m, version := migratedBefore(t, conn, "builds_compact")
 	if _, err := conn.Exec(ctx, `
 		insert into invocations (id, project, status, first_event_at, last_event_at) values
 		    ('inv-1', 'acme', 'failed', '2024-03-09 14:58Z', '2024-03-09 15:03Z'),
@@ -114,27 +107,6 @@ func oldRows(t *testing.T, conn *pgx.Conn) string {
 	return s
 }
 
-func compactMigrator(t testing.TB, conn *pgx.Conn) *migrate.Migrator {
-	t.Helper()
-	m, err := migrate.NewMigrator(context.Background(), conn, migrations.VersionTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.LoadMigrations(migrations.FS()); err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
-func compactVersion(t testing.TB, m *migrate.Migrator) int32 {
-	t.Helper()
-	i := slices.IndexFunc(m.Migrations, func(x *migrate.Migration) bool { return strings.HasSuffix(x.Name, "_builds_compact.sql") })
-	if i < 0 {
-		t.Fatal("no migration named *_builds_compact.sql")
-	}
-	return m.Migrations[i].Sequence
-}
-
 // showAll is every build as builds.Show gives it.
 func showAll(t *testing.T, conn *pgx.Conn) string {
 	t.Helper()
@@ -166,11 +138,7 @@ func BenchmarkBuildsCompactMigration(b *testing.B) {
 	for range b.N {
 		b.StopTimer()
 		conn := emptyDatabase(b)
-		m := compactMigrator(b, conn)
-		version := compactVersion(b, m)
-		if err := m.MigrateTo(ctx, version-1); err != nil {
-			b.Fatal(err)
-		}
+		m, version := migratedBefore(b, conn, "builds_compact")
 		for _, sql := range []string{
 			`insert into invocations (id, project, status, first_event_at, last_event_at)
 			 select 'inv-' || n, 'p' || n % 5, 'failed', timestamptz '2026-01-01' + n * interval '1 minute',
@@ -225,15 +193,7 @@ var compactBuilds = flag.Int("builds-compact-builds", 20_000, "BenchmarkBuildsCo
 func TestBuildsKindsMigration(t *testing.T) {
 	ctx := context.Background()
 	conn := emptyDatabase(t)
-	m := compactMigrator(t, conn)
-	i := slices.IndexFunc(m.Migrations, func(x *migrate.Migration) bool { return strings.HasSuffix(x.Name, "_builds_kinds.sql") })
-	if i < 0 {
-		t.Fatal("no migration named *_builds_kinds.sql")
-	}
-	version := m.Migrations[i].Sequence
-	if err := m.MigrateTo(ctx, version-1); err != nil {
-		t.Fatal(err)
-	}
+	m, version := migratedBefore(t, conn, "builds_kinds")
 	if _, err := conn.Exec(ctx, `
 		insert into invocations (id, project, status, first_event_at, last_event_at) values
 		    ('inv-1', 'acme', 'succeeded', '2024-03-09 14:58Z', '2024-03-09 15:03Z');

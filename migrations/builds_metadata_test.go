@@ -2,13 +2,8 @@ package migrations_test
 
 import (
 	"context"
-	"slices"
-	"strings"
 	"testing"
 
-	"github.com/jackc/tern/v2/migrate"
-
-	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/projectors/builds"
 )
 
@@ -18,21 +13,7 @@ import (
 func TestBuildsMetadataMigration(t *testing.T) {
 	ctx := context.Background()
 	conn := emptyDatabase(t)
-	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.LoadMigrations(migrations.FS()); err != nil {
-		t.Fatal(err)
-	}
-	i := slices.IndexFunc(m.Migrations, func(x *migrate.Migration) bool { return strings.HasSuffix(x.Name, "_builds_metadata.sql") })
-	if i < 0 {
-		t.Fatal("no migration named *_builds_metadata.sql")
-	}
-	version := m.Migrations[i].Sequence
-	if err := m.MigrateTo(ctx, version-1); err != nil {
-		t.Fatal(err)
-	}
+	m, version := migratedBefore(t, conn, "builds_metadata")
 	if _, err := conn.Exec(ctx, `
 		insert into invocations (id, project, user_name, host, status, first_event_at, last_event_at)
 		values ('inv-1', 'acme', 'ci', 'ci-7', 'failed', '2024-03-09 14:58Z', '2024-03-09 15:03Z');

@@ -3,14 +3,11 @@ package migrations_test
 import (
 	"context"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/tern/v2/migrate"
 
 	"github.com/millrace/millrace/internal/testenv"
-	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/projectors/builds"
 )
 
@@ -34,26 +31,11 @@ func emptyDatabase(t testing.TB) *pgx.Conn {
 func TestBuildsProjectMigration(t *testing.T) {
 	ctx := context.Background()
 	conn := emptyDatabase(t)
-	m, err := migrate.NewMigrator(ctx, conn, migrations.VersionTable)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := m.LoadMigrations(migrations.FS()); err != nil {
-		t.Fatal(err)
-	}
-	// Found by name, so that a renumbering at merge keeps the test right.
-	i := slices.IndexFunc(m.Migrations, func(x *migrate.Migration) bool { return strings.HasSuffix(x.Name, "_builds_project.sql") })
-	if i < 0 {
-		t.Fatal("no migration named *_builds_project.sql")
-	}
-	version := m.Migrations[i].Sequence
-	if err := m.MigrateTo(ctx, version-1); err != nil {
-		t.Fatal(err)
-	}
+	m, version := migratedBefore(t, conn, "builds_project")
 
 	// The old shape: keyed by invocation id alone; inv-2's events named no
 	// project; a target row whose invocation is gone.
-	_, err = conn.Exec(ctx, `
+	_, err := conn.Exec(ctx, `
 		insert into invocations (id, project, status, first_event_at, last_event_at, started_at, finished_at,
 		                         counted_project, counted_hour, counted_status, counted_duration_ms,
 		                         counted_tests_passed, counted_tests_failed, counted_tests_flaky)

@@ -228,7 +228,7 @@ func notAttached(err error) bool {
 }
 
 // kindColumn is, in a query over targets aliased alias, a target's kind
-// ('' if Bazel did not say) from build_kinds.
+// (empty if Bazel did not say) from build_kinds.
 func kindColumn(alias string) string {
 	return "coalesce((select k.kind from build_kinds k where k.id = " + alias + ".kind_id), '')"
 }

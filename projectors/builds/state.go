@@ -127,7 +127,8 @@ type inv struct {
 
 type target struct {
 	label   string
-	known   bool // a target event (not only a failed action) names it
+	id      int64 // labelID(label), once
+	known   bool  // a target event (not only a failed action) names it
 	kind    string
 	success int8 // 0 unknown, 1 true, -1 false
 	reason  string
@@ -145,6 +146,7 @@ const (
 
 type test struct {
 	label         string
+	id            int64 // labelID(label), once
 	hasSummary    bool
 	status        string
 	attempts      int32
@@ -481,7 +483,7 @@ func (v *inv) target(label string) *target {
 	}
 	t := v.targets[label]
 	if t == nil {
-		t = &target{label: label}
+		t = &target{label: label, id: labelID(label)}
 		v.targets[label] = t
 		v.targetOrder = append(v.targetOrder, label)
 	}
@@ -494,7 +496,7 @@ func (v *inv) test(label string) *test {
 	}
 	t := v.tests[label]
 	if t == nil {
-		t = &test{label: label}
+		t = &test{label: label, id: labelID(label)}
 		v.tests[label] = t
 		v.testOrder = append(v.testOrder, label)
 	}

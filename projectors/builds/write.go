@@ -487,7 +487,7 @@ func (s *state) collect(w *writes, v *inv) {
 			w.oldTgt.add(v, t, &w.kinds)
 		case t.known:
 			w.newTgt.add(v, t, &w.kinds)
-			w.labels.add(id.project, l)
+			w.labels.add(id.project, l, t.id)
 			v.newTargets = append(v.newTargets, l)
 			// else: only a failed action names the label, and it is not a
 			// target of this build (a dependency's action): no row.
@@ -499,7 +499,7 @@ func (s *state) collect(w *writes, v *inv) {
 			w.oldTst.add(v, v.tests[l])
 		} else {
 			w.newTst.add(v, v.tests[l])
-			w.labels.add(id.project, l)
+			w.labels.add(id.project, l, v.tests[l].id)
 			v.newTests = append(v.newTests, l)
 		}
 	}
@@ -776,7 +776,7 @@ type targetCols struct {
 
 func (c *targetCols) add(v *inv, t *target, kinds *kindCols) {
 	c.key = append(c.key, v.buildKey)
-	c.label = append(c.label, labelID(t.label))
+	c.label = append(c.label, t.id)
 	c.kind = append(c.kind, kinds.add(t.kind))
 	c.success = append(c.success, pgtype.Bool{Bool: t.success > 0, Valid: t.success != 0})
 	c.reason = append(c.reason, t.reason)
@@ -820,7 +820,7 @@ type testCols struct {
 
 func (c *testCols) add(v *inv, t *test) {
 	c.key = append(c.key, v.buildKey)
-	c.label = append(c.label, labelID(t.label))
+	c.label = append(c.label, t.id)
 	c.status = append(c.status, t.status)
 	c.hasSummary = append(c.hasSummary, t.hasSummary)
 	c.attempts = append(c.attempts, t.attempts)
@@ -868,7 +868,7 @@ type labelCols struct {
 	id             []int64
 }
 
-func (c *labelCols) add(project, label string) {
+func (c *labelCols) add(project, label string, id int64) {
 	k := [2]string{project, label}
 	if c.seen[k] {
 		return
@@ -879,7 +879,7 @@ func (c *labelCols) add(project, label string) {
 	c.seen[k] = true
 	c.project = append(c.project, project)
 	c.label = append(c.label, label)
-	c.id = append(c.id, labelID(label))
+	c.id = append(c.id, id)
 }
 
 type metricCols struct {
