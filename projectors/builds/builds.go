@@ -203,8 +203,21 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
 	}
-	abandoned, err := pgx.CollectRows(rows, scanKey)
+	var (
+		abandoned []invKey
+		keys      []int64
+		k         invKey
+		key       int64
+	)
+	_, err = pgx.ForEachRow(rows, []any{&k.project, &k.id, &key}, func() error {
+		abandoned, keys = append(abandoned, k), append(keys, key)
+		return nil
+	})
 	if err != nil {
+		return fmt.Errorf("builds: sweep: %w", err)
+	}
+	// Abandoned, they are finished: their rows leave the running tables.
+	if err := finishRunning(ctx, tx, keys); err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
 	}
 	// Of what the cache holds, the sweep changes only the status of the

@@ -97,15 +97,15 @@ func TestCacheStale(t *testing.T) {
 			`update invocations set last_sequence = last_sequence + 1000 where status = 'running'`,
 			`update invocations set last_sequence = last_sequence - 1000 where status = 'running'`},
 		{"target rows gone",
-			`create table gone as select * from targets where success is null;
-			 delete from targets where success is null`,
-			`insert into targets select * from gone`},
+			`create table gone as select * from targets_running where success is null;
+			 delete from targets_running where success is null`,
+			`insert into targets_running select * from gone`},
 		{"target rows appeared",
-			`insert into targets (build_key, label_id, kind_id)
+			`insert into targets_running (build_key, label_id, kind_id)
 			 select i.build_key, l.label_id, -7
-			 from invocations i cross join (select distinct label_id from targets) l
+			 from invocations i cross join (select distinct label_id from targets_running) l
 			 where i.status = 'running' on conflict do nothing`,
-			`delete from targets where kind_id = -7`},
+			`delete from targets_running where kind_id = -7`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			pool, conn := acquire(t)

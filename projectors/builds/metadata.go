@@ -209,6 +209,17 @@ func ownCause(be *bazelEvent) bool {
 	return false
 }
 
+// ownAction reports whether a failed target's event names an action of
+// the target's own label among its root causes.
+func ownAction(be *bazelEvent) bool {
+	for _, id := range be.children {
+		if k, ok := causeOf(id); ok && k.kind == causeAction && k.label == be.label {
+			return true
+		}
+	}
+	return false
+}
+
 func (v *inv) addCauses(be *bazelEvent) {
 	for _, id := range be.children {
 		if k, ok := causeOf(id); ok {
@@ -584,13 +595,44 @@ const causesColumn = `case when targets.success is not true then (
     join build_failures f on f.build_key = c.build_key and f.id = c.cause_id
     where c.build_key = targets.build_key and c.label_id = targets.label_id) end`
 
-// setCauses sets t's root causes from causesColumn's value.
+// setCauses sets t's root causes from causesColumn's value, and a failure
+// reason the row does not keep: that of the target's own failed action
+// (rankOwnAction), as the projector would have copied it from the action.
 func (t *Target) setCauses(raw []byte) error {
 	t.RootCauses = []Cause{}
 	if raw == nil {
 		return nil
 	}
-	return json.Unmarshal(raw, &t.RootCauses)
+	if err := json.Unmarshal(raw, &t.RootCauses); err != nil {
+		return err
+	}
+	if t.FailureReason != nil {
+		return nil
+	}
+	for _, c := range t.RootCauses {
+		if c.Kind == causeAction && c.Label == t.Label {
+			r := actionReason(c)
+			t.FailureReason = &r
+			return nil
+		}
+	}
+	return nil
+}
+
+// actionReason is a failed action's message, or what is known of it.
+func actionReason(c Cause) string {
+	if c.Message != nil && *c.Message != "" {
+		return *c.Message
+	}
+	typ := "action"
+	if c.Mnemonic != nil && *c.Mnemonic != "" {
+		typ = *c.Mnemonic
+	}
+	code := int32(0)
+	if c.ExitCode != nil {
+		code = *c.ExitCode
+	}
+	return fmt.Sprintf("%s failed: exit code %d", typ, code)
 }
 
 // sqlPageCauses reads the root causes of some of a build's targets.
@@ -598,7 +640,7 @@ func (t *Target) setCauses(raw []byte) error {
 // over the ids, as in pages.go's walk).
 const sqlPageCauses = `select c.* from unnest($3::int8[]) u(id) cross join lateral
     (select labels.label, ` + causesColumn + `
-     from targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
+     from all_targets targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
      where targets.build_key = ` + sqlBuildKey + ` and targets.label_id = u.id limit 1) c`
 
 // pageCauses fills the root causes of a page of targets, in one query for

@@ -71,17 +71,17 @@ var (
 	testColumns   = `t.status, t.attempts, t.duration_ms, t.cached`
 
 	sqlTargetsSorted = `select l.label, ` + targetColumns + `
-from targets t join build_labels l on l.project = $2 and l.id = t.label_id
+from all_targets t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = $1 and l.label collate "C" > $3 order by l.label collate "C" limit $4`
 	sqlFailedTargetsPage = `select l.label, ` + targetColumns + `
-from targets t join build_labels l on l.project = $2 and l.id = t.label_id
+from all_targets t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = $1 and t.failed and l.label collate "C" > $3 order by l.label collate "C" limit $4`
 	sqlTestsSorted = `select l.label, ` + testColumns + `
-from tests t join build_labels l on l.project = $2 and l.id = t.label_id
+from all_tests t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = $1 and l.label collate "C" > $3 and ($5 = '' or t.status = $5)
 order by l.label collate "C" limit $4`
 	sqlTestsNotPassedPage = `select l.label, ` + testColumns + `
-from tests t join build_labels l on l.project = $2 and l.id = t.label_id
+from all_tests t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = $1 and t.status = $5 and t.status <> 'PASSED' and l.label collate "C" > $3
 order by l.label collate "C" limit $4`
 
@@ -93,9 +93,9 @@ order by l.label collate "C" limit $4`
 	sqlLabelChunk = `select id, label from build_labels
 where project = $1 and label collate "C" > $2 order by label collate "C" limit $3`
 	sqlTargetsOfLabels = `select t.* from unnest($2::int8[]) u(id) cross join lateral
-    (select t.label_id::text, ` + targetColumns + ` from targets t where t.build_key = $1 and t.label_id = u.id limit 1) t`
+    (select t.label_id::text, ` + targetColumns + ` from all_targets t where t.build_key = $1 and t.label_id = u.id limit 1) t`
 	sqlTestsOfLabels = `select t.* from unnest($2::int8[]) u(id) cross join lateral
-    (select t.label_id::text, ` + testColumns + ` from tests t
+    (select t.label_id::text, ` + testColumns + ` from all_tests t
      where t.build_key = $1 and t.label_id = u.id and ($3 = '' or t.status = $3) limit 1) t`
 
 	// sqlSmallBuild counts a build's rows up to one past smallBuild.
@@ -185,7 +185,7 @@ func pageOf[T any](ctx context.Context, db Querier, table, project, invocationID
 	limit := q.limit()
 	if walk != "" {
 		var n int
-		if err := db.QueryRow(ctx, fmt.Sprintf(sqlSmallBuild, table), key, smallBuild+1).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, fmt.Sprintf(sqlSmallBuild, "all_"+table), key, smallBuild+1).Scan(&n); err != nil {
 			return nil, err
 		}
 		if n > smallBuild {
@@ -297,9 +297,9 @@ type Counts struct {
 func CountRows(ctx context.Context, db Querier, project, invocationID string) (Counts, error) {
 	var c Counts
 	err := db.QueryRow(ctx, `select
-		(select count(*) from targets where build_key = `+sqlBuildKey+`),
-		(select count(*) from targets where build_key = `+sqlBuildKey+` and success is not true),
-		(select count(*) from tests where build_key = `+sqlBuildKey+`)`, invocationID, project).Scan(
+		(select count(*) from all_targets where build_key = `+sqlBuildKey+`),
+		(select count(*) from all_targets where build_key = `+sqlBuildKey+` and success is not true),
+		(select count(*) from all_tests where build_key = `+sqlBuildKey+`)`, invocationID, project).Scan(
 		&c.Targets, &c.TargetsNotSucceeded, &c.Tests)
 	if err != nil {
 		return c, fmt.Errorf("builds: counts of %s in project %s: %w", invocationID, project, err)

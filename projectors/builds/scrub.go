@@ -178,7 +178,17 @@ func scrubTargets(ctx context.Context, tx pgx.Tx, s Scrubber, keys []invKey, st 
 	if err := scrubKinds(ctx, tx, s, ids, projects, st); err != nil {
 		return err
 	}
-	rows, err := tx.Query(ctx, `select t.build_key, t.label_id, t.failure_reason, t.tags from targets t
+	// Rows of running builds too (running.go).
+	for _, table := range targetTables {
+		if err := scrubTargetsIn(ctx, tx, s, table, ids, projects, st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func scrubTargetsIn(ctx context.Context, tx pgx.Tx, s Scrubber, table string, ids, projects []string, st *ScrubStats) error {
+	rows, err := tx.Query(ctx, `select t.build_key, t.label_id, t.failure_reason, t.tags from `+table+` t
 		where t.build_key in (select build_key from invocations where (id, project) in (select * from unnest($1::text[], $2::text[])))
 		for update`, ids, projects)
 	if err != nil {
@@ -220,7 +230,7 @@ func scrubTargets(ctx context.Context, tx pgx.Tx, s Scrubber, keys []invKey, st 
 		return err
 	}
 	for _, t := range changed {
-		if _, err := tx.Exec(ctx, `update targets set failure_reason = $3, tags = $4 where build_key = $1 and label_id = $2`,
+		if _, err := tx.Exec(ctx, `update `+table+` set failure_reason = $3, tags = $4 where build_key = $1 and label_id = $2`,
 			t.key, t.label, t.reason, t.tags); err != nil {
 			return err
 		}
@@ -349,7 +359,7 @@ func scrubMetadata(ctx context.Context, tx pgx.Tx, s Scrubber, ids, projects []s
 // text as it was finds the id taken and the redacted text kept.
 func scrubKinds(ctx context.Context, tx pgx.Tx, s Scrubber, ids, projects []string, st *ScrubStats) error {
 	rows, err := tx.Query(ctx, `select k.id, k.kind from build_kinds k where k.id in (
-		select t.kind_id from targets t where t.build_key in
+		select t.kind_id from all_targets t where t.build_key in
 		(select build_key from invocations where (id, project) in (select * from unnest($1::text[], $2::text[]))))
 		for update`, ids, projects)
 	if err != nil {

@@ -174,12 +174,12 @@ func show(ctx context.Context, q Querier, project, invocationID string, rows boo
 
 // sqlAllTargets reads every target of a build, with its root causes.
 var sqlAllTargets = `select labels.label, ` + kindColumn("targets") + `, coalesce(success, false), failure_reason, ` + causesColumn + `
-from targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
+from all_targets targets join build_labels labels on labels.project = $2 and labels.id = targets.label_id
 where targets.build_key = ` + sqlBuildKey + ` order by labels.label collate "C"`
 
 // sqlAllTests reads every test of a build.
 const sqlAllTests = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
-from tests t join build_labels l on l.project = $2 and l.id = t.label_id
+from all_tests t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = ` + sqlBuildKey + ` order by l.label collate "C"`
 
 // showRows reads all the build's targets and tests into b.
@@ -239,13 +239,15 @@ func Output(ctx context.Context, q Querier, project, invocationID string) (stdou
 // DigestTables are the tables that make up the projection, in the order
 // Digest reports them. build_output_chunks (scratch whose rows depend on
 // batch boundaries) and consumer_positions are not among them.
-var DigestTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages",
+var DigestTables = []string{"invocations", "targets", "targets_running", "tests", "tests_running", "build_metrics", "build_output", "build_output_pages",
 	"hourly_rollups", "build_metadata", "build_command_lines", "build_argv", "build_failures", "target_causes"}
 
 var digestOrder = map[string]string{
 	"invocations":         `id collate "C", project collate "C"`,
 	"targets":             `build_key, label_id`,
 	"tests":               `build_key, label_id`,
+	"targets_running":     `build_key, label_id`,
+	"tests_running":       `build_key, label_id`,
 	"build_metrics":       `invocation_id collate "C", project collate "C"`,
 	"build_output":        `invocation_id collate "C", project collate "C"`,
 	"build_output_pages":  `invocation_id collate "C", project collate "C", stream, page`,

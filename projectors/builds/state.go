@@ -138,10 +138,17 @@ type target struct {
 }
 
 // Ranks of failure reasons; the strongest source wins, the first of equals.
+// rankOwnAction: the target's TargetComplete names its own failed action
+// as a root cause, and Bazel copied that action's failure detail into it.
+// The reason is then the action's message, which build_failures holds:
+// the target row keeps no text (a failed genrule's message is a few
+// hundred bytes, kept twice before), and readers take the action's
+// (Target.setCauses).
 const (
-	rankAction   = 1
-	rankAborted  = 2
-	rankComplete = 3
+	rankAction    = 1
+	rankAborted   = 2
+	rankComplete  = 3
+	rankOwnAction = 4
 )
 
 type test struct {
@@ -395,10 +402,14 @@ func (v *inv) applyBazel(e *event) {
 			// own failure reason only if it is one of its root causes, and
 			// names the others in target_causes.
 			reason := m.GetFailureDetail().GetMessage()
-			if !ownCause(be) {
-				reason = ""
+			switch {
+			case ownAction(be):
+				t.fail(rankOwnAction, "")
+			case !ownCause(be):
+				t.fail(rankComplete, "")
+			default:
+				t.fail(rankComplete, reason)
 			}
-			t.fail(rankComplete, reason)
 			v.addCauses(be)
 		}
 
@@ -538,7 +549,7 @@ func (t *target) fail(rank int16, reason string) {
 		t.success = -1
 		t.known = true
 	}
-	if reason != "" && rank > t.rank {
+	if (reason != "" || rank == rankOwnAction) && rank > t.rank {
 		t.rank, t.reason = rank, clean(reason)
 	}
 }

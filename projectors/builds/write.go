@@ -85,13 +85,13 @@ const sqlExistingTargets = `
 select u.project, u.inv, u.label
 from unnest($1::text[], $2::text[], $3::text[], $4::int8[]) as u(project, inv, label, label_id)
 join invocations i on i.id = u.inv and i.project = u.project
-join targets t on t.build_key = i.build_key and t.label_id = u.label_id`
+join all_targets t on t.build_key = i.build_key and t.label_id = u.label_id`
 
 const sqlExistingTests = `
 select u.project, u.inv, u.label
 from unnest($1::text[], $2::text[], $3::text[], $4::int8[]) as u(project, inv, label, label_id)
 join invocations i on i.id = u.inv and i.project = u.project
-join tests t on t.build_key = i.build_key and t.label_id = u.label_id`
+join all_tests t on t.build_key = i.build_key and t.label_id = u.label_id`
 
 // eventBucket is invocations.last_event_bucket of a last_event_at: the
 // time rounded down to 5 minutes, which the sweep's index holds rather than
@@ -199,14 +199,15 @@ select u.build_key, u.label_id, u.kind_id, u.success, nullif(u.reason, '') as re
 from unnest($1::int8[], $2::int8[], $3::int4[], $4::bool[], $5::text[], $6::int2[], $7::bool[], $8::text[])
      as u(build_key, label_id, kind_id, success, reason, rank, has_tags, tags)`
 
-// sqlUpdateTargets: the first kind and tags win; a target succeeded only if
+// sqlUpdateTargets (of the table to name: targets or targets_running, see
+// place): the first kind and tags win; a target succeeded only if
 // all its completions (one per configuration) did; the failure reason from
 // the strongest source wins, the first of equals. failed is true for a
 // failed target and null otherwise (not false): targets_failed_idx is on
 // it, so a target that completes successfully changes no indexed column
 // and its update stays HOT (migrations/012_builds_output_pages.sql).
 const sqlUpdateTargets = `
-update targets t set
+update %s t set
     kind_id        = coalesce(t.kind_id, u.kind_id),
     success        = case when t.success is null then u.success
                           when u.success is null then t.success
@@ -224,10 +225,10 @@ select * from unnest($1::int8[], $2::int8[], $3::text[], $4::bool[], $5::int4[],
      as u(build_key, label_id, status, has_summary, attempts, run_count, shard_count, total_run_count,
           results, duration_ms, num_cached)`
 
-// sqlUpdateTests: a TestSummary decides status, run totals, duration and
+// sqlUpdateTests (of tests or tests_running): a TestSummary decides status, run totals, duration and
 // cache counts; before it, TestResults accumulate.
 const sqlUpdateTests = `
-update tests t set
+update %s t set
     status          = case when u.has_summary or not t.has_summary then u.status else t.status end,
     has_summary     = t.has_summary or u.has_summary,
     attempts        = greatest(t.attempts, u.attempts),
@@ -270,7 +271,7 @@ where c.invocation_id = u.id and c.project = u.project`
 const sqlAbandon = `
 update invocations set status = 'abandoned', finished_at = last_event_at
 where status = 'running' and last_event_bucket < $1 and last_event_at < $1
-returning project, id`
+returning project, id, build_key`
 
 // sqlIdleOutput finds output chunks of invocations that will get no
 // finalizing event: abandoned ones, and finished ones whose tool stream
@@ -316,7 +317,7 @@ with cur as (
         select count(*) filter (where t.status = 'PASSED')::int as passed,
                count(*) filter (where t.status not in ('PASSED', 'FLAKY', 'NO_STATUS'))::int as failed,
                count(*) filter (where t.status = 'FLAKY')::int as flaky
-        from tests t where t.build_key = i.build_key) n
+        from all_tests t where t.build_key = i.build_key) n
     where i.status <> 'running' or i.counted_status is not null
 ), changed as (
     select * from cur
@@ -395,8 +396,9 @@ where r.project = u.project and r.hour = u.hour and r.builds = 0`
 type writes struct {
 	newInv, oldInv invCols
 	progress       progressCols
-	newTgt, oldTgt targetCols
-	newTst, oldTst testCols
+	newTgt, oldTgt [places]targetCols
+	newTst, oldTst [places]testCols
+	finish         []int64 // builds whose running rows move (sqlFinishTargets)
 	met            metricCols
 	once           onceCols // metadata.go
 	chunks         chunkCols
@@ -480,13 +482,14 @@ func (s *state) collect(w *writes, v *inv) {
 		}
 		w.newInv.add(v)
 	}
+	stored, fresh := w.places(v)
 	slices.Sort(v.targetOrder)
 	for _, l := range v.targetOrder {
 		switch t := v.targets[l]; {
 		case s.targetExists[rowKey{id, l}]:
-			w.oldTgt.add(v, t, &w.kinds)
+			w.oldTgt[stored].add(v, t, &w.kinds)
 		case t.known:
-			w.newTgt.add(v, t, &w.kinds)
+			w.newTgt[fresh].add(v, t, &w.kinds)
 			w.labels.add(id.project, l, t.id)
 			v.newTargets = append(v.newTargets, l)
 			// else: only a failed action names the label, and it is not a
@@ -496,9 +499,9 @@ func (s *state) collect(w *writes, v *inv) {
 	slices.Sort(v.testOrder)
 	for _, l := range v.testOrder {
 		if s.testExists[rowKey{id, l}] {
-			w.oldTst.add(v, v.tests[l])
+			w.oldTst[stored].add(v, v.tests[l])
 		} else {
-			w.newTst.add(v, v.tests[l])
+			w.newTst[fresh].add(v, v.tests[l])
 			w.labels.add(id.project, l, v.tests[l].id)
 			v.newTests = append(v.newTests, l)
 		}
@@ -554,8 +557,15 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 		})
 	}
 	update(sqlUpdateProgress, len(w.progress.id), w.progress.args)
-	update(sqlUpdateTargets, len(w.oldTgt.key), w.oldTgt.args)
-	update(sqlUpdateTests, len(w.oldTst.key), w.oldTst.args)
+	for p := range places {
+		update(fmt.Sprintf(sqlUpdateTargets, targetTables[p]), len(w.oldTgt[p].key), w.oldTgt[p].args)
+		update(fmt.Sprintf(sqlUpdateTests, testTables[p]), len(w.oldTst[p].key), w.oldTst[p].args)
+	}
+	if len(w.finish) > 0 {
+		// After the updates: they name the running rows.
+		b.Queue(sqlFinishTargets, w.finish)
+		b.Queue(sqlFinishTests, w.finish)
+	}
 	if len(w.labels.id) > 0 {
 		b.Queue(sqlInsertLabels, w.labels.project, w.labels.id, w.labels.label)
 	}
@@ -577,19 +587,31 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 // are new by construction: first_seq is above the invocation's stored
 // last_sequence.
 func (w *writes) copyNew(ctx context.Context, tx pgx.Tx) error {
-	for _, c := range []struct {
+	type copied struct {
 		table   string
 		columns []string
 		n       int
 		row     func(i int) []any
-	}{
-		{"targets", []string{"build_key", "label_id", "kind_id", "success", "failure_reason",
-			"failure_rank", "tags", "failed"}, len(w.newTgt.key), w.newTgt.row},
-		{"tests", []string{"build_key", "label_id", "status", "has_summary", "attempts", "run_count",
-			"shard_count", "total_run_count", "results", "duration_ms", "num_cached"}, len(w.newTst.key), w.newTst.row},
-		{"build_output_chunks", []string{"project", "invocation_id", "first_seq", "stdout", "stderr"},
-			len(w.chunks.inv), w.chunks.row},
-	} {
+		order   []int // rows in this order; nil: as they are
+	}
+	targetColumns := []string{"build_key", "label_id", "kind_id", "success", "failure_reason",
+		"failure_rank", "tags", "failed"}
+	testColumns := []string{"build_key", "label_id", "status", "has_summary", "attempts", "run_count",
+		"shard_count", "total_run_count", "results", "duration_ms", "num_cached"}
+	var cs []copied
+	for p := range places {
+		// A finished build's rows go in sorted, as sqlFinishTargets moves
+		// them: one run at the end of the primary key.
+		var to, so []int
+		if p == placeFinished {
+			to, so = keyOrder(w.newTgt[p].key, w.newTgt[p].label), keyOrder(w.newTst[p].key, w.newTst[p].label)
+		}
+		cs = append(cs, copied{targetTables[p], targetColumns, len(w.newTgt[p].key), w.newTgt[p].row, to},
+			copied{testTables[p], testColumns, len(w.newTst[p].key), w.newTst[p].row, so})
+	}
+	cs = append(cs, copied{"build_output_chunks", []string{"project", "invocation_id", "first_seq", "stdout", "stderr"},
+		len(w.chunks.inv), w.chunks.row, nil})
+	for _, c := range cs {
 		if c.n == 0 {
 			continue
 		}
@@ -599,6 +621,9 @@ func (w *writes) copyNew(ctx context.Context, tx pgx.Tx) error {
 				return nil, nil
 			}
 			i++
+			if c.order != nil {
+				return c.row(c.order[i-1]), nil
+			}
 			return c.row(i - 1), nil
 		}))
 		if err != nil {

@@ -60,8 +60,8 @@ func (b *bench) devStackEnv(ctx context.Context, scenario string, env ...string)
 		if s != nil {
 			s.stop()
 		}
-		b.pg.dropDB(db)
 		if !b.cfg.keep {
+			b.pg.dropDB(db)
 			os.RemoveAll(dir)
 		}
 	}

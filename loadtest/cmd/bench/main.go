@@ -102,7 +102,7 @@ func main() {
 	flag.DurationVar(&c.lagPoll, "lag-poll", 50*time.Millisecond, "how often projection lag is polled")
 	flag.DurationVar(&c.lagTimeout, "lag-timeout", 60*time.Second, "how long to wait for the last invocations to be projected")
 	flag.DurationVar(&c.drainTimeout, "drain-timeout", 5*time.Minute, "projector: longest drain before giving up")
-	flag.BoolVar(&c.keep, "keep", false, "keep the scenarios' state and logs")
+	flag.BoolVar(&c.keep, "keep", false, "keep the scenarios' state, logs and the databases of the scenarios that run `millrace dev`")
 	c.fleet.register(flag.CommandLine)
 	c.commits.register(flag.CommandLine)
 	c.kafka.register(flag.CommandLine)

@@ -168,8 +168,8 @@ func (b *bench) millionReads(ctx context.Context, conn *pgx.Conn, ids synth.IDs,
 	var status string
 	var events, targets, tests int64
 	if err := conn.QueryRow(ctx, `select status, event_count,
-		(select count(*) from targets t where t.build_key = i.build_key),
-		(select count(*) from tests t where t.build_key = i.build_key)
+		(select count(*) from all_targets t where t.build_key = i.build_key),
+		(select count(*) from all_tests t where t.build_key = i.build_key)
 		from invocations i where id = $1 and project = $2`, ids.InvocationID, ids.Project).Scan(&status, &events, &targets, &tests); err != nil {
 		return fmt.Errorf("the projected build: %w", err)
 	}

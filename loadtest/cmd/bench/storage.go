@@ -119,7 +119,7 @@ type storageReport struct {
 // buildsTables are the builds projection's tables the scenario measures; a
 // table the binary under test does not have (an older revision's, in A/B
 // mode) counts 0.
-var buildsTables = []string{"invocations", "targets", "tests", "build_metrics", "build_output", "build_output_pages",
+var buildsTables = []string{"invocations", "targets", "targets_running", "tests", "tests_running", "build_metrics", "build_output", "build_output_pages",
 	"build_output_chunks", "hourly_rollups", "build_metadata", "build_command_lines", "build_argv", "build_failures", "target_causes",
 	"build_labels"}
 
