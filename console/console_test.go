@@ -219,7 +219,7 @@ func TestWriteBuildPaged(t *testing.T) {
 			select (select build_key from invocations), build_label_id(format('//a:t%s', i)),
 			       build_failure_id('action', '//lib:gen', 'bazel-out/gen.txt', 'cfg')
 			from generate_series(1000, 3999) i where i % 500 = 7`,
-		`insert into build_metadata (project, invocation_id, source, key, value) values ('alpha', 'i1', 'build_metadata', 'COMMIT_SHA', 'c0ffee')`,
+		`insert into build_metadata (build_key, project, source, key, value) select build_key, 'alpha', 'build_metadata', 'COMMIT_SHA', 'c0ffee' from invocations`,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatal(err)

@@ -381,9 +381,11 @@ func deleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string, 
 	b.Queue(sqlDeleteCommandLines, project, ids)
 	for t, col := range rowTables {
 		switch {
+		case t == "invocations" || t == "build_command_lines":
+			// Last, and first (sqlDeleteCommandLines).
 		case byBuildKey(t):
 			b.Queue(fmt.Sprintf("delete from %s where build_key in (select build_key from invocations where id = any($2) and project = $1)", t), project, ids)
-		case t != "invocations" && t != "build_command_lines":
+		default:
 			b.Queue(fmt.Sprintf("delete from %s where %s = any($2) and project = $1", t, col), project, ids)
 		}
 	}

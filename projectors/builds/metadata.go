@@ -262,8 +262,8 @@ func (v *inv) addLabelFailure(id *bep.BuildEventId, reason string) {
 // that hold such rows.
 
 const sqlInsertMetadata = `
-insert into build_metadata (project, invocation_id, source, key, value)
-select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[])
+insert into build_metadata (build_key, project, source, key, value)
+select * from unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::text[])
 on conflict do nothing`
 
 // sqlInsertCommandLines inserts the batch's command lines ($1-$5), and the
@@ -276,8 +276,8 @@ on conflict do nothing`
 // inserted again here once it commits (collectArgv).
 const sqlInsertCommandLines = `
 with cl as (
-    insert into build_command_lines (project, invocation_id, source, label, argv_hash)
-    select * from unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bytea[])
+    insert into build_command_lines (build_key, project, source, label, argv_hash)
+    select * from unnest($1::int8[], $2::text[], $3::text[], $4::text[], $5::bytea[])
     on conflict do nothing
     returning project, argv_hash
 )
@@ -326,10 +326,14 @@ type argvKey struct{ project, hash string }
 
 // onceCols are the batch's rows of the four tables, as unnest() arguments.
 type onceCols struct {
-	meta struct{ project, inv, source, key, value []string }
-	cmd  struct {
-		project, inv, source, label []string
-		hash                        [][]byte
+	meta struct {
+		build                       []int64
+		project, source, key, value []string
+	}
+	cmd struct {
+		build                  []int64
+		project, source, label []string
+		hash                   [][]byte
 	}
 	// argv holds each (project, hash) of cmd once: ON CONFLICT DO UPDATE
 	// may not meet a row twice in one statement.
@@ -350,10 +354,10 @@ type onceCols struct {
 }
 
 func (c *onceCols) add(v *inv) {
-	p, id := v.key.project, v.key.id
+	p, k := v.key.project, v.buildKey
 	for _, m := range v.meta {
 		r := &c.meta
-		r.project, r.inv = append(r.project, p), append(r.inv, id)
+		r.project, r.build = append(r.project, p), append(r.build, k)
 		r.source, r.key, r.value = append(r.source, m.source), append(r.key, m.key), append(r.value, m.value)
 	}
 	for _, l := range v.cmdLines {
@@ -362,7 +366,7 @@ func (c *onceCols) add(v *inv) {
 		joined := joinList(l.argv)
 		hash := argvHash(splitList(joined))
 		r := &c.cmd
-		r.project, r.inv = append(r.project, p), append(r.inv, id)
+		r.project, r.build = append(r.project, p), append(r.build, k)
 		r.source, r.label, r.hash = append(r.source, l.source), append(r.label, l.label), append(r.hash, hash)
 		a := &c.argv
 		if k := (argvKey{p, string(hash)}); !a.seen[k] {
@@ -412,12 +416,12 @@ func (c *onceCols) addFailure(build int64, f failure, reported bool) {
 }
 
 func (c *onceCols) queue(b *pgx.Batch) {
-	if m := &c.meta; len(m.inv) > 0 {
-		b.Queue(sqlInsertMetadata, m.project, m.inv, m.source, m.key, m.value)
+	if m := &c.meta; len(m.build) > 0 {
+		b.Queue(sqlInsertMetadata, m.build, m.project, m.source, m.key, m.value)
 	}
-	if m := &c.cmd; len(m.inv) > 0 {
+	if m := &c.cmd; len(m.build) > 0 {
 		a := &c.argv
-		b.Queue(sqlInsertCommandLines, m.project, m.inv, m.source, m.label, m.hash, a.project, a.hash, a.argv)
+		b.Queue(sqlInsertCommandLines, m.build, m.project, m.source, m.label, m.hash, a.project, a.hash, a.argv)
 	}
 	if f := &c.fail; len(f.key) > 0 {
 		b.Queue(sqlInsertFailures, f.key, f.id, f.reported, f.kind, f.label, f.output, f.config, f.mnemonic,
@@ -437,7 +441,8 @@ func (c *onceCols) queue(b *pgx.Batch) {
 // batch holds (it names them again: sqlInsertCommandLines).
 const sqlDeleteCommandLines = `
 with gone as (
-    delete from build_command_lines where invocation_id = any($2) and project = $1 returning argv_hash
+    delete from build_command_lines
+    where build_key in (select build_key from invocations where id = any($2) and project = $1) returning argv_hash
 )
 select hash from build_argv where project = $1 and hash in (select argv_hash from gone)
 for update skip locked`
@@ -541,7 +546,7 @@ type Cause struct {
 func (b *Build) readMetadata(ctx context.Context, q Querier) error {
 	b.BuildMetadata, b.WorkspaceStatus, b.CommandLines = map[string]string{}, []StatusItem{}, []CommandLine{}
 	rows, err := q.Query(ctx, `
-		select source, key, value from build_metadata where invocation_id = $1 and project = $2
+		select source, key, value from build_metadata where build_key = `+sqlBuildKey+`
 		order by source collate "C", key collate "C"`, b.ID, b.Project)
 	if err != nil {
 		return fmt.Errorf("metadata: %w", err)
@@ -562,7 +567,7 @@ func (b *Build) readMetadata(ctx context.Context, q Querier) error {
 	rows, err = q.Query(ctx, `
 		select c.source, c.label, a.argv from build_command_lines c
 		join build_argv a on a.project = c.project and a.hash = c.argv_hash
-		where c.invocation_id = $1 and c.project = $2
+		where c.build_key = `+sqlBuildKey+`
 		order by c.source collate "C", c.label collate "C"`, b.ID, b.Project)
 	if err != nil {
 		return fmt.Errorf("command lines: %w", err)

@@ -233,8 +233,8 @@ func TestMetadataAndRootCauses(t *testing.T) {
 	}
 
 	// The builds of a commit, through the index.
-	rows, err := pool.Query(ctx, `select invocation_id from build_metadata
-		where project = $1 and key = 'COMMIT_SHA' and value = $2 order by 1`, "acme", "c0ffee")
+	rows, err := pool.Query(ctx, `select i.id from build_metadata m join invocations i using (build_key)
+		where m.project = $1 and m.key = 'COMMIT_SHA' and m.value = $2 order by 1`, "acme", "c0ffee")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -254,7 +254,7 @@ func TestMetadataAndRootCauses(t *testing.T) {
 	defer tx.Rollback(ctx)
 	tx.Exec(ctx, `set local enable_seqscan = off`)
 	var plan strings.Builder
-	prow, err := tx.Query(ctx, `explain select invocation_id from build_metadata
+	prow, err := tx.Query(ctx, `explain select build_key from build_metadata
 		where project = 'acme' and key = 'COMMIT_SHA' and value = 'c0ffee'`)
 	if err != nil {
 		t.Fatal(err)

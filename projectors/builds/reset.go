@@ -25,10 +25,10 @@ func (p *Projector) Reset(ctx context.Context, tx pgx.Tx) error {
 // that build_command_lines rows name, shared by builds: emptied with them,
 // or kept as far as kept rows name them).
 var rowTables = map[string]string{
-	"invocations": "id", "targets": "build_key", "tests": "build_key", "build_metrics": "invocation_id",
+	"invocations": "id", "targets": "build_key", "tests": "build_key", "build_metrics": "build_key",
 	"targets_running": "build_key", "tests_running": "build_key",
 	"build_output": "invocation_id", "build_output_pages": "invocation_id", "build_output_chunks": "invocation_id",
-	"build_metadata": "invocation_id", "build_command_lines": "invocation_id", "build_failures": "build_key",
+	"build_metadata": "build_key", "build_command_lines": "build_key", "build_failures": "build_key",
 	"target_causes": "build_key",
 }
 

@@ -246,15 +246,18 @@ func scrubTargetsIn(ctx context.Context, tx pgx.Tx, s Scrubber, table string, id
 // once no row names it, and stays while other builds' rows do (they are
 // redacted when their own builds are scrubbed).
 func scrubMetadata(ctx context.Context, tx pgx.Tx, s Scrubber, ids, projects []string, st *ScrubStats) error {
-	const ofBuilds = `(invocation_id, project) in (select * from unnest($1::text[], $2::text[]))`
-	rows, err := tx.Query(ctx, `select invocation_id, project, source, key, value from build_metadata where `+ofBuilds+` for update`, ids, projects)
+	const ofBuilds = `build_key in (select build_key from invocations where (id, project) in (select * from unnest($1::text[], $2::text[])))`
+	rows, err := tx.Query(ctx, `select build_key, source, key, value from build_metadata where `+ofBuilds+` for update`, ids, projects)
 	if err != nil {
 		return err
 	}
-	type meta struct{ inv, project, source, key, value string }
+	type meta struct {
+		build              int64
+		source, key, value string
+	}
 	var metas []meta
 	var m meta
-	if _, err := pgx.ForEachRow(rows, []any{&m.inv, &m.project, &m.source, &m.key, &m.value}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&m.build, &m.source, &m.key, &m.value}, func() error {
 		if n := s.Text(m.value); n != m.value {
 			m.value = n
 			metas = append(metas, m)
@@ -264,8 +267,8 @@ func scrubMetadata(ctx context.Context, tx pgx.Tx, s Scrubber, ids, projects []s
 		return err
 	}
 	for _, m := range metas {
-		if _, err := tx.Exec(ctx, `update build_metadata set value = $5 where invocation_id = $1 and project = $2 and source = $3 and key = $4`,
-			m.inv, m.project, m.source, m.key, m.value); err != nil {
+		if _, err := tx.Exec(ctx, `update build_metadata set value = $4 where build_key = $1 and source = $2 and key = $3`,
+			m.build, m.source, m.key, m.value); err != nil {
 			return err
 		}
 		st.MetadataChanged++
@@ -307,26 +310,27 @@ func scrubMetadata(ctx context.Context, tx pgx.Tx, s Scrubber, ids, projects []s
 		st.MetadataChanged++
 	}
 
-	rows, err = tx.Query(ctx, `select c.invocation_id, c.project, c.source, c.label, c.argv_hash, a.argv
+	rows, err = tx.Query(ctx, `select c.build_key, c.project, c.source, c.label, c.argv_hash, a.argv
 		from build_command_lines c join build_argv a on a.project = c.project and a.hash = c.argv_hash
-		where (c.invocation_id, c.project) in (select * from unnest($1::text[], $2::text[])) for update of c`, ids, projects)
+		where c.`+ofBuilds+` for update of c`, ids, projects)
 	if err != nil {
 		return err
 	}
 	type line struct {
-		inv, project, source, label string
-		hash                        []byte
-		argv                        []string
+		build                  int64
+		project, source, label string
+		hash                   []byte
+		argv                   []string
 	}
 	var lines []line
 	var l line
-	if _, err := pgx.ForEachRow(rows, []any{&l.inv, &l.project, &l.source, &l.label, &l.hash, &l.argv}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&l.build, &l.project, &l.source, &l.label, &l.hash, &l.argv}, func() error {
 		argv := slices.Clone(l.argv)
 		for i := range argv {
 			argv[i] = s.Text(argv[i])
 		}
 		if !slices.Equal(argv, l.argv) {
-			lines = append(lines, line{l.inv, l.project, l.source, l.label, slices.Clone(l.hash), argv})
+			lines = append(lines, line{l.build, l.project, l.source, l.label, slices.Clone(l.hash), argv})
 		}
 		return nil
 	}); err != nil {
@@ -337,8 +341,8 @@ func scrubMetadata(ctx context.Context, tx pgx.Tx, s Scrubber, ids, projects []s
 		if _, err := tx.Exec(ctx, `insert into build_argv (project, hash, argv) values ($1, $2, $3) on conflict do nothing`, l.project, h, l.argv); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `update build_command_lines set argv_hash = $5 where invocation_id = $1 and project = $2 and source = $3 and label = $4`,
-			l.inv, l.project, l.source, l.label, h); err != nil {
+		if _, err := tx.Exec(ctx, `update build_command_lines set argv_hash = $4 where build_key = $1 and source = $2 and label = $3`,
+			l.build, l.source, l.label, h); err != nil {
 			return err
 		}
 		// An array a projector's batch holds (it names it in a new row)

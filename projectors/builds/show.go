@@ -158,7 +158,7 @@ func show(ctx context.Context, q Querier, project, invocationID string, rows boo
 		       coalesce(wall_time_ms, 0), coalesce(analysis_phase_ms, 0), coalesce(execution_phase_ms, 0),
 		       coalesce(used_heap_size_post_build, 0), coalesce(peak_post_gc_heap_size, 0),
 		       coalesce(packages_loaded, 0), coalesce(targets_loaded, 0), coalesce(targets_configured, 0)
-		from build_metrics where invocation_id = $1 and project = $2`, invocationID, project).Scan(
+		from build_metrics where build_key = `+sqlBuildKey, invocationID, project).Scan(
 		&m.ActionsCreated, &m.ActionsExecuted, &m.ActionCacheHits, &m.ActionCacheMisses,
 		&m.RemoteCacheHits, &m.CPUTimeMs, &m.WallTimeMs, &m.AnalysisPhaseMs, &m.ExecutionPhaseMs,
 		&m.UsedHeapSizePostBuild, &m.PeakPostGCHeapSize, &m.PackagesLoaded, &m.TargetsLoaded,
@@ -248,12 +248,12 @@ var digestOrder = map[string]string{
 	"tests":               `build_key, label_id`,
 	"targets_running":     `build_key, label_id`,
 	"tests_running":       `build_key, label_id`,
-	"build_metrics":       `invocation_id collate "C", project collate "C"`,
+	"build_metrics":       `build_key`,
 	"build_output":        `invocation_id collate "C", project collate "C"`,
 	"build_output_pages":  `invocation_id collate "C", project collate "C", stream, page`,
 	"hourly_rollups":      `project collate "C", hour`,
-	"build_metadata":      `invocation_id collate "C", project collate "C", source collate "C", key collate "C"`,
-	"build_command_lines": `invocation_id collate "C", project collate "C", source collate "C", label collate "C"`,
+	"build_metadata":      `build_key, source collate "C", key collate "C"`,
+	"build_command_lines": `build_key, source collate "C", label collate "C"`,
 	"build_argv":          `project collate "C", hash`,
 	"build_failures":      `build_key, id`,
 	"target_causes":       `build_key, label_id, cause_id`,

@@ -246,14 +246,14 @@ from (` + testRows + `) u
 where t.build_key = u.build_key and t.label_id = u.label_id`
 
 const sqlMetrics = `
-insert into build_metrics as m (project, invocation_id, actions_created, actions_executed, action_cache_hits,
+insert into build_metrics as m (build_key, actions_created, actions_executed, action_cache_hits,
     action_cache_misses, remote_cache_hits, cpu_time_ms, wall_time_ms, analysis_phase_ms,
     execution_phase_ms, used_heap_size_post_build, peak_post_gc_heap_size, packages_loaded,
     targets_loaded, targets_configured)
-select * from unnest($1::text[], $2::text[], $3::int8[], $4::int8[], $5::int8[], $6::int8[], $7::int8[],
-                     $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[], $13::int8[],
-                     $14::int8[], $15::int8[], $16::int8[])
-on conflict (invocation_id, project) do update set
+select * from unnest($1::int8[], $2::int8[], $3::int8[], $4::int8[], $5::int8[], $6::int8[],
+                     $7::int8[], $8::int8[], $9::int8[], $10::int8[], $11::int8[], $12::int8[],
+                     $13::int8[], $14::int8[], $15::int8[])
+on conflict (build_key) do update set
     actions_created = excluded.actions_created, actions_executed = excluded.actions_executed,
     action_cache_hits = excluded.action_cache_hits, action_cache_misses = excluded.action_cache_misses,
     remote_cache_hits = excluded.remote_cache_hits, cpu_time_ms = excluded.cpu_time_ms,
@@ -507,7 +507,7 @@ func (s *state) collect(w *writes, v *inv) {
 		}
 	}
 	if v.metrics != nil {
-		w.met.add(id, v)
+		w.met.add(v)
 	}
 	w.once.add(v)
 
@@ -572,7 +572,7 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 	if len(w.kinds.id) > 0 {
 		b.Queue(sqlInsertKinds, w.kinds.id, w.kinds.kind)
 	}
-	if len(w.met.inv) > 0 {
+	if len(w.met.build) > 0 {
 		b.Queue(sqlMetrics, w.met.args()...)
 	}
 	w.once.queue(b)
@@ -908,15 +908,14 @@ func (c *labelCols) add(project, label string, id int64) {
 }
 
 type metricCols struct {
-	project, inv []string
-	cols         [14][]int64
+	build []int64
+	cols  [14][]int64
 }
 
-func (c *metricCols) add(k invKey, v *inv) {
+func (c *metricCols) add(v *inv) {
 	m := v.metrics
 	a, mem, tg, pk, tm := m.GetActionSummary(), m.GetMemoryMetrics(), m.GetTargetMetrics(), m.GetPackageMetrics(), m.GetTimingMetrics()
-	c.project = append(c.project, k.project)
-	c.inv = append(c.inv, k.id)
+	c.build = append(c.build, v.buildKey)
 	for i, x := range [14]int64{
 		a.GetActionsCreated(), a.GetActionsExecuted(),
 		int64(a.GetActionCacheStatistics().GetHits()), int64(a.GetActionCacheStatistics().GetMisses()),
@@ -930,7 +929,7 @@ func (c *metricCols) add(k invKey, v *inv) {
 }
 
 func (c *metricCols) args() []any {
-	args := []any{c.project, c.inv}
+	args := []any{c.build}
 	for i := range c.cols {
 		args = append(args, c.cols[i])
 	}
