@@ -65,23 +65,25 @@ func (p PageQuery) limit() int {
 // partial indexes targets_failed_idx and tests_status_idx
 // (migrations/016_builds_compact.sql), whose predicates the queries
 // repeat. Each query names its index in the plan
-// (TestPagedReadsUseTheIndex).
+// (TestPagedReadsUseTheIndex). %[1]s is the table read: a finished
+// build's (targets, tests), or both tables' view for a running build
+// (pageOf).
 var (
 	targetColumns = kindColumn("t") + `, coalesce(t.success, false), t.failure_reason`
 	testColumns   = `t.status, t.attempts, t.duration_ms, t.cached`
 
 	sqlTargetsSorted = `select l.label, ` + targetColumns + `
-from all_targets t join build_labels l on l.project = $2 and l.id = t.label_id
+from %[1]s t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = $1 and l.label collate "C" > $3 order by l.label collate "C" limit $4`
 	sqlFailedTargetsPage = `select l.label, ` + targetColumns + `
-from all_targets t join build_labels l on l.project = $2 and l.id = t.label_id
+from %[1]s t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = $1 and t.failed and l.label collate "C" > $3 order by l.label collate "C" limit $4`
 	sqlTestsSorted = `select l.label, ` + testColumns + `
-from all_tests t join build_labels l on l.project = $2 and l.id = t.label_id
+from %[1]s t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = $1 and l.label collate "C" > $3 and ($5 = '' or t.status = $5)
 order by l.label collate "C" limit $4`
 	sqlTestsNotPassedPage = `select l.label, ` + testColumns + `
-from all_tests t join build_labels l on l.project = $2 and l.id = t.label_id
+from %[1]s t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = $1 and t.status = $5 and t.status <> 'PASSED' and l.label collate "C" > $3
 order by l.label collate "C" limit $4`
 
@@ -93,9 +95,9 @@ order by l.label collate "C" limit $4`
 	sqlLabelChunk = `select id, label from build_labels
 where project = $1 and label collate "C" > $2 order by label collate "C" limit $3`
 	sqlTargetsOfLabels = `select t.* from unnest($2::int8[]) u(id) cross join lateral
-    (select t.label_id::text, ` + targetColumns + ` from all_targets t where t.build_key = $1 and t.label_id = u.id limit 1) t`
+    (select t.label_id::text, ` + targetColumns + ` from %[1]s t where t.build_key = $1 and t.label_id = u.id limit 1) t`
 	sqlTestsOfLabels = `select t.* from unnest($2::int8[]) u(id) cross join lateral
-    (select t.label_id::text, ` + testColumns + ` from all_tests t
+    (select t.label_id::text, ` + testColumns + ` from %[1]s t
      where t.build_key = $1 and t.label_id = u.id and ($3 = '' or t.status = $3) limit 1) t`
 
 	// sqlSmallBuild counts a build's rows up to one past smallBuild.
@@ -175,17 +177,33 @@ type labeled[T any] struct {
 // walk).
 func pageOf[T any](ctx context.Context, db Querier, table, project, invocationID string, q PageQuery, status,
 	sorted, walk string, scan func(pgx.Rows, *string) (T, error)) ([]labeled[T], error) {
-	var key int64
-	switch err := db.QueryRow(ctx, `select build_key from invocations where id = $1 and project = $2`, invocationID, project).Scan(&key); {
+	var (
+		key     int64
+		running bool
+	)
+	switch err := db.QueryRow(ctx, `select build_key, status = 'running' from invocations where id = $1 and project = $2`,
+		invocationID, project).Scan(&key, &running); {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil
 	case err != nil:
 		return nil, err
 	}
+	// A finished build's rows are in table, and stay there; a running
+	// one's in the running table until the batch that ends it moves them,
+	// maybe between two of these queries: both, through the view
+	// (running.go).
+	from := table
+	if running {
+		from = "all_" + table
+	}
+	sorted = fmt.Sprintf(sorted, from)
+	if walk != "" {
+		walk = fmt.Sprintf(walk, from)
+	}
 	limit := q.limit()
 	if walk != "" {
 		var n int
-		if err := db.QueryRow(ctx, fmt.Sprintf(sqlSmallBuild, "all_"+table), key, smallBuild+1).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, fmt.Sprintf(sqlSmallBuild, from), key, smallBuild+1).Scan(&n); err != nil {
 			return nil, err
 		}
 		if n > smallBuild {

@@ -79,19 +79,29 @@ from unnest($1::text[], $2::text[]) as u(project, id)
 join invocations i on i.id = u.id and i.project = u.project`
 
 // sqlExistingTargets and sqlExistingTests find the batch's target and test
-// rows (label ids in $4, labelID) of stored builds; they run in the load's
-// round trip, before the batch knows the builds' keys.
-const sqlExistingTargets = `
-select u.project, u.inv, u.label
-from unnest($1::text[], $2::text[], $3::text[], $4::int8[]) as u(project, inv, label, label_id)
-join invocations i on i.id = u.inv and i.project = u.project
-join all_targets t on t.build_key = i.build_key and t.label_id = u.label_id`
+// rows (label ids in $4, labelID) of stored builds, in both tables of each
+// (running.go); they run in the load's round trip, before the batch knows
+// the builds' keys. Each probe is a subquery of LIMIT 1 on the whole key:
+// as a join, PostgreSQL may take an index scan on the build key alone
+// (equal in cost while the tables are small or without statistics, and
+// prepared statements keep their plan), which reads every row of the
+// build for each probe, and at a million events the projector stalled.
+var (
+	sqlExistingTargets = existingRows(targetTables)
+	sqlExistingTests   = existingRows(testTables)
+)
 
-const sqlExistingTests = `
+func existingRows(tables [places]string) string {
+	var branches []string
+	for _, t := range tables {
+		branches = append(branches, `
 select u.project, u.inv, u.label
 from unnest($1::text[], $2::text[], $3::text[], $4::int8[]) as u(project, inv, label, label_id)
 join invocations i on i.id = u.inv and i.project = u.project
-join all_tests t on t.build_key = i.build_key and t.label_id = u.label_id`
+cross join lateral (select from `+t+` t where t.build_key = i.build_key and t.label_id = u.label_id limit 1) t`)
+	}
+	return strings.Join(branches, "\nunion all")
+}
 
 // eventBucket is invocations.last_event_bucket of a last_event_at: the
 // time rounded down to 5 minutes, which the sweep's index holds rather than
