@@ -1,12 +1,12 @@
 // Package console is millrace's web console: what a person reads in a
-// browser on a process's HTTP server (`millrace dev`, `serve bes`). Today
-// it is small: the latest builds as a page, and each build as JSON at
-// /builds/{project}/{id}, the document `builds show --project P --json`
-// prints. Register serves it on a mux; Guard decides who may see it;
+// browser on a process's HTTP server (`millrace dev`, `serve bes`): the
+// list of builds, filtered and paged, as a page (/) and as JSON
+// (/api/v1/builds), and each build as JSON at /builds/{project}/{id}, the
+// document `builds show --project P --json` prints. Register serves it on a mux; Guard decides who may see it;
 // WriteBuild prints a build for a terminal (`millrace builds show`).
 //
 // Handlers are thin: they parse the request, call one read function of a
-// projection's package, which owns its SQL (builds.Latest,
+// projection's package, which owns its SQL (builds.Search,
 // builds.WriteJSON, builds.Targets, builds.Tests, builds.OutputReader,
 // builds.Projects), and render. The agreed direction (embedded templates
 // with a layout, CSP, server-sent events) is in docs/design.md,
@@ -21,14 +21,13 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/projectors/builds"
 )
-
-// Latest is how many builds the front page lists.
-const Latest = 100
 
 // Register serves the console on mux. pool is the database once connected
 // (a process may serve before PostgreSQL answers): nil until then, and
@@ -37,6 +36,9 @@ const Latest = 100
 // output moves once archived; nil: there is none, and such output is 503.
 func Register(mux *http.ServeMux, pool func() *pgxpool.Pool, archive func() builds.Archive) {
 	mux.HandleFunc("GET /{$}", withPool(pool, latest))
+	// The list of builds, filtered and paged (builds.Search), as JSON for
+	// tools; the front page is its HTML.
+	mux.HandleFunc("GET /api/v1/builds", withPool(pool, searchBuilds))
 	// A build is (project, invocation id): two projects may send the same
 	// id, so a build's page names both.
 	mux.HandleFunc("GET /builds/{project}/{id}", withPool(pool, build))
@@ -64,14 +66,90 @@ func withPool(pool func() *pgxpool.Pool, h handler) http.HandlerFunc {
 	}
 }
 
-func latest(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
-	rows, err := builds.Latest(r.Context(), p, Latest)
+// searchQuery reads a list's filters from the URL: project, status,
+// command, user, host, branch, commit, from and to (RFC 3339 times or
+// YYYY-MM-DD days, UTC), q (an invocation id or its start, or part of a
+// target pattern), before (the cursor of the previous page's next) and
+// limit.
+func searchQuery(r *http.Request) (builds.SearchQuery, error) {
+	v := r.URL.Query()
+	q := builds.SearchQuery{Project: v.Get("project"), Status: v.Get("status"), Command: v.Get("command"),
+		User: v.Get("user"), Host: v.Get("host"), Branch: v.Get("branch"), Commit: v.Get("commit"),
+		Text: v.Get("q"), Before: v.Get("before")}
+	for _, t := range []struct {
+		name string
+		to   *time.Time
+	}{{"from", &q.From}, {"to", &q.To}} {
+		s := v.Get(t.name)
+		if s == "" {
+			continue
+		}
+		var err error
+		if *t.to, err = time.Parse(time.RFC3339, s); err != nil {
+			if *t.to, err = time.Parse(time.DateOnly, s); err != nil {
+				return q, fmt.Errorf("%s %q is neither an RFC 3339 time nor a YYYY-MM-DD day", t.name, s)
+			}
+		}
+	}
+	if l := v.Get("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 0 {
+			return q, fmt.Errorf("limit %q is not a count", l)
+		}
+		q.Limit = n
+	}
+	return q, q.Validate()
+}
+
+func searchBuilds(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
+	q, err := searchQuery(r)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	}
+	page, err := builds.Search(r.Context(), p, q)
+	if err != nil {
+		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
+		return
+	}
+	writeJSON(w, http.StatusOK, page)
+}
+
+// listPage is what the front page shows: the filters as given, a page of
+// builds, and the address of the next page.
+type listPage struct {
+	Filters  url.Values
+	Statuses []string
+	Builds   []builds.Summary
+	Next     string
+	Error    string
+}
+
+func latest(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
+	lp := listPage{Filters: r.URL.Query(), Statuses: builds.Statuses}
+	code := http.StatusOK
+	q, err := searchQuery(r)
+	if err == nil {
+		var page builds.SearchPage
+		if page, err = builds.Search(r.Context(), p, q); err == nil {
+			lp.Builds = page.Builds
+			if page.Next != "" {
+				next := r.URL.Query()
+				next.Set("before", page.Next)
+				lp.Next = "/?" + next.Encode()
+			}
+		} else {
+			code = http.StatusInternalServerError
+		}
+	} else {
+		code = http.StatusBadRequest
+	}
+	if err != nil {
+		lp.Error = err.Error()
+	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	page.Execute(w, rows)
+	w.WriteHeader(code)
+	page.Execute(w, lp)
 }
 
 func build(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
@@ -194,14 +272,28 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc.Encode(v)
 }
 
-var page = template.Must(template.New("console").Funcs(template.FuncMap{"buildPath": BuildPath}).Parse(`<!doctype html>
-<html><head><meta charset="utf-8"><title>millrace</title>
+var page = template.Must(template.New("console").Funcs(template.FuncMap{"buildPath": BuildPath, "join": strings.Join}).Parse(`<!doctype html>
+<html><head><meta charset="utf-8"><title>millrace: builds</title>
 <style>body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:left}
-.failed{color:#b00}.succeeded{color:#070}.abandoned{color:#888}</style></head>
-<body><h1>millrace: latest builds</h1>
-<p><a href="/metrics">metrics</a> · <a href="/readyz">readiness</a></p>
-<table><tr><th>invocation</th><th>project</th><th>command</th><th>status</th><th>exit</th><th>started</th><th>duration</th></tr>
-{{range .}}<tr><td><a href="{{buildPath .Project .ID}}">{{.ID}}</a></td><td>{{.Project}}</td><td>{{.Command}}</td><td class="{{.Status}}">{{.Status}}</td><td>{{.ExitName}}</td>
-<td>{{if .Started}}{{.Started.Format "2006-01-02 15:04:05"}}{{end}}</td><td>{{if .DurationMs}}{{.DurationMs}} ms{{end}}</td></tr>
-{{else}}<tr><td colspan="7">No builds yet. Try: bazel build //... --bes_backend=grpc://127.0.0.1:1985</td></tr>{{end}}
-</table></body></html>`))
+.failed{color:#b00}.succeeded{color:#070}.abandoned{color:#888}.running{color:#05a}form input{width:8em}.error{color:#b00}</style></head>
+<body><h1>millrace: builds</h1>
+<p><a href="/metrics">metrics</a> · <a href="/readyz">readiness</a> · <a href="/api/v1/builds?{{.Filters.Encode}}">JSON</a></p>
+<form method="get" action="/">
+{{range $f := .FilterNames}}<label>{{$f}} <input name="{{$f}}" value="{{$.Filters.Get $f}}"></label> {{end}}
+<label>status <select name="status"><option value="">any</option>{{range .Statuses}}<option{{if eq . ($.Filters.Get "status")}} selected{{end}}>{{.}}</option>{{end}}</select></label>
+<button>filter</button> <a href="/">clear</a></form>
+{{if .Error}}<p class="error">{{.Error}}</p>{{end}}
+<table><tr><th>invocation</th><th>project</th><th>status</th><th>command</th><th>branch</th><th>commit</th><th>user</th><th>started</th><th>duration</th><th>failed targets</th><th>tests (failed, flaky)</th></tr>
+{{range .Builds}}<tr><td><a href="{{buildPath .Project .ID}}">{{.ID}}</a></td><td>{{.Project}}</td><td class="{{.Status}}">{{.Status}}{{if .ExitName}} ({{.ExitName}}){{end}}</td>
+<td>{{.Command}} {{join .Patterns " "}}</td><td>{{.Branch}}</td><td>{{.Commit}}</td><td>{{.User}}{{if .Host}}@{{.Host}}{{end}}</td>
+<td>{{if .Started}}{{.Started.Format "2006-01-02 15:04:05"}}{{end}}</td><td>{{if .DurationMs}}{{.DurationMs}} ms{{end}}</td>
+<td>{{.TargetsFailed}}</td><td>{{.TestsPassed}} passed, {{.TestsFailed}} failed, {{.TestsFlaky}} flaky</td></tr>
+{{else}}<tr><td colspan="11">No builds{{if .Filters}} match{{else}} yet. Try: bazel build //... --bes_backend=grpc://127.0.0.1:1985{{end}}.</td></tr>{{end}}
+</table>
+{{if .Next}}<p><a href="{{.Next}}">older builds</a></p>{{end}}
+</body></html>`))
+
+// FilterNames are the list's text filters, in the form's order.
+func (listPage) FilterNames() []string {
+	return []string{"project", "command", "user", "host", "branch", "commit", "from", "to", "q"}
+}

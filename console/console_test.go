@@ -96,6 +96,75 @@ func TestConsoleBuildPages(t *testing.T) {
 	}
 }
 
+// The list of builds as JSON and as the front page: filters from the
+// URL, a cursor to the next page, and bad filters refused with the reason.
+func TestConsoleBuildList(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	// Keys as the projector gives them: the first event's day, then a
+	// sequence.
+	if _, err := pool.Exec(ctx, `insert into invocations (id, project, status, command, user_name, first_event_at, last_event_at, build_key)
+		select 'inv-' || n, case when n % 2 = 0 then 'alpha' else 'beta' end, case when n % 3 = 0 then 'failed' else 'succeeded' end,
+		       'test', 'ci', at, at, (floor(extract(epoch from at) / 86400)::bigint << 47) | n
+		from generate_series(1, 9) n, lateral (select '2026-11-30 10:00Z'::timestamptz + n * interval '2 hours' as at) t`); err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	Register(mux, func() *pgxpool.Pool { return pool }, nil)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	get := func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	list := func(path string) ([]string, string) {
+		t.Helper()
+		code, body := get(path)
+		var page struct {
+			Builds []struct{ ID, Project string }
+			Next   string
+		}
+		if err := json.Unmarshal([]byte(body), &page); code != http.StatusOK || err != nil {
+			t.Fatalf("%s: %d %v\n%s", path, code, err, body)
+		}
+		var ids []string
+		for _, b := range page.Builds {
+			ids = append(ids, b.ID)
+		}
+		return ids, page.Next
+	}
+	ids, next := list("/api/v1/builds?project=alpha&limit=3")
+	if !slices.Equal(ids, []string{"inv-8", "inv-6", "inv-4"}) || next == "" {
+		t.Fatalf("alpha's first 3: %v next %q", ids, next)
+	}
+	if ids, next = list("/api/v1/builds?project=alpha&limit=3&before=" + next); !slices.Equal(ids, []string{"inv-2"}) || next != "" {
+		t.Errorf("alpha's next page: %v next %q", ids, next)
+	}
+	if ids, _ = list("/api/v1/builds?status=failed&from=2026-11-30T14:00:00Z&to=2026-12-01"); !slices.Equal(ids, []string{"inv-6", "inv-3"}) {
+		t.Errorf("failed builds in a window: %v", ids)
+	}
+	for _, bad := range []string{"status=won", "limit=-1", "before=x", "from=yesterday", "from=2026-12-01&to=2026-11-30"} {
+		if code, body := get("/api/v1/builds?" + bad); code != http.StatusBadRequest || !strings.Contains(body, "error") {
+			t.Errorf("%s: %d %s, want 400 with the reason", bad, code, body)
+		}
+	}
+
+	code, page := get("/?project=beta&limit=2")
+	if code != http.StatusOK || !strings.Contains(page, `href="/builds/beta/inv-9"`) || strings.Contains(page, "/builds/alpha/") ||
+		!strings.Contains(page, `value="beta"`) || !strings.Contains(page, "older builds") {
+		t.Errorf("the front page of beta's builds, 2 a page:\n%s", page)
+	}
+	if code, page := get("/?status=won"); code != http.StatusBadRequest || !strings.Contains(page, "none of running") {
+		t.Errorf("a bad filter on the front page: %d\n%s", code, page)
+	}
+}
+
 // A build's targets, tests and output a page at a time.
 func TestConsolePagedRoutes(t *testing.T) {
 	pool, _ := testenv.Pool(t)

@@ -214,7 +214,10 @@ func TestNewRowsWrittenInBulk(t *testing.T) {
 			inserted[name] += n.ins
 		}
 	}
-	if err := conn.QueryRow(ctx, `select pg_current_wal_insert_lsn()::text`).Scan(&to); err != nil {
+	// Flushed, not inserted: pg_walinspect reads no further (other
+	// sessions' records may be inserted past it), and the batches'
+	// commits flushed theirs.
+	if err := conn.QueryRow(ctx, `select pg_current_wal_flush_lsn()::text`).Scan(&to); err != nil {
 		t.Fatal(err)
 	}
 	// The paced builds' rows are new while the builds run (running.go).

@@ -7,29 +7,30 @@ import (
 	"io"
 	"strings"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
-// Summary is one build in a list of builds (the console's latest builds).
+// Summary is one build in a list of builds (Search; the console's
+// list and its JSON twin).
 type Summary struct {
-	ID, Project, Status, Command, ExitName string
-	Started                                *time.Time
-	DurationMs                             *int64
-}
-
-// Latest is the n builds whose first event came last, newest first.
-func Latest(ctx context.Context, q Querier, n int) ([]Summary, error) {
-	rows, err := q.Query(ctx, `select id, project, status, coalesce(command, ''), coalesce(exit_code_name, ''), started_at, duration_ms
-		from invocations order by first_event_at desc limit $1`, n)
-	if err != nil {
-		return nil, fmt.Errorf("builds: latest %d: %w", n, err)
-	}
-	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (Summary, error) {
-		var b Summary
-		err := r.Scan(&b.ID, &b.Project, &b.Status, &b.Command, &b.ExitName, &b.Started, &b.DurationMs)
-		return b, err
-	})
+	ID         string     `json:"id"`
+	Project    string     `json:"project"`
+	Status     string     `json:"status"` // running, succeeded, failed, abandoned
+	Command    string     `json:"command"`
+	ExitName   string     `json:"exit_code_name"`
+	Started    *time.Time `json:"started"`
+	DurationMs *int64     `json:"duration_ms"`
+	Patterns   []string   `json:"patterns"`
+	User       string     `json:"user"`
+	Host       string     `json:"host"`
+	// Branch and Commit are the first of the build's metadata keys that
+	// name them (BRANCH, BUILD_SCM_BRANCH, ...; COMMIT_SHA,
+	// BUILD_SCM_REVISION, ...).
+	Branch        string `json:"branch"`
+	Commit        string `json:"commit"`
+	TargetsFailed int64  `json:"targets_failed"`
+	TestsPassed   int64  `json:"tests_passed"`
+	TestsFailed   int64  `json:"tests_failed"` // failed but not flaky
+	TestsFlaky    int64  `json:"tests_flaky"`
 }
 
 // Find reads the builds with an invocation id: project's build when a

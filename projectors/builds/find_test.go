@@ -10,7 +10,7 @@ import (
 
 // Find picks a build by project and id, and never one tenant's build for
 // another's: several projects with the id are an error when one build is
-// asked for; Latest lists the newest first.
+// asked for; Search lists the newest first.
 func TestFindAndLatest(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
@@ -36,8 +36,9 @@ func TestFindAndLatest(t *testing.T) {
 	if _, err := Find(ctx, pool, "", "nothing", false); err == nil || !strings.Contains(err.Error(), `no build "nothing"`) {
 		t.Fatalf("an unknown id: %v", err)
 	}
-	latest, err := Latest(ctx, pool, 2)
-	if err != nil || len(latest) != 2 || latest[0].ID != "only" || latest[1].Project != "beta" || latest[1].Command != "test" {
+	latest, err := Search(ctx, pool, SearchQuery{Limit: 2})
+	if err != nil || len(latest.Builds) != 2 || latest.Builds[0].ID != "only" || latest.Builds[1].Project != "beta" ||
+		latest.Builds[1].Command != "test" || latest.Next == "" {
 		t.Fatalf("latest 2: %+v, %v", latest, err)
 	}
 }

@@ -60,8 +60,8 @@ const (
 )
 
 // A btree entry must fit a third of a page (about 2,700 bytes), and
-// build_metadata_lookup indexes (project, key, value): keys and values are
-// cut to these many bytes, at a character boundary.
+// build_metadata_lookup indexes (key, value, project) (migration 022):
+// keys and values are cut to these many bytes, at a character boundary.
 const maxMetaKey, maxMetaValue = 256, 1024
 
 // cut returns s cut to at most n bytes, at a character boundary.
