@@ -50,6 +50,19 @@ end $$;
 call builds_by_key_backfill();
 drop procedure builds_by_key_backfill();
 
+-- An earlier run that failed while building one leaves it invalid:
+-- dropped and built again.
+do $$
+declare
+    i text;
+begin
+    foreach i in array array['build_metadata_key', 'build_command_lines_key', 'build_metrics_key'] loop
+        if exists (select 1 from pg_index where indexrelid = to_regclass(i) and not indisvalid) then
+            execute format('drop index %I', i);
+        end if;
+    end loop;
+end $$;
+
 create unique index concurrently if not exists build_metadata_key on build_metadata (build_key, source, key);
 create unique index concurrently if not exists build_command_lines_key on build_command_lines (build_key, source, label);
 create unique index concurrently if not exists build_metrics_key on build_metrics (build_key);
@@ -59,30 +72,52 @@ declare
     t text;
 begin
     foreach t in array array['build_metadata', 'build_command_lines', 'build_metrics'] loop
-        if not exists (select 1 from pg_constraint where conname = t || '_build_key_set') then
+        if not exists (select 1 from pg_constraint where conname = t || '_build_key_set')
+           and exists (select 1 from pg_attribute where attrelid = t::regclass and attname = 'invocation_id' and not attisdropped) then
             execute format('alter table %I add constraint %I check (build_key is not null) not valid', t, t || '_build_key_set');
         end if;
     end loop;
 end $$;
-alter table build_metadata validate constraint build_metadata_build_key_set;
-alter table build_command_lines validate constraint build_command_lines_build_key_set;
-alter table build_metrics validate constraint build_metrics_build_key_set;
+-- Validating scans each table under a lock that lets writers go on.
+do $$
+declare
+    t text;
+begin
+    foreach t in array array['build_metadata', 'build_command_lines', 'build_metrics'] loop
+        if exists (select 1 from pg_constraint where conname = t || '_build_key_set') then
+            execute format('alter table %I validate constraint %I', t, t || '_build_key_set');
+        end if;
+    end loop;
+end $$;
 
-begin;
-alter table build_metadata drop constraint build_metadata_pkey,
-    add constraint build_metadata_pkey primary key using index build_metadata_key;
-alter table build_metadata drop constraint build_metadata_build_key_set, drop column invocation_id;
-alter table build_command_lines drop constraint build_command_lines_pkey,
-    add constraint build_command_lines_pkey primary key using index build_command_lines_key;
-alter table build_command_lines drop constraint build_command_lines_build_key_set, drop column invocation_id;
-alter table build_metrics drop constraint build_metrics_pkey,
-    add constraint build_metrics_pkey primary key using index build_metrics_key;
-alter table build_metrics drop constraint build_metrics_build_key_set, drop column invocation_id, drop column project;
-commit;
+-- The swap, one transaction (a DO block), of each table not swapped yet:
+-- a run that swapped and stopped before tern recorded it does nothing
+-- again.
+do $$
+declare
+    t text;
+begin
+    foreach t in array array['build_metadata', 'build_command_lines', 'build_metrics'] loop
+        if not exists (select 1 from pg_attribute where attrelid = t::regclass and attname = 'invocation_id' and not attisdropped) then
+            continue;
+        end if;
+        execute format('alter table %I drop constraint %I, add constraint %I primary key using index %I',
+                       t, t || '_pkey', t || '_pkey', t || '_key');
+        execute format('alter table %I drop constraint %I, drop column invocation_id', t, t || '_build_key_set');
+    end loop;
+    if exists (select 1 from pg_attribute where attrelid = 'build_metrics'::regclass and attname = 'project' and not attisdropped) then
+        alter table build_metrics drop column project;
+    end if;
+    -- A run after the swap built the new keys again: they go.
+    foreach t in array array['build_metadata', 'build_command_lines', 'build_metrics'] loop
+        if to_regclass(t || '_key') is not null then
+            execute format('drop index %I', t || '_key');
+        end if;
+    end loop;
+end $$;
 
 ---- create above / drop below ----
 
-begin;
 alter table build_metadata add column invocation_id text;
 update build_metadata m set invocation_id = i.id from invocations i where i.build_key = m.build_key;
 alter table build_metadata alter column invocation_id set not null, drop constraint build_metadata_pkey,
@@ -95,4 +130,3 @@ alter table build_metrics add column invocation_id text, add column project text
 update build_metrics m set invocation_id = i.id, project = i.project from invocations i where i.build_key = m.build_key;
 alter table build_metrics alter column invocation_id set not null, alter column project set not null,
     drop constraint build_metrics_pkey, add primary key (invocation_id, project), drop column build_key;
-commit;

@@ -615,7 +615,12 @@ func (t *Target) setCauses(raw []byte) error {
 		return nil
 	}
 	for _, c := range t.RootCauses {
-		if c.Kind == causeAction && c.Label == t.Label {
+		// A cause with neither message, mnemonic nor exit code is one no
+		// event has reported yet (or ever: the build was cut off between
+		// the TargetComplete and the ActionExecuted): no reason to show.
+		// Of several failed actions of the target's own, the first in
+		// the causes' order gives it.
+		if c.Kind == causeAction && c.Label == t.Label && (c.Message != nil || c.Mnemonic != nil || c.ExitCode != nil) {
 			r := actionReason(c)
 			t.FailureReason = &r
 			return nil

@@ -48,8 +48,12 @@ func (w *writes) places(v *inv) (stored, fresh place) {
 		return placeRunning, placeRunning
 	case v.stored:
 		// Its rows so far are running rows: the new ones join them, and
-		// all move together, in one sorted run.
+		// all move together, in one sorted run, into its week's partition,
+		// which the batch makes should it be missing (ensurePartitions).
 		w.finish = append(w.finish, v.buildKey)
+		if wk := keyWeek(v.buildKey); !slices.Contains(w.weeks, wk) {
+			w.weeks = append(w.weeks, wk)
+		}
 		return placeRunning, placeRunning
 	default:
 		return placeFinished, placeFinished

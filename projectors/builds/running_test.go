@@ -154,3 +154,26 @@ func TestOwnActionReasonKeptOnce(t *testing.T) {
 		t.Fatalf("a page of failed targets: %+v (%v)", page, err)
 	}
 }
+
+// A target's own action that no event has reported yet gives it no
+// reason; a reported one gives its message, or what is known of it.
+func TestOwnActionReasonOfAnUnreportedAction(t *testing.T) {
+	for _, c := range []struct{ causes, want string }{
+		{`[{"kind": "action", "label": "//a:b", "primary_output": "o", "configuration": "c"}]`, "<nil>"},
+		{`[{"kind": "action", "label": "//a:b", "mnemonic": "Genrule", "exit_code": 2}]`, "Genrule failed: exit code 2"},
+		{`[{"kind": "action", "label": "//a:b", "message": "boom"}]`, "boom"},
+		{`[{"kind": "action", "label": "//dep:x", "message": "boom"}]`, "<nil>"},
+	} {
+		tg := Target{Label: "//a:b"}
+		if err := tg.setCauses([]byte(c.causes)); err != nil {
+			t.Fatal(err)
+		}
+		got := "<nil>"
+		if tg.FailureReason != nil {
+			got = *tg.FailureReason
+		}
+		if got != c.want {
+			t.Errorf("causes %s: reason %q, want %q", c.causes, got, c.want)
+		}
+	}
+}
