@@ -96,6 +96,23 @@ func TestConsoleBuildPages(t *testing.T) {
 	}
 }
 
+// serve serves h for the test and returns a GET of a path on it: the
+// status code and the body.
+func serve(t *testing.T, h http.Handler) func(path string) (int, string) {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return func(path string) (int, string) {
+		t.Helper()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+}
+
 // The list of builds as JSON and as the front page: filters from the
 // URL, a cursor to the next page, and bad filters refused with the reason.
 func TestConsoleBuildList(t *testing.T) {
@@ -111,18 +128,7 @@ func TestConsoleBuildList(t *testing.T) {
 	}
 	mux := http.NewServeMux()
 	Register(mux, func() *pgxpool.Pool { return pool }, nil)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := http.Get(srv.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
+	get := serve(t, mux)
 	list := func(path string) ([]string, string) {
 		t.Helper()
 		code, body := get(path)
@@ -182,18 +188,7 @@ func TestConsolePagedRoutes(t *testing.T) {
 	}
 	mux := http.NewServeMux()
 	Register(mux, func() *pgxpool.Pool { return pool }, nil)
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := http.Get(srv.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
+	get := serve(t, mux)
 	var tg struct{ Targets []builds.Target }
 	code, body := get("/builds/acme/big/targets?failed=true&limit=5&after=//p:t20")
 	if err := json.Unmarshal([]byte(body), &tg); code != http.StatusOK || err != nil {

@@ -3,9 +3,7 @@ package console
 import (
 	"bytes"
 	"context"
-	"io"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -69,18 +67,7 @@ func TestConsoleArchivedOutput(t *testing.T) {
 		}
 		return nil
 	})
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-	get := func(path string) (int, string) {
-		t.Helper()
-		resp, err := http.Get(srv.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(body)
-	}
+	get := serve(t, mux)
 	page := BuildPath(project, id) + "/output/stderr/0"
 	code, inPG := get(page)
 	if code != http.StatusOK || inPG == "" {

@@ -32,31 +32,30 @@ var (
 	testTables   = [places]string{"tests", "tests_running"}
 )
 
-// places returns where v's stored rows are and where the batch's new rows
-// of v go, and queues the move of its running rows when the batch ends it.
+// place returns where v's stored rows are, which is where the batch's new
+// rows of v go too, and queues the move of its running rows when the batch
+// ends it.
 // A build is running until an event gives its exit code or its attempt's
 // result; an abandoned one is not (the sweep moved its rows), and stays
 // not running whatever comes after.
-func (w *writes) places(v *inv) (stored, fresh place) {
+func (w *writes) place(v *inv) place {
 	wasRunning := !v.stored || v.storedStatus == "running"
 	if !wasRunning {
-		return placeFinished, placeFinished
+		return placeFinished
 	}
 	ends := v.hasExit || v.result != ""
 	switch {
 	case !ends:
-		return placeRunning, placeRunning
+		return placeRunning
 	case v.stored:
 		// Its rows so far are running rows: the new ones join them, and
 		// all move together, in one sorted run, into its week's partition,
 		// which the batch makes should it be missing (ensurePartitions).
 		w.finish = append(w.finish, v.buildKey)
-		if wk := keyWeek(v.buildKey); !slices.Contains(w.weeks, wk) {
-			w.weeks = append(w.weeks, wk)
-		}
-		return placeRunning, placeRunning
+		w.addWeek(v.buildKey)
+		return placeRunning
 	default:
-		return placeFinished, placeFinished
+		return placeFinished
 	}
 }
 
@@ -88,9 +87,14 @@ func finishRunning(ctx context.Context, tx pgx.Tx, keys []int64) error {
 		return nil
 	}
 	b := &pgx.Batch{}
+	queueFinish(b, keys)
+	return tx.SendBatch(ctx, b).Close()
+}
+
+// queueFinish adds to b the move of the builds keys' running rows.
+func queueFinish(b *pgx.Batch, keys []int64) {
 	b.Queue(sqlFinishTargets, keys)
 	b.Queue(sqlFinishTests, keys)
-	return tx.SendBatch(ctx, b).Close()
 }
 
 // keyOrder returns the indexes of rows (build key, label id) in the

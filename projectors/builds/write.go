@@ -414,7 +414,7 @@ type writes struct {
 	chunks         chunkCols
 	labels         labelCols
 	kinds          kindCols
-	weeks          []int32 // partitions of the new builds
+	weeks          []int32 // partitions the batch writes into (addWeek)
 	finalize       map[invKey]*inv
 	finIDs         []invKey
 	reconcIDs      []invKey
@@ -478,6 +478,14 @@ func (s *state) write(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
+// addWeek records that the batch writes rows of build key's week, whose
+// partitions it makes if missing.
+func (w *writes) addWeek(key int64) {
+	if wk := keyWeek(key); !slices.Contains(w.weeks, wk) {
+		w.weeks = append(w.weeks, wk)
+	}
+}
+
 // collect adds what the batch writes of invocation v to w.
 func (s *state) collect(w *writes, v *inv) {
 	id := v.key
@@ -487,19 +495,17 @@ func (s *state) collect(w *writes, v *inv) {
 	case v.stored:
 		w.oldInv.add(v)
 	default:
-		if wk := keyWeek(v.buildKey); !slices.Contains(w.weeks, wk) {
-			w.weeks = append(w.weeks, wk)
-		}
+		w.addWeek(v.buildKey)
 		w.newInv.add(v)
 	}
-	stored, fresh := w.places(v)
+	at := w.place(v)
 	slices.Sort(v.targetOrder)
 	for _, l := range v.targetOrder {
 		switch t := v.targets[l]; {
 		case s.targetExists[rowKey{id, l}]:
-			w.oldTgt[stored].add(v, t, &w.kinds)
+			w.oldTgt[at].add(v, t, &w.kinds)
 		case t.known:
-			w.newTgt[fresh].add(v, t, &w.kinds)
+			w.newTgt[at].add(v, t, &w.kinds)
 			w.labels.add(id.project, l, t.id)
 			v.newTargets = append(v.newTargets, l)
 			// else: only a failed action names the label, and it is not a
@@ -509,9 +515,9 @@ func (s *state) collect(w *writes, v *inv) {
 	slices.Sort(v.testOrder)
 	for _, l := range v.testOrder {
 		if s.testExists[rowKey{id, l}] {
-			w.oldTst[stored].add(v, v.tests[l])
+			w.oldTst[at].add(v, v.tests[l])
 		} else {
-			w.newTst[fresh].add(v, v.tests[l])
+			w.newTst[at].add(v, v.tests[l])
 			w.labels.add(id.project, l, v.tests[l].id)
 			v.newTests = append(v.newTests, l)
 		}
@@ -573,8 +579,7 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 	}
 	if len(w.finish) > 0 {
 		// After the updates: they name the running rows.
-		b.Queue(sqlFinishTargets, w.finish)
-		b.Queue(sqlFinishTests, w.finish)
+		queueFinish(b, w.finish)
 	}
 	if len(w.labels.id) > 0 {
 		b.Queue(sqlInsertLabels, w.labels.project, w.labels.id, w.labels.label)
