@@ -17,11 +17,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"html/template"
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -35,13 +33,18 @@ import (
 // builds (archive.Objects over the process's bucket), where their console
 // output moves once archived; nil: there is none, and such output is 503.
 func Register(mux *http.ServeMux, pool func() *pgxpool.Pool, archive func() builds.Archive) {
+	mux.Handle("GET /static/", static())
 	mux.HandleFunc("GET /{$}", withPool(pool, latest))
 	// The list of builds, filtered and paged (builds.Search), as JSON for
 	// tools; the front page is its HTML.
 	mux.HandleFunc("GET /api/v1/builds", withPool(pool, searchBuilds))
 	// A build is (project, invocation id): two projects may send the same
-	// id, so a build's page names both.
-	mux.HandleFunc("GET /builds/{project}/{id}", withPool(pool, build))
+	// id, so a build's page names both. Its address serves a browser the
+	// page and anything else the JSON document; /api/v1/ always the JSON.
+	mux.HandleFunc("GET /builds/{project}/{id}", withPool(pool, build(archive)))
+	mux.HandleFunc("GET /api/v1/builds/{project}/{id}", withPool(pool, buildJSON))
+	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/targets", withPool(pool, targetsPage))
+	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/tests", withPool(pool, testsPage))
 	// A build's rows a page at a time (builds.Targets, builds.Tests,
 	// builds.OutputPage): what a page of a build of a million events reads.
 	mux.HandleFunc("GET /builds/{project}/{id}/targets", withPool(pool, targetsPage))
@@ -118,6 +121,7 @@ func searchBuilds(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 // listPage is what the front page shows: the filters as given, a page of
 // builds, and the address of the next page.
 type listPage struct {
+	frame
 	Filters  url.Values
 	Statuses []string
 	Builds   []builds.Summary
@@ -127,6 +131,7 @@ type listPage struct {
 
 func latest(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 	lp := listPage{Filters: r.URL.Query(), Statuses: builds.Statuses}
+	lp.JSON = "/api/v1/builds?" + r.URL.RawQuery
 	code := http.StatusOK
 	q, err := searchQuery(r)
 	if err == nil {
@@ -147,23 +152,7 @@ func latest(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 	if err != nil {
 		lp.Error = err.Error()
 	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.WriteHeader(code)
-	page.Execute(w, lp)
-}
-
-func build(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
-	// Streamed: the document holds every target and test of the build, and
-	// builds.WriteJSON writes them as it reads them.
-	w.Header().Set("Content-Type", "application/json")
-	err := builds.WriteJSON(r.Context(), p, w, r.PathValue("project"), r.PathValue("id"))
-	if errors.Is(err, builds.ErrNotFound) { // nothing written yet
-		http.Error(w, "no such build", http.StatusNotFound)
-		return
-	}
-	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-	}
+	render(w, code, "list", lp)
 }
 
 // pageQuery reads ?after=&limit=&failed=&status= into a builds.PageQuery.
@@ -264,6 +253,12 @@ func BuildPath(project, id string) string {
 	return "/builds/" + url.PathEscape(project) + "/" + url.PathEscape(id)
 }
 
+// TestPath is the console address of a test's history in a project. The
+// label is a parameter, not a path: labels hold slashes and colons.
+func TestPath(project, label string) string {
+	return "/test?" + url.Values{"project": {project}, "label": {label}}.Encode()
+}
+
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
@@ -271,27 +266,6 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 	enc.SetIndent("", "  ")
 	enc.Encode(v)
 }
-
-var page = template.Must(template.New("console").Funcs(template.FuncMap{"buildPath": BuildPath, "join": strings.Join}).Parse(`<!doctype html>
-<html><head><meta charset="utf-8"><title>millrace: builds</title>
-<style>body{font-family:system-ui,sans-serif;margin:2em}table{border-collapse:collapse}td,th{padding:.3em .8em;border-bottom:1px solid #ddd;text-align:left}
-.failed{color:#b00}.succeeded{color:#070}.abandoned{color:#888}.running{color:#05a}form input{width:8em}.error{color:#b00}</style></head>
-<body><h1>millrace: builds</h1>
-<p><a href="/metrics">metrics</a> · <a href="/readyz">readiness</a> · <a href="/api/v1/builds?{{.Filters.Encode}}">JSON</a></p>
-<form method="get" action="/">
-{{range $f := .FilterNames}}<label>{{$f}} <input name="{{$f}}" value="{{$.Filters.Get $f}}"></label> {{end}}
-<label>status <select name="status"><option value="">any</option>{{range .Statuses}}<option{{if eq . ($.Filters.Get "status")}} selected{{end}}>{{.}}</option>{{end}}</select></label>
-<button>filter</button> <a href="/">clear</a></form>
-{{if .Error}}<p class="error">{{.Error}}</p>{{end}}
-<table><tr><th>invocation</th><th>project</th><th>status</th><th>command</th><th>branch</th><th>commit</th><th>user</th><th>started</th><th>duration</th><th>failed targets</th><th>tests (failed, flaky)</th></tr>
-{{range .Builds}}<tr><td><a href="{{buildPath .Project .ID}}">{{.ID}}</a></td><td>{{.Project}}</td><td class="{{.Status}}">{{.Status}}{{if .ExitName}} ({{.ExitName}}){{end}}</td>
-<td>{{.Command}} {{join .Patterns " "}}</td><td>{{.Branch}}</td><td>{{.Commit}}</td><td>{{.User}}{{if .Host}}@{{.Host}}{{end}}</td>
-<td>{{if .Started}}{{.Started.Format "2006-01-02 15:04:05"}}{{end}}</td><td>{{if .DurationMs}}{{.DurationMs}} ms{{end}}</td>
-<td>{{.TargetsFailed}}</td><td>{{.TestsPassed}} passed, {{.TestsFailed}} failed, {{.TestsFlaky}} flaky</td></tr>
-{{else}}<tr><td colspan="11">No builds{{if .Filters}} match{{else}} yet. Try: bazel build //... --bes_backend=grpc://127.0.0.1:1985{{end}}.</td></tr>{{end}}
-</table>
-{{if .Next}}<p><a href="{{.Next}}">older builds</a></p>{{end}}
-</body></html>`))
 
 // FilterNames are the list's text filters, in the form's order.
 func (listPage) FilterNames() []string {

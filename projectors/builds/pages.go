@@ -37,6 +37,9 @@ type PageQuery struct {
 	Failed bool
 	// Status (tests only) keeps only the tests with this TestStatus name.
 	Status string
+	// NotPassed (tests only) keeps only the tests whose status is not
+	// PASSED (failed, flaky, timed out, ...): a build page's failures.
+	NotPassed bool
 }
 
 func (p PageQuery) limit() int {
@@ -70,7 +73,7 @@ func (p PageQuery) limit() int {
 // (pageOf).
 var (
 	targetColumns = kindColumn("t") + `, coalesce(t.success, false), t.failure_reason`
-	testColumns   = `t.status, t.attempts, t.duration_ms, t.cached`
+	testColumns   = `t.status, t.attempts, t.shard_count, t.duration_ms, t.cached`
 
 	sqlTargetsSorted = `select l.label, ` + targetColumns + `
 from %[1]s t join build_labels l on l.project = $2 and l.id = t.label_id
@@ -84,7 +87,7 @@ where t.build_key = $1 and l.label collate "C" > $3 and ($5 = '' or t.status = $
 order by l.label collate "C" limit $4`
 	sqlTestsNotPassedPage = `select l.label, ` + testColumns + `
 from %[1]s t join build_labels l on l.project = $2 and l.id = t.label_id
-where t.build_key = $1 and t.status = $5 and t.status <> 'PASSED' and l.label collate "C" > $3
+where t.build_key = $1 and ($5 = '' or t.status = $5) and t.status <> 'PASSED' and l.label collate "C" > $3
 order by l.label collate "C" limit $4`
 
 	// The walk of a large build: a chunk of the project's labels in
@@ -142,11 +145,14 @@ func Targets(ctx context.Context, db Querier, project, invocationID string, q Pa
 func Tests(ctx context.Context, db Querier, project, invocationID string, q PageQuery) ([]Test, error) {
 	scan := func(rows pgx.Rows, label *string) (Test, error) {
 		t := Test{}
-		err := rows.Scan(label, &t.Status, &t.Attempts, &t.DurationMs, &t.Cached)
+		err := rows.Scan(label, &t.Status, &t.Attempts, &t.Shards, &t.DurationMs, &t.Cached)
 		return t, err
 	}
 	sorted, walk := sqlTestsSorted, sqlTestsOfLabels
-	if q.Status != "" && q.Status != "PASSED" {
+	if q.NotPassed && q.Status == "PASSED" {
+		return []Test{}, nil
+	}
+	if q.NotPassed || q.Status != "" && q.Status != "PASSED" {
 		sorted, walk = sqlTestsNotPassedPage, ""
 	}
 	out, err := pageOf(ctx, db, "tests", project, invocationID, q, q.Status, sorted, walk, scan)
@@ -366,7 +372,7 @@ func WriteJSON(ctx context.Context, db Querier, w io.Writer, project, invocation
 	if err := writeRows(ctx, db, bw, sqlAllTests, invocationID, project,
 		func(rows pgx.Rows) (any, error) {
 			var t Test
-			err := rows.Scan(&t.Label, &t.Status, &t.Attempts, &t.DurationMs, &t.Cached)
+			err := rows.Scan(&t.Label, &t.Status, &t.Attempts, &t.Shards, &t.DurationMs, &t.Cached)
 			return t, err
 		}); err != nil {
 		return fmt.Errorf("builds: json of %s tests: %w", invocationID, err)

@@ -2,6 +2,7 @@ package builds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -20,6 +21,11 @@ const (
 // Statuses are the values of invocations.status, which SearchQuery.Status
 // may name.
 var Statuses = []string{"running", "succeeded", "failed", "abandoned"}
+
+// TestStatuses are the values of a test's status (Bazel's TestStatus
+// names), which PageQuery.Status may name.
+var TestStatuses = []string{"PASSED", "FLAKY", "FAILED", "TIMEOUT", "INCOMPLETE", "REMOTE_FAILURE",
+	"FAILED_TO_BUILD", "TOOL_HALTED_BEFORE_TESTING", "NO_STATUS"}
 
 // The metadata keys a build's branch and commit are read from, first
 // found first: what CI systems pass as --build_metadata, then the
@@ -185,12 +191,7 @@ func Search(ctx context.Context, db Querier, q SearchQuery) (SearchPage, error) 
 	}
 	var keys []int64
 	list, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Summary, error) {
-		var (
-			b   Summary
-			key int64
-		)
-		err := r.Scan(&key, &b.ID, &b.Project, &b.Status, &b.Command, &b.ExitName, &b.Patterns, &b.User, &b.Host,
-			&b.Started, &b.DurationMs, &b.Branch, &b.Commit, &b.TargetsFailed, &b.TestsPassed, &b.TestsFailed, &b.TestsFlaky)
+		b, key, err := scanSummary(r)
 		keys = append(keys, key)
 		return b, err
 	})
@@ -206,6 +207,34 @@ func Search(ctx context.Context, db Querier, q SearchQuery) (SearchPage, error) 
 		page.Builds = []Summary{}
 	}
 	return page, nil
+}
+
+// scanSummary reads a row of sqlSearchColumns: the Summary and the build key.
+func scanSummary(r pgx.Row) (Summary, int64, error) {
+	var (
+		b   Summary
+		key int64
+	)
+	err := r.Scan(&key, &b.ID, &b.Project, &b.Status, &b.Command, &b.ExitName, &b.Patterns, &b.User, &b.Host,
+		&b.Started, &b.DurationMs, &b.Branch, &b.Commit, &b.TargetsFailed, &b.TestsPassed, &b.TestsFailed, &b.TestsFlaky)
+	if b.Started != nil {
+		*b.Started = b.Started.UTC()
+	}
+	return b, key, err
+}
+
+// SummaryOf returns the Summary of one build, the row Search lists it
+// with (a build page's counts), or ErrNotFound.
+func SummaryOf(ctx context.Context, db Querier, project, invocationID string) (Summary, error) {
+	b, _, err := scanSummary(db.QueryRow(ctx, "select "+sqlSearchColumns+" from invocations i "+sqlSearchTests+
+		" where i.id = $3 and i.project = $4", branchKeys, commitKeys, invocationID, project))
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return b, ErrNotFound
+	case err != nil:
+		return b, fmt.Errorf("builds: summary of %s in project %s: %w", invocationID, project, err)
+	}
+	return b, nil
 }
 
 // dayKey is the least build key of t's UTC day (buildKey's high bits).

@@ -30,10 +30,14 @@ type Build struct {
 	Status string `json:"status"` // running, succeeded, failed or abandoned
 	// ExitCode and ExitCodeName are Bazel's (BuildFinished.exit_code); null
 	// until Bazel reported them.
-	ExitCode     *int32     `json:"exit_code"`
-	ExitCodeName *string    `json:"exit_code_name"`
-	Project      string     `json:"project"`
-	Command      *string    `json:"command"`
+	ExitCode     *int32  `json:"exit_code"`
+	ExitCodeName *string `json:"exit_code_name"`
+	Project      string  `json:"project"`
+	Command      *string `json:"command"`
+	// Patterns are the target patterns of the command (empty before
+	// Bazel sent them); BazelVersion is BuildStarted's build tool version.
+	Patterns     []string   `json:"patterns"`
+	BazelVersion *string    `json:"bazel_version"`
 	StartedAt    *time.Time `json:"started_at"`
 	FinishedAt   *time.Time `json:"finished_at"`
 	DurationMs   *int64     `json:"duration_ms"`
@@ -75,10 +79,13 @@ type Test struct {
 	// Status is Bazel's TestStatus name: PASSED, FLAKY, TIMEOUT, FAILED,
 	// INCOMPLETE, REMOTE_FAILURE, FAILED_TO_BUILD,
 	// TOOL_HALTED_BEFORE_TESTING or NO_STATUS.
-	Status     string `json:"status"`
-	Attempts   int32  `json:"attempts"`
-	DurationMs int64  `json:"duration_ms"`
-	Cached     bool   `json:"cached"`
+	Status   string `json:"status"`
+	Attempts int32  `json:"attempts"`
+	// Shards is the test's shard count as Bazel reported it: 1 for a test
+	// that is not sharded (0 before its summary came).
+	Shards     int32 `json:"shards"`
+	DurationMs int64 `json:"duration_ms"`
+	Cached     bool  `json:"cached"`
 }
 
 // Metrics are Bazel's BuildMetrics of the invocation.
@@ -125,10 +132,10 @@ func Show(ctx context.Context, q Querier, project, invocationID string) (*Build,
 func show(ctx context.Context, q Querier, project, invocationID string, rows bool) (*Build, error) {
 	b := &Build{Targets: []Target{}, Tests: []Test{}}
 	err := q.QueryRow(ctx, `
-		select id, status, exit_code, exit_code_name, project, command, started_at, finished_at, duration_ms,
-		       user_name, host
+		select id, status, exit_code, exit_code_name, project, command, coalesce(patterns, '{}'), bazel_version,
+		       started_at, finished_at, duration_ms, user_name, host
 		from invocations where id = $1 and project = $2`, invocationID, project).Scan(
-		&b.ID, &b.Status, &b.ExitCode, &b.ExitCodeName, &b.Project, &b.Command,
+		&b.ID, &b.Status, &b.ExitCode, &b.ExitCodeName, &b.Project, &b.Command, &b.Patterns, &b.BazelVersion,
 		&b.StartedAt, &b.FinishedAt, &b.DurationMs, &b.User, &b.Host)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
@@ -178,7 +185,7 @@ from all_targets targets join build_labels labels on labels.project = $2 and lab
 where targets.build_key = ` + sqlBuildKey + ` order by labels.label collate "C"`
 
 // sqlAllTests reads every test of a build.
-const sqlAllTests = `select l.label, t.status, t.attempts, t.duration_ms, t.cached
+const sqlAllTests = `select l.label, t.status, t.attempts, t.shard_count, t.duration_ms, t.cached
 from all_tests t join build_labels l on l.project = $2 and l.id = t.label_id
 where t.build_key = ` + sqlBuildKey + ` order by l.label collate "C"`
 
@@ -207,7 +214,7 @@ func showRows(ctx context.Context, q Querier, b *Build, project, invocationID st
 		return fmt.Errorf("builds: show %s tests: %w", invocationID, err)
 	}
 	var ts Test
-	if _, err := pgx.ForEachRow(rows, []any{&ts.Label, &ts.Status, &ts.Attempts, &ts.DurationMs, &ts.Cached}, func() error {
+	if _, err := pgx.ForEachRow(rows, []any{&ts.Label, &ts.Status, &ts.Attempts, &ts.Shards, &ts.DurationMs, &ts.Cached}, func() error {
 		b.Tests = append(b.Tests, ts)
 		return nil
 	}); err != nil {

@@ -1,0 +1,1 @@
+// live.js: filled in by the live events (live.go).
