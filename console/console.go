@@ -45,6 +45,11 @@ func Register(mux *http.ServeMux, pool func() *pgxpool.Pool, archive func() buil
 	mux.HandleFunc("GET /api/v1/builds/{project}/{id}", withPool(pool, buildJSON))
 	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/targets", withPool(pool, targetsPage))
 	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/tests", withPool(pool, testsPage))
+	// Tests across builds (builds.ReadTestHistory, builds.FlakyTests).
+	mux.HandleFunc("GET /test", withPool(pool, testHistory))
+	mux.HandleFunc("GET /api/v1/tests", withPool(pool, testHistory))
+	mux.HandleFunc("GET /flaky", withPool(pool, flakyTests))
+	mux.HandleFunc("GET /api/v1/flaky", withPool(pool, flakyTests))
 	// A build's rows a page at a time (builds.Targets, builds.Tests,
 	// builds.OutputPage): what a page of a build of a million events reads.
 	mux.HandleFunc("GET /builds/{project}/{id}/targets", withPool(pool, targetsPage))

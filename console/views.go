@@ -77,7 +77,20 @@ var funcs = template.FuncMap{
 	"bytes":   formatBytes,
 	"mib":     func(n int64) string { return formatBytes(n) },
 	"inc":     func(n int32) int32 { return n + 1 },
-	"dec":     func(n int32) int32 { return n - 1 },
+	"pct":     func(f float64) string { return strconv.FormatFloat(100*f, 'f', 1, 64) + "%" },
+	// runClass is the colour of a run in a test's strip.
+	"runClass": func(r builds.TestRun) string {
+		switch {
+		case r.Status == "PASSED":
+			return "passed"
+		case r.Status == "FLAKY" || r.Flaked:
+			return "flaky"
+		case r.Status == "NO_STATUS":
+			return "other"
+		}
+		return "failed"
+	},
+	"dec": func(n int32) int32 { return n - 1 },
 	"hitRate": func(hits, misses int64) string {
 		if hits+misses == 0 {
 			return ""

@@ -54,8 +54,8 @@ func TestBuildsCompactMigration(t *testing.T) {
 			`{"label":"//b:b","kind":"genrule rule","success":false,"failure_reason":"boom","root_causes":[{"kind":"action","label":"//b:b"`,
 		// A cause the build holds no event about keeps its key.
 		`{"kind":"configured_label","label":"//dep:x","primary_output":"","configuration":"k8","mnemonic":null`,
-		`"tests":[{"label":"//a:a","status":"FLAKY","attempts":2,"duration_ms":1200`,
-		`"tests":[{"label":"//a:a","status":"PASSED","attempts":1,"duration_ms":900`,
+		`"tests":[{"label":"//a:a","status":"FLAKY","attempts":2,"shards":0,"duration_ms":1200`,
+		`"tests":[{"label":"//a:a","status":"PASSED","attempts":1,"shards":0,"duration_ms":900`,
 		`"targets":[{"label":"//c:c","kind":"","success":false`,
 	} {
 		if !strings.Contains(shown, want) {

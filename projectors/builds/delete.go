@@ -34,10 +34,16 @@ func DeleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string) 
 	if _, err := tx.Exec(ctx, sqlForget, project, ids); err != nil {
 		return 0, fmt.Errorf("builds: delete: %w", err)
 	}
+	if _, err := tx.Exec(ctx, sqlForgetTests, project, ids); err != nil {
+		return 0, fmt.Errorf("builds: delete: %w", err)
+	}
 	// Below zero: the build's rollup row had gone by its own retention (an
 	// hour's row may go before the rows of a build that ran long), and the
 	// subtraction made a row of nothing but the build taken away.
 	if _, err := tx.Exec(ctx, `delete from hourly_rollups where project = $1 and builds <= 0`, project); err != nil {
+		return 0, fmt.Errorf("builds: delete: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `delete from test_daily where project = $1 and runs <= 0`, project); err != nil {
 		return 0, fmt.Errorf("builds: delete: %w", err)
 	}
 	if err := deleteBuilds(ctx, tx, project, ids, "archived_builds"); err != nil {

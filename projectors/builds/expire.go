@@ -379,6 +379,10 @@ func deleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string, 
 	b := &pgx.Batch{}
 	// First, so that its rows are the batch's first results.
 	b.Queue(sqlDeleteCommandLines, project, ids)
+	// By label, before the tests rows that name them go: test_runs has no
+	// index by build. What they counted in test_daily stays, as the
+	// rollups do (their own retention takes it).
+	b.Queue(sqlDeleteTestRuns, project, ids)
 	for t, col := range rowTables {
 		switch {
 		case t == "invocations" || t == "build_command_lines":
@@ -414,5 +418,13 @@ func (e *Expirer) deleteRollups(ctx context.Context, project string, cutoff time
 	tag, err := e.pool.Exec(ctx, `delete from hourly_rollups where project = $1 and hour in (
 		select hour from hourly_rollups where project = $1 and hour < $2 order by hour limit $3)`,
 		project, cutoff.Truncate(time.Hour), e.cfg.Batch)
-	return int(tag.RowsAffected()), err
+	if err != nil {
+		return 0, err
+	}
+	// test_daily is a rollup too, by day: a day goes once all its hours
+	// have, Batch of its rows at a time.
+	days, err := e.pool.Exec(ctx, `delete from test_daily where (project, label_id, day) in (
+		select project, label_id, day from test_daily where project = $1 and day < $2::date limit $3)`,
+		project, cutoff.UTC().Truncate(24*time.Hour), e.cfg.Batch)
+	return int(tag.RowsAffected() + days.RowsAffected()), err
 }

@@ -81,6 +81,12 @@ func (p *Projector) resetExcept(ctx context.Context, tx pgx.Tx, keep []Key) erro
 	if _, err := tx.Exec(ctx, "delete from hourly_rollups where builds = 0"); err != nil {
 		return err
 	}
+	if _, err := tx.Exec(ctx, sqlUncountTests); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, "delete from test_daily where runs <= 0"); err != nil {
+		return err
+	}
 	if len(keep) == 0 {
 		_, err := tx.Exec(ctx, "truncate "+strings.Join(append(tables, "build_argv"), ", "))
 		return err

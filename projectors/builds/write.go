@@ -595,6 +595,7 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 	if len(w.reconcIDs) > 0 {
 		projects, ids := splitKeys(w.reconcIDs)
 		b.Queue(sqlReconcile, projects, ids).Query(empty.collect)
+		b.Queue(sqlCountTests, projects, ids, commitKeys)
 	}
 }
 
@@ -712,6 +713,9 @@ func reconcile(ctx context.Context, tx pgx.Tx, keys []invKey) error {
 	}
 	var empty rollupKeys
 	if err := empty.collect(rows); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, sqlCountTests, projects, ids, commitKeys); err != nil {
 		return err
 	}
 	if len(empty.project) > 0 {
