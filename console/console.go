@@ -1,16 +1,16 @@
 // Package console is millrace's web console: what a person reads in a
 // browser on a process's HTTP server (`millrace dev`, `serve bes`): the
-// list of builds, filtered and paged, as a page (/) and as JSON
-// (/api/v1/builds), and each build as JSON at /builds/{project}/{id}, the
-// document `builds show --project P --json` prints. Register serves it on a mux; Guard decides who may see it;
-// WriteBuild prints a build for a terminal (`millrace builds show`).
+// list of builds, filtered and paged (/), a build's page
+// (/builds/{project}/{id}), a test's history (/test) and a project's
+// flaky tests (/flaky), each with a JSON twin under /api/v1/. Register
+// serves it on a mux; Guard decides who may see it; WriteBuild prints a
+// build for a terminal (`millrace builds show`).
 //
 // Handlers are thin: they parse the request, call one read function of a
 // projection's package, which owns its SQL (builds.Search,
 // builds.WriteJSON, builds.Targets, builds.Tests, builds.OutputReader,
-// builds.Projects), and render. The agreed direction (embedded templates
-// with a layout, CSP, server-sent events) is in docs/design.md,
-// "Planned"; README.md says what there is.
+// builds.Projects, builds.ReadTestHistory, builds.FlakyTests), and render
+// a view of templates/ (views.go). README.md says what there is.
 package console
 
 import (
