@@ -82,7 +82,7 @@ with b as (
 ), flagged as (
     select project, label_id, day, count(*) as n from flag group by 1, 2, 3
 )
-insert into test_daily as d (project, label_id, day, runs, passed, failed, flaky, commit_flakes, duration_sum_ms)
+` + sqlIntoDaily + `
 select x.project, x.label_id, x.day, sum(sign),
        coalesce(sum(sign) filter (where status = 'PASSED'), 0),
        coalesce(sum(sign) filter (where status ` + failedStatus + `), 0),
@@ -91,13 +91,7 @@ select x.project, x.label_id, x.day, sum(sign),
        sum(sign * duration_ms)
 from delta x left join flagged f on f.project = x.project and f.label_id = x.label_id and f.day = x.day
 group by x.project, x.label_id, x.day
-on conflict (project, label_id, day) do update set
-    runs            = d.runs + excluded.runs,
-    passed          = d.passed + excluded.passed,
-    failed          = d.failed + excluded.failed,
-    flaky           = d.flaky + excluded.flaky,
-    commit_flakes   = d.commit_flakes + excluded.commit_flakes,
-    duration_sum_ms = d.duration_sum_ms + excluded.duration_sum_ms`
+` + sqlAddDaily
 
 // sqlDeleteTestRuns deletes the runs of project's builds $2, found by
 // their tests rows' labels (test_runs has no index by build): before
@@ -115,18 +109,12 @@ with gone as (
     delete from test_runs r where not exists (select 1 from builds_keep k where k.build_key = r.build_key)
     returning r.build_key, r.label_id, r.day, r.status, r.duration_ms, r.flaked
 )
-insert into test_daily as d (project, label_id, day, runs, passed, failed, flaky, commit_flakes, duration_sum_ms)
+` + sqlIntoDaily + `
 select i.project, g.label_id, g.day, -count(*), -count(*) filter (where g.status = 'PASSED'),
        -count(*) filter (where g.status ` + failedStatus + `), -count(*) filter (where g.status = 'FLAKY'),
        -count(*) filter (where g.flaked), -sum(g.duration_ms)
 from gone g join invocations i on i.build_key = g.build_key group by 1, 2, 3
-on conflict (project, label_id, day) do update set
-    runs            = d.runs + excluded.runs,
-    passed          = d.passed + excluded.passed,
-    failed          = d.failed + excluded.failed,
-    flaky           = d.flaky + excluded.flaky,
-    commit_flakes   = d.commit_flakes + excluded.commit_flakes,
-    duration_sum_ms = d.duration_sum_ms + excluded.duration_sum_ms`
+` + sqlAddDaily
 
 // sqlForgetTests takes project's builds $2 out of test_runs and what they
 // count in test_daily (a deletion on request, as sqlForget does for
@@ -139,11 +127,19 @@ with gone as (
       and r.label_id = t.label_id and r.build_key = i.build_key
     returning i.project, r.label_id, r.day, r.status, r.duration_ms, r.flaked
 )
-insert into test_daily as d (project, label_id, day, runs, passed, failed, flaky, commit_flakes, duration_sum_ms)
+` + sqlIntoDaily + `
 select project, label_id, day, -count(*), -count(*) filter (where status = 'PASSED'),
        -count(*) filter (where status ` + failedStatus + `), -count(*) filter (where status = 'FLAKY'),
        -count(*) filter (where flaked), -sum(duration_ms)
 from gone group by 1, 2, 3
+` + sqlAddDaily
+
+// sqlIntoDaily and sqlAddDaily wrap a select of test_daily's columns
+// (project, label, day, then the counts to add, negative to take away)
+// into the upsert that adds them.
+const (
+	sqlIntoDaily = `insert into test_daily as d (project, label_id, day, runs, passed, failed, flaky, commit_flakes, duration_sum_ms)`
+	sqlAddDaily  = `
 on conflict (project, label_id, day) do update set
     runs            = d.runs + excluded.runs,
     passed          = d.passed + excluded.passed,
@@ -151,3 +147,4 @@ on conflict (project, label_id, day) do update set
     flaky           = d.flaky + excluded.flaky,
     commit_flakes   = d.commit_flakes + excluded.commit_flakes,
     duration_sum_ms = d.duration_sum_ms + excluded.duration_sum_ms`
+)
