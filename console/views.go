@@ -149,7 +149,7 @@ var views = func() map[string]*template.Template {
 func render(w http.ResponseWriter, code int, view string, data any) {
 	var buf bytes.Buffer
 	if err := views[view].ExecuteTemplate(&buf, "layout", data); err != nil {
-		slog.Error("console: rendering a page", "view", view, "err", err)
+		slog.Error("console: rendering a page", "op", "render "+view, "err", err)
 		http.Error(w, "console: rendering the page failed: "+err.Error(), http.StatusInternalServerError)
 		return
 	}
