@@ -12,23 +12,26 @@ import (
 	"github.com/millrace/millrace/internal/testenv"
 )
 
-// The test history and flaky tests pages read test_runs and test_daily
+// The test history and flaky tests pages read tests and test_daily
 // (kept by the projector, builds.TestTestHistory); here, rows as it
 // leaves them, and the pages over HTTP.
 func TestConsoleTestPages(t *testing.T) {
 	pool, _ := testenv.Pool(t)
 	ctx := context.Background()
 	for _, sql := range []string{
-		`insert into invocations (id, project, status, first_event_at, last_event_at, started_at)
-		 select 'b' || n, 'acme', 'failed', now() - (10 - n) * interval '1 hour', now(), now() - (10 - n) * interval '1 hour' from generate_series(1, 9) n`,
+		`insert into invocations (id, project, status, command, first_event_at, last_event_at, started_at, build_key)
+		 select 'b' || n, 'acme', 'failed', 'test', at, at, at, (floor(extract(epoch from at) / 86400)::bigint << 47) | n
+		 from generate_series(1, 9) n, lateral (select now() - (10 - n) * interval '1 hour' as at) a`,
+		`select build_partitions_for(w) from (select distinct ((build_key >> 47) / 7)::int4 as w from invocations) x`,
 		`insert into build_labels (project, id, label) values ('acme', build_label_id('//t:x'), '//t:x')`,
-		`insert into test_runs (label_id, build_key, day, status, attempts, duration_ms, flaked)
-		 select build_label_id('//t:x'), build_key, (started_at at time zone 'UTC')::date,
-		        case when id = 'b3' then 'FLAKY' when id = 'b5' then 'FAILED' else 'PASSED' end, 1, 1000, id = 'b5'
+		`insert into tests (build_key, label_id, status, attempts, duration_ms, has_summary, flaked)
+		 select build_key, build_label_id('//t:x'), case when id = 'b3' then 'FLAKY' when id = 'b5' then 'FAILED' else 'PASSED' end,
+		        1, 1000, true, id = 'b5'
 		 from invocations`,
 		`insert into test_daily (project, label_id, day, runs, passed, failed, flaky, commit_flakes, duration_sum_ms)
-		 select 'acme', label_id, day, count(*), count(*) filter (where status = 'PASSED'), count(*) filter (where status = 'FAILED'),
-		        count(*) filter (where status = 'FLAKY'), count(*) filter (where flaked), sum(duration_ms) from test_runs group by 1, 2, 3`,
+		 select 'acme', label_id, date '1970-01-01' + (build_key >> 47)::int, count(*), count(*) filter (where status = 'PASSED'),
+		        count(*) filter (where status = 'FAILED'), count(*) filter (where status = 'FLAKY'), count(*) filter (where flaked),
+		        sum(duration_ms) from tests group by 1, 2, 3`,
 		`insert into hourly_rollups (project, hour, builds, duration_hist) values ('acme', now(), 9, '{0,0,0,0,0,0,0,0,0,0,0,0}')`,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {

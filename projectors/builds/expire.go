@@ -379,10 +379,6 @@ func deleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string, 
 	b := &pgx.Batch{}
 	// First, so that its rows are the batch's first results.
 	b.Queue(sqlDeleteCommandLines, project, ids)
-	// By label, before the tests rows that name them go: test_runs has no
-	// index by build. What they counted in test_daily stays, as the
-	// rollups do (their own retention takes it).
-	b.Queue(sqlDeleteTestRuns, project, ids)
 	for t, col := range rowTables {
 		switch {
 		case t == "invocations" || t == "build_command_lines":

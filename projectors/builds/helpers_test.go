@@ -468,7 +468,7 @@ func digest(t testing.TB, pool *pgxpool.Pool) map[string]string {
 
 func truncate(t testing.TB, pool *pgxpool.Pool) {
 	t.Helper()
-	tables := []string{"hourly_rollups", "build_argv"}
+	tables := []string{"hourly_rollups", "test_daily", "build_argv"}
 	for t := range rowTables {
 		tables = append(tables, t)
 	}

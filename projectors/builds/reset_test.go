@@ -85,9 +85,6 @@ func deleteRows(t *testing.T, pool *pgxpool.Pool, k Key) {
 	// The invocation last: the other tables find the build by its key.
 	tables := slices.Sorted(maps.Keys(rowTables))
 	tables = append(slices.DeleteFunc(tables, func(t string) bool { return t == "invocations" }), "invocations")
-	if _, err := pool.Exec(context.Background(), sqlDeleteTestRuns, k.Project, []string{k.ID}); err != nil {
-		t.Fatal(err)
-	}
 	for _, table := range tables {
 		if _, err := pool.Exec(context.Background(), "delete from "+table+" where "+ofBuild(table), k.Project, k.ID); err != nil {
 			t.Fatal(err)

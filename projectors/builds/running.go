@@ -88,13 +88,16 @@ func finishRunning(ctx context.Context, tx pgx.Tx, keys []int64) error {
 	}
 	b := &pgx.Batch{}
 	queueFinish(b, keys)
+	queueFlags(b, keys)
 	return tx.SendBatch(ctx, b).Close()
 }
 
-// queueFinish adds to b the move of the builds keys' running rows.
+// queueFinish adds to b the move of the builds keys' running rows, and
+// what their tests rows count to test_daily (testhistory.go).
 func queueFinish(b *pgx.Batch, keys []int64) {
 	b.Queue(sqlFinishTargets, keys)
 	b.Queue(sqlFinishTests, keys)
+	b.Queue(sqlCountRows, keys, []int64(nil), []int64(nil), 1)
 }
 
 // keyOrder returns the indexes of rows (build key, label id) in the

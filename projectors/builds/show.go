@@ -248,7 +248,7 @@ func Output(ctx context.Context, q Querier, project, invocationID string) (stdou
 // batch boundaries) and consumer_positions are not among them.
 var DigestTables = []string{"invocations", "targets", "targets_running", "tests", "tests_running", "build_metrics", "build_output", "build_output_pages",
 	"hourly_rollups", "build_metadata", "build_command_lines", "build_argv", "build_failures", "target_causes",
-	"test_runs", "test_daily"}
+	"test_daily"}
 
 var digestOrder = map[string]string{
 	"invocations":         `id collate "C", project collate "C"`,
@@ -265,7 +265,6 @@ var digestOrder = map[string]string{
 	"build_argv":          `project collate "C", hash`,
 	"build_failures":      `build_key, id`,
 	"target_causes":       `build_key, label_id, cause_id`,
-	"test_runs":           `label_id, build_key`,
 	"test_daily":          `project collate "C", label_id, day`,
 }
 

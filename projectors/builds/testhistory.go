@@ -1,138 +1,120 @@
 package builds
 
-// Tests across builds (migrations/023_builds_test_history.sql): test_runs
-// holds each run of a test in a finished build, test_daily its counts per
-// project, test and day. The projector keeps both in the batch that
-// counts a build in hourly_rollups (sqlReconcile's builds), by one
-// statement, sqlCountTests: a build's runs are what its tests rows are
-// once it has finished; a change (a build cut off, then resumed, then
-// finished) replaces them, and test_daily takes the difference. Reads are
-// in testreads.go.
+import (
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Tests across builds (migrations/023_builds_test_history.sql). A test's
+// history is read from its rows of tests (testreads.go); test_daily holds
+// what the finished builds' rows count per project, test and day, and
+// tests.flaked marks the failed runs whose commit passed the test in
+// another build. test_daily is what the rows of tests (the finished
+// builds') count, plus what rows gone by retention counted:
+//   - rows entering tests add theirs: the move of a finishing build's rows
+//     (queueFinish, whole builds) and the rows COPYed straight into a
+//     finished build (queue, by key and label);
+//   - a finished build's row updated in place is taken away before its
+//     update and added after;
+//   - then flagCommits marks the failed runs of the commits of those
+//     builds that a passed run of the same commit makes flakes, and adds
+//     them: which runs are flaked depends on the rows there, not on the
+//     order builds finished in, so a replay in any batches gives the same;
+//   - a deletion on request takes a build's rows away (DeleteBuilds), a
+//     replay's reset the emptied builds' (sqlUncountTests); the
+//     retention's deletes do not: test_daily is a rollup.
 
 // failedStatus is the SQL condition of a run that failed (a test_daily
 // "failed"): not passed, flaky or without a status, as hourly_rollups and
-// Search count them.
-const failedStatus = `not in ('PASSED', 'FLAKY', 'NO_STATUS')`
+// Search count them. The first term lets a query use the partial index
+// of the statuses but PASSED (tests_p_status_idx).
+const failedStatus = `<> 'PASSED' and %[1]s.status not in ('FLAKY', 'NO_STATUS')`
 
-// sqlCountTests brings test_runs and test_daily in line with the builds
-// ($1 projects, $2 ids; $3 the commit keys): the runs of those finished
-// are their tests rows, those of a build running again have none. flaked
-// marks a failed run whose commit has a passed run of the test in the
-// same project: found for the batch's failed runs among the runs already
-// there and the batch's, and set on earlier failed runs when the batch
-// brings the passed one, so that which runs are flaked does not depend on
-// the order builds were counted in (a replay finds the same).
-var sqlCountTests = `
-with b as (
-    select i.build_key, i.project, i.status <> 'running' as done,
-           (coalesce(i.started_at, i.first_event_at) at time zone 'UTC')::date as day,
-           (select build_label_id(m.value) from build_metadata m
-            where m.build_key = i.build_key and m.key = any($3)
-            order by array_position($3, m.key), m.source limit 1) as commit_id
-    from unnest($1::text[], $2::text[]) as u(project, id)
-    join invocations i on i.id = u.id and i.project = u.project
-), cur as (
-    select t.label_id, b.build_key, b.project, b.day, t.status, t.attempts, t.duration_ms, b.commit_id
-    from b join tests t on t.build_key = b.build_key
-    where b.done
-), old as (
-    select r.label_id, r.build_key, b.project, r.day, r.status, r.attempts, r.duration_ms, r.commit_id, r.flaked
-    from b join all_tests t on t.build_key = b.build_key
-    join test_runs r on r.label_id = t.label_id and r.build_key = b.build_key
-), changed as (
-    select c.*, o.label_id is not null as had,
-           c.status ` + failedStatus + ` and c.commit_id is not null and (
-               exists (select 1 from test_runs p join invocations pi on pi.build_key = p.build_key
-                       where p.label_id = c.label_id and p.commit_id = c.commit_id and p.status = 'PASSED'
-                         and p.build_key <> c.build_key and pi.project = c.project)
-            or exists (select 1 from cur p where p.label_id = c.label_id and p.commit_id = c.commit_id
-                       and p.status = 'PASSED' and p.project = c.project)) as flaked
-    from cur c left join old o on o.label_id = c.label_id and o.build_key = c.build_key
-    where o.label_id is null
-       or (o.day, o.status, o.attempts, o.duration_ms, o.commit_id) is distinct from (c.day, c.status, c.attempts, c.duration_ms, c.commit_id)
-), dropped as (
-    select o.* from old o
-    where not exists (select 1 from cur c where c.label_id = o.label_id and c.build_key = o.build_key)
-), put as (
-    insert into test_runs as r (label_id, build_key, day, status, attempts, duration_ms, commit_id, flaked)
-    select label_id, build_key, day, status, attempts, duration_ms, commit_id, flaked from changed
-    on conflict (label_id, build_key) do update set
-        day = excluded.day, status = excluded.status, attempts = excluded.attempts,
-        duration_ms = excluded.duration_ms, commit_id = excluded.commit_id, flaked = excluded.flaked
-), gone as (
-    delete from test_runs r using dropped d where r.label_id = d.label_id and r.build_key = d.build_key
-), flag as (
-    update test_runs f set flaked = true
-    from changed c, invocations fi
-    where c.status = 'PASSED' and c.commit_id is not null
-      and f.label_id = c.label_id and f.commit_id = c.commit_id and f.build_key <> c.build_key
-      and f.status ` + failedStatus + ` and not f.flaked
-      and fi.build_key = f.build_key and fi.project = c.project
-      and not exists (select 1 from b where b.build_key = f.build_key)
-    returning fi.project, f.label_id, f.day
-), delta as (
-    select o.project, o.label_id, o.day, -1 as sign, o.status, o.duration_ms, o.flaked
-    from old o join changed c on c.label_id = o.label_id and c.build_key = o.build_key
-    union all
-    select project, label_id, day, -1, status, duration_ms, flaked from dropped
-    union all
-    select project, label_id, day, 1, status, duration_ms, flaked from changed
-    union all -- a group for each day flag touched
-    select distinct project, label_id, day, 0, 'FAILED', 0::bigint, false from flag
-), flagged as (
-    select project, label_id, day, count(*) as n from flag group by 1, 2, 3
+// sqlDay is the day of a build key (its high bits, partitions.go).
+const sqlDay = `date '1970-01-01' + (%s >> 47)::int`
+
+// sqlCountRows adds to test_daily $4 (1 or -1) times what the tests rows
+// of the builds $1 (whole) and of the pairs ($2 build keys, $3 label ids)
+// count.
+var sqlCountRows = `
+with r as (
+    select t.build_key, t.label_id, t.status, t.duration_ms, t.flaked
+    from tests t where t.build_key = any($1::int8[])
+    union
+    select t.build_key, t.label_id, t.status, t.duration_ms, t.flaked
+    from unnest($2::int8[], $3::int8[]) as u(k, l) join tests t on t.build_key = u.k and t.label_id = u.l
 )
 ` + sqlIntoDaily + `
-select x.project, x.label_id, x.day, sum(sign),
-       coalesce(sum(sign) filter (where status = 'PASSED'), 0),
-       coalesce(sum(sign) filter (where status ` + failedStatus + `), 0),
-       coalesce(sum(sign) filter (where status = 'FLAKY'), 0),
-       coalesce(sum(sign) filter (where flaked), 0) + coalesce(max(f.n), 0),
-       sum(sign * duration_ms)
-from delta x left join flagged f on f.project = x.project and f.label_id = x.label_id and f.day = x.day
-group by x.project, x.label_id, x.day
-` + sqlAddDaily
+select i.project, r.label_id, ` + fmt.Sprintf(sqlDay, "r.build_key") + `, $4::int * count(*),
+       $4::int * count(*) filter (where r.status = 'PASSED'),
+       $4::int * count(*) filter (where r.status ` + fmt.Sprintf(failedStatus, "r") + `),
+       $4::int * count(*) filter (where r.status = 'FLAKY'),
+       $4::int * count(*) filter (where r.flaked), $4::int * sum(r.duration_ms)
+from r join invocations i on i.build_key = r.build_key
+group by 1, 2, 3` + sqlAddDaily
 
-// sqlDeleteTestRuns deletes the runs of project's builds $2, found by
-// their tests rows' labels (test_runs has no index by build): before
-// those rows go. What they counted in test_daily stays (the retention's
-// deletes: test_daily is a rollup, with the rollups' retention).
-const sqlDeleteTestRuns = `delete from test_runs r using invocations i, all_tests t
-where i.project = $1 and i.id = any($2) and t.build_key = i.build_key
-  and r.label_id = t.label_id and r.build_key = i.build_key`
-
-// sqlUncountTests takes away from test_daily what the runs of every
-// build not in builds_keep count there, and those runs (a replay's reset:
-// sqlUncount for the tests; the replay counts them again).
-const sqlUncountTests = `
-with gone as (
-    delete from test_runs r where not exists (select 1 from builds_keep k where k.build_key = r.build_key)
-    returning r.build_key, r.label_id, r.day, r.status, r.duration_ms, r.flaked
+// sqlFlagCommits marks flaked the failed runs in finished builds of the
+// commits (values of $2's keys, the first found of each build) of the
+// builds $1 whose test has a passed run in another finished build of the
+// same commit and project, and adds them to test_daily's commit_flakes.
+var sqlFlagCommits = `
+with c as (
+    select distinct i.project, cm.value
+    from unnest($1::int8[]) as k(key) join invocations i on i.build_key = k.key
+    cross join lateral (select m.value from build_metadata m where m.build_key = i.build_key and m.key = any($2)
+                        order by array_position($2, m.key), m.source limit 1) cm
+), sib as (
+    select distinct c.project, c.value, m.build_key
+    from c join build_metadata m on m.key = any($2) and m.value = c.value and m.project = c.project
+), f as (
+    update tests t set flaked = true
+    from sib s
+    where t.build_key = s.build_key and t.status ` + fmt.Sprintf(failedStatus, "t") + ` and not t.flaked
+      and exists (select 1 from sib s2 join tests p on p.build_key = s2.build_key and p.label_id = t.label_id
+                  where s2.project = s.project and s2.value = s.value and s2.build_key <> t.build_key
+                    and p.status = 'PASSED')
+    returning t.build_key, t.label_id
 )
 ` + sqlIntoDaily + `
-select i.project, g.label_id, g.day, -count(*), -count(*) filter (where g.status = 'PASSED'),
-       -count(*) filter (where g.status ` + failedStatus + `), -count(*) filter (where g.status = 'FLAKY'),
-       -count(*) filter (where g.flaked), -sum(g.duration_ms)
-from gone g join invocations i on i.build_key = g.build_key group by 1, 2, 3
-` + sqlAddDaily
+select i.project, f.label_id, ` + fmt.Sprintf(sqlDay, "f.build_key") + `, 0, 0, 0, 0, count(*), 0
+from f join invocations i on i.build_key = f.build_key
+group by 1, 2, 3` + sqlAddDaily
 
-// sqlForgetTests takes project's builds $2 out of test_runs and what they
-// count in test_daily (a deletion on request, as sqlForget does for
-// hourly_rollups). Runs flaked by a passed run of a deleted build stay
-// flaked.
-const sqlForgetTests = `
-with gone as (
-    delete from test_runs r using invocations i, all_tests t
-    where i.project = $1 and i.id = any($2) and t.build_key = i.build_key
-      and r.label_id = t.label_id and r.build_key = i.build_key
-    returning i.project, r.label_id, r.day, r.status, r.duration_ms, r.flaked
+// sqlForgetTests takes project's builds $2 out of test_daily (a deletion
+// on request, as sqlForget does for hourly_rollups). Runs that a deleted
+// build's passed run flaked stay flaked.
+var sqlForgetTests = `
+with r as (
+    select t.build_key, t.label_id, t.status, t.duration_ms, t.flaked
+    from invocations i join tests t on t.build_key = i.build_key
+    where i.project = $1 and i.id = any($2)
 )
 ` + sqlIntoDaily + `
-select project, label_id, day, -count(*), -count(*) filter (where status = 'PASSED'),
-       -count(*) filter (where status ` + failedStatus + `), -count(*) filter (where status = 'FLAKY'),
-       -count(*) filter (where flaked), -sum(duration_ms)
-from gone group by 1, 2, 3
-` + sqlAddDaily
+select $1::text, r.label_id, ` + fmt.Sprintf(sqlDay, "r.build_key") + `, -count(*),
+       -count(*) filter (where r.status = 'PASSED'),
+       -count(*) filter (where r.status ` + fmt.Sprintf(failedStatus, "r") + `),
+       -count(*) filter (where r.status = 'FLAKY'),
+       -count(*) filter (where r.flaked), -sum(r.duration_ms)
+from r group by 2, 3` + sqlAddDaily
+
+// sqlUncountTests takes away from test_daily what the rows of tests of
+// every build not in builds_keep count (a replay's reset: sqlUncount for
+// the tests; the replay counts them again).
+var sqlUncountTests = `
+with r as (
+    select i.project, t.build_key, t.label_id, t.status, t.duration_ms, t.flaked
+    from tests t join invocations i on i.build_key = t.build_key
+    where not exists (select 1 from builds_keep k where k.build_key = t.build_key)
+)
+` + sqlIntoDaily + `
+select r.project, r.label_id, ` + fmt.Sprintf(sqlDay, "r.build_key") + `, -count(*),
+       -count(*) filter (where r.status = 'PASSED'),
+       -count(*) filter (where r.status ` + fmt.Sprintf(failedStatus, "r") + `),
+       -count(*) filter (where r.status = 'FLAKY'),
+       -count(*) filter (where r.flaked), -sum(r.duration_ms)
+from r group by 1, 2, 3` + sqlAddDaily
 
 // sqlIntoDaily and sqlAddDaily wrap a select of test_daily's columns
 // (project, label, day, then the counts to add, negative to take away)
@@ -148,3 +130,26 @@ on conflict (project, label_id, day) do update set
     commit_flakes   = d.commit_flakes + excluded.commit_flakes,
     duration_sum_ms = d.duration_sum_ms + excluded.duration_sum_ms`
 )
+
+// pairsOutside returns the (key, label) pairs whose key is not in skip.
+func pairsOutside(keys, labels []int64, skip []int64) (k, l []int64) {
+	for i, key := range keys {
+		if !slices.Contains(skip, key) {
+			k, l = append(k, key), append(l, labels[i])
+		}
+	}
+	return k, l
+}
+
+// queueFlags adds to b the flags of the commits of builds (sqlFlagCommits).
+func queueFlags(b *pgx.Batch, builds ...[]int64) {
+	var all []int64
+	for _, bs := range builds {
+		all = append(all, bs...)
+	}
+	if len(all) == 0 {
+		return
+	}
+	slices.Sort(all)
+	b.Queue(sqlFlagCommits, slices.Compact(all), commitKeys)
+}

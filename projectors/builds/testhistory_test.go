@@ -66,7 +66,7 @@ func TestTestHistory(t *testing.T) {
 			p := newProjector(t, Config{})
 			applyAll(t, pool, p, s.msgs, n)
 			d := digest(t, pool)
-			digests = append(digests, map[string]string{"test_runs": d["test_runs"], "test_daily": d["test_daily"]})
+			digests = append(digests, map[string]string{"tests": d["tests"], "test_daily": d["test_daily"]})
 
 			now := s.now
 			h, err := ReadTestHistory(ctx, pool, HistoryQuery{Project: "acme", Label: x, Now: now})

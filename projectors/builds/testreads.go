@@ -10,11 +10,11 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// The reads of tests across builds, from test_runs and test_daily
-// (testhistory.go): a test's runs newest first a page at a time, its
-// counts over a window of days, its last failure; a project's flaky
-// tests. Each is a range of a primary key or of test_daily_flaky_idx,
-// whatever the number of runs.
+// The reads of tests across builds (testhistory.go): a test's runs
+// newest first a page at a time (its rows of tests, build by build), its
+// counts over a window of days and its last failure (test_daily); a
+// project's flaky tests (test_daily_flaky_idx). None reads more than a
+// page's builds and the days of the window, whatever the number of runs.
 
 // Bounds of the reads.
 const (
@@ -117,14 +117,20 @@ func (q *HistoryQuery) check() error {
 	return err
 }
 
-// sqlRuns reads a test's runs in a project, newest first, below a build
-// key ($3; 0: from the newest): the primary key's range of the label
-// backwards, each run's build checked to be the project's (the label's
-// id is its text's hash, the same in every project).
-const sqlRuns = `select r.build_key, i.id, i.started_at, r.status, r.attempts, r.duration_ms, r.flaked
-from test_runs r join invocations i on i.build_key = r.build_key
-where r.label_id = build_label_id($2) and i.project = $1 and ($3::int8 = 0 or r.build_key < $3::int8) and ($5 = false or r.status ` + failedStatus + `)
-order by r.build_key desc limit $4`
+// sqlRuns reads a test's runs in a project's finished builds, newest
+// first, below a build key ($3; 0: from the newest) and not below $6: the
+// project's test builds backwards on invocations_project_key_idx, each
+// probed for the test by the primary key of tests ($5: failed runs only).
+// $6 is the first day test_daily has for the test, so that a walk never
+// reads builds from before it ran.
+var sqlRuns = `select i.build_key, i.id, i.started_at, t.status, t.attempts, t.duration_ms, t.flaked
+from invocations i cross join lateral (
+    select t.status, t.attempts, t.duration_ms, t.flaked from tests t
+    where t.build_key = i.build_key and t.label_id = build_label_id($2)) t
+where i.project collate "C" = $1 and i.command in ('test', 'coverage')
+  and ($3::int8 = 0 or i.build_key < $3::int8) and i.build_key >= $6::int8
+  and ($5 = false or t.status ` + fmt.Sprintf(failedStatus, "t") + `)
+order by i.build_key desc limit $4`
 
 // sqlDays reads a test's days in a window, from test_daily's primary key.
 const sqlDays = `select day, runs, passed, failed, flaky, commit_flakes, duration_sum_ms
@@ -145,8 +151,18 @@ func ReadTestHistory(ctx context.Context, db Querier, q HistoryQuery) (TestHisto
 	if !known {
 		return h, ErrNotFound
 	}
+	var first *time.Time
+	if err := db.QueryRow(ctx, `select min(day) from test_daily where project = $1 and label_id = build_label_id($2)`,
+		q.Project, q.Label).Scan(&first); err != nil {
+		return h, fmt.Errorf("builds: history of %s: %w", q.Label, err)
+	}
+	if first == nil { // the project's builds have never run it to the end
+		h.Stats.Days = q.Days
+		return h, nil
+	}
+	floor := dayKey(*first)
 	before, _ := parseCursor(q.Before)
-	runs, keys, err := readRuns(ctx, db, q.Project, q.Label, before, q.Limit+1, false)
+	runs, keys, err := readRuns(ctx, db, q.Project, q.Label, before, q.Limit+1, false, floor)
 	if err != nil {
 		return h, fmt.Errorf("builds: history of %s: %w", q.Label, err)
 	}
@@ -191,10 +207,8 @@ func ReadTestHistory(ctx context.Context, db Querier, q HistoryQuery) (TestHisto
 		return h, fmt.Errorf("builds: last failure of %s: %w", q.Label, err)
 	}
 	if last != nil {
-		// Build keys start with their day; a run of that day may have
-		// a key of the day before (a build started before midnight).
-		floor := dayKey(last.AddDate(0, 0, -1))
-		failed, _, err := readRuns(ctx, db, q.Project, q.Label, 0, 1, true, floor)
+		// test_daily's day is the build key's.
+		failed, _, err := readRuns(ctx, db, q.Project, q.Label, 0, 1, true, dayKey(*last))
 		if err != nil {
 			return h, fmt.Errorf("builds: last failure of %s: %w", q.Label, err)
 		}
@@ -206,19 +220,9 @@ func ReadTestHistory(ctx context.Context, db Querier, q HistoryQuery) (TestHisto
 }
 
 // readRuns reads up to limit runs below the build key before (0: from
-// the newest), only failed ones if failedOnly, and none below floor[0].
-func readRuns(ctx context.Context, db Querier, project, label string, before int64, limit int, failedOnly bool, floor ...int64) ([]TestRun, []int64, error) {
-	sql := sqlRuns
-	args := []any{project, label, before, limit, failedOnly}
-	if len(floor) > 0 {
-		sql = `select r.build_key, i.id, i.started_at, r.status, r.attempts, r.duration_ms, r.flaked
-from test_runs r join invocations i on i.build_key = r.build_key
-where r.label_id = build_label_id($2) and i.project = $1 and ($3::int8 = 0 or r.build_key < $3::int8) and ($5 = false or r.status ` + failedStatus + `)
-  and r.build_key >= $6
-order by r.build_key desc limit $4`
-		args = append(args, floor[0])
-	}
-	rows, err := db.Query(ctx, sql, args...)
+// the newest) and not below floor, only failed ones if failedOnly.
+func readRuns(ctx context.Context, db Querier, project, label string, before int64, limit int, failedOnly bool, floor int64) ([]TestRun, []int64, error) {
+	rows, err := db.Query(ctx, sqlRuns, project, label, before, limit, failedOnly, floor)
 	if err != nil {
 		return nil, nil, err
 	}

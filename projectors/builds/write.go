@@ -573,9 +573,21 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 		})
 	}
 	update(sqlUpdateProgress, len(w.progress.id), w.progress.args)
+	// test_daily counts the rows of finished builds (testhistory.go):
+	// those updated in place are taken away before and added after, those
+	// COPYed into them (copyNew) added, the builds that finish counted
+	// whole as their rows move.
+	updated, updatedLabels := pairsOutside(w.oldTst[placeFinished].key, w.oldTst[placeFinished].label, w.finish)
+	copied, copiedLabels := pairsOutside(w.newTst[placeFinished].key, w.newTst[placeFinished].label, w.finish)
+	if len(updated) > 0 {
+		b.Queue(sqlCountRows, []int64(nil), updated, updatedLabels, -1)
+	}
 	for p := range places {
 		update(fmt.Sprintf(sqlUpdateTargets, targetTables[p]), len(w.oldTgt[p].key), w.oldTgt[p].args)
 		update(fmt.Sprintf(sqlUpdateTests, testTables[p]), len(w.oldTst[p].key), w.oldTst[p].args)
+	}
+	if len(updated) > 0 || len(copied) > 0 {
+		b.Queue(sqlCountRows, []int64(nil), append(updated, copied...), append(updatedLabels, copiedLabels...), 1)
 	}
 	if len(w.finish) > 0 {
 		// After the updates: they name the running rows.
@@ -591,11 +603,14 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 		b.Queue(sqlMetrics, w.met.args()...)
 	}
 	w.once.queue(b)
+	// After the metadata: the flags find builds by their commit. A build
+	// whose metadata comes after its end has its commit's flags set then
+	// (w.once.meta.build), so that where batches fall changes nothing.
+	queueFlags(b, w.finish, updated, copied, w.once.meta.build)
 	// Rollups read invocations and tests, so they come after them.
 	if len(w.reconcIDs) > 0 {
 		projects, ids := splitKeys(w.reconcIDs)
 		b.Queue(sqlReconcile, projects, ids).Query(empty.collect)
-		b.Queue(sqlCountTests, projects, ids, commitKeys)
 	}
 }
 
@@ -713,9 +728,6 @@ func reconcile(ctx context.Context, tx pgx.Tx, keys []invKey) error {
 	}
 	var empty rollupKeys
 	if err := empty.collect(rows); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(ctx, sqlCountTests, projects, ids, commitKeys); err != nil {
 		return err
 	}
 	if len(empty.project) > 0 {

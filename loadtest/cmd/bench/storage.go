@@ -121,7 +121,7 @@ type storageReport struct {
 // mode) counts 0.
 var buildsTables = []string{"invocations", "targets", "targets_running", "tests", "tests_running", "build_metrics", "build_output", "build_output_pages",
 	"build_output_chunks", "hourly_rollups", "build_metadata", "build_command_lines", "build_argv", "build_failures", "target_causes",
-	"build_labels", "test_runs", "test_daily"}
+	"build_labels", "test_daily"}
 
 func (b *bench) storageScenario(ctx context.Context, rep *scenarioReport) error {
 	sc := b.cfg.storage
