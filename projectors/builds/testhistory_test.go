@@ -3,6 +3,7 @@ package builds
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -133,4 +134,66 @@ func TestTestHistory(t *testing.T) {
 			t.Errorf("batches change the counts: %v vs %v", digests[i], digests[0])
 		}
 	}
+}
+
+// BenchmarkTestHistory: a project of 20,000 builds over 140 days, 10,000
+// of them `bazel test` runs of 20 tests (200,000 rows of tests: //t:x
+// runs in each, //t:rare in one in 50, //t:f0 to //t:f17 flake now and
+// then); a page of a test's history and the flaky tests of 30 days.
+// go test ./projectors/builds -run '^$' -bench TestHistory -benchtime 20x
+func BenchmarkTestHistory(b *testing.B) {
+	pool, _ := testenv.Pool(b)
+	ctx := context.Background()
+	for _, sql := range []string{
+		`insert into invocations (id, project, status, command, first_event_at, last_event_at, started_at, build_key)
+		 select 'inv-' || n, 'acme', 'succeeded', case when n % 2 = 0 then 'test' else 'build' end, at, at, at,
+		        (floor(extract(epoch from at) / 86400)::bigint << 47) | n
+		 from generate_series(1, 20000) n, lateral (select timestamptz '2026-06-01' + n * interval '10 minutes' as at) t`,
+		`select build_partitions_for(w) from (select distinct ((build_key >> 47) / 7)::int4 as w from invocations) x`,
+		`insert into build_labels (project, id, label)
+		 select 'acme', build_label_id(l), l from (select '//t:x' union all select '//t:rare' union all select '//t:f' || k from generate_series(0, 17) k) v(l)`,
+		`insert into tests (build_key, label_id, status, attempts, duration_ms, has_summary)
+		 select i.build_key, build_label_id(l.label),
+		        case when l.label like '//t:f%' and (i.build_key & 65535) % 97 = 0 then 'FLAKY'
+		             when (i.build_key & 65535) % 331 = 0 then 'FAILED' else 'PASSED' end, 1, 1000, true
+		 from invocations i cross join build_labels l
+		 where i.command = 'test' and (l.label <> '//t:rare' or (i.build_key & 65535) % 50 = 0)`,
+		sqlIntoDaily + `
+		 select 'acme', label_id, ` + fmt.Sprintf(sqlDay, "build_key") + `, count(*), count(*) filter (where status = 'PASSED'),
+		        count(*) filter (where status = 'FAILED'), count(*) filter (where status = 'FLAKY'), 0, sum(duration_ms)
+		 from tests group by 1, 2, 3` + sqlAddDaily,
+		`vacuum analyze invocations, tests, test_daily, build_labels`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			b.Fatal(err)
+		}
+	}
+	now := time.Date(2026, 10, 18, 0, 0, 0, 0, time.UTC)
+	first, err := ReadTestHistory(ctx, pool, HistoryQuery{Project: "acme", Label: "//t:x", Now: now})
+	if err != nil || len(first.Runs) != DefaultHistoryRows || first.LastFailure == nil {
+		b.Fatalf("history: %d runs, last failure %v, %v", len(first.Runs), first.LastFailure, err)
+	}
+	for _, c := range []struct {
+		name string
+		q    HistoryQuery
+	}{
+		{"a test of every build, first page", HistoryQuery{Project: "acme", Label: "//t:x", Now: now}},
+		{"a test of every build, an old page", HistoryQuery{Project: "acme", Label: "//t:x", Now: now, Before: strconv.FormatInt(buildKey(time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC), 0), 10)}},
+		{"a test of one build in 50", HistoryQuery{Project: "acme", Label: "//t:rare", Now: now}},
+	} {
+		b.Run("history/"+c.name, func(b *testing.B) {
+			for range b.N {
+				if _, err := ReadTestHistory(ctx, pool, c.q); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.Run("flaky tests, 30 days", func(b *testing.B) {
+		for range b.N {
+			if f, err := FlakyTests(ctx, pool, FlakyQuery{Project: "acme", Now: now}); err != nil || len(f) == 0 {
+				b.Fatalf("%d flaky tests, %v", len(f), err)
+			}
+		}
+	})
 }
