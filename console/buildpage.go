@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/projectors/builds"
@@ -86,13 +87,13 @@ func wantsHTML(r *http.Request) bool {
 
 // build serves a build's address: its page to a browser, its JSON
 // document (builds show --json) to everything else.
-func build(archive func() builds.Archive) handler {
+func build(src Sources) handler {
 	return func(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 		if !wantsHTML(r) {
 			buildJSON(w, r, p)
 			return
 		}
-		buildPage(w, r, p, archive)
+		buildPage(w, r, p, src)
 	}
 }
 
@@ -110,11 +111,20 @@ func buildJSON(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 	}
 }
 
-func buildPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool, archive func() builds.Archive) {
+// buildPage reads the page in one snapshot, with the projector's
+// position: a running build's live events start right after what the
+// page shows (live.go).
+func buildPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool, src Sources) {
 	ctx := r.Context()
 	project, id := r.PathValue("project"), r.PathValue("id")
 	q := r.URL.Query()
-	b, err := builds.Head(ctx, p, project, id)
+	tx, err := p.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		renderError(w, http.StatusInternalServerError, "Build", err)
+		return
+	}
+	defer tx.Rollback(ctx)
+	b, err := builds.Head(ctx, tx, project, id)
 	if errors.Is(err, builds.ErrNotFound) {
 		renderError(w, http.StatusNotFound, "No such build", fmt.Errorf("project %s has no build %s", project, id))
 		return
@@ -130,7 +140,14 @@ func buildPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool, archive 
 		renderError(w, http.StatusBadRequest, "Build", fmt.Errorf("tests_status %q is none of not-passed, %s", v.TestStatus, strings.Join(builds.TestStatuses, ", ")))
 		return
 	}
-	if err := v.read(r, p, archive); err != nil {
+	if b.Status == "running" && src.Live != nil {
+		if v.After, err = builds.Position(ctx, tx); err != nil {
+			renderError(w, http.StatusInternalServerError, "Build", err)
+			return
+		}
+		v.Live, v.Events = true, BuildPath(project, id)+"/events"
+	}
+	if err := v.read(r, tx, src.Archive); err != nil {
 		renderError(w, http.StatusInternalServerError, "Build", err)
 		return
 	}
@@ -140,7 +157,7 @@ func buildPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool, archive 
 // read fills the page: each part is one paged read of the builds
 // package, so that a build of a million events costs what a small one
 // does.
-func (v *buildView) read(r *http.Request, p *pgxpool.Pool, archive func() builds.Archive) error {
+func (v *buildView) read(r *http.Request, p builds.Querier, archive func() builds.Archive) error {
 	ctx := r.Context()
 	b := v.B
 	var err error
@@ -200,7 +217,7 @@ func (v *buildView) read(r *http.Request, p *pgxpool.Pool, archive func() builds
 // Bazel prints its progress and the errors), or of stdout when stderr is
 // empty. A running build has no pages yet: its page shows the end of
 // what it printed so far, and the live events add the rest.
-func (v *buildView) readOutput(r *http.Request, p *pgxpool.Pool, archive func() builds.Archive) error {
+func (v *buildView) readOutput(r *http.Request, p builds.Querier, archive func() builds.Archive) error {
 	ctx := r.Context()
 	b := v.B
 	if b.Status == "running" {

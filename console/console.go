@@ -14,6 +14,7 @@
 package console
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,12 +28,39 @@ import (
 	"github.com/millrace/millrace/projectors/builds"
 )
 
-// Register serves the console on mux. pool is the database once connected
-// (a process may serve before PostgreSQL answers): nil until then, and
-// every page is 503 meanwhile. archive reads the objects of archived
-// builds (archive.Objects over the process's bucket), where their console
-// output moves once archived; nil: there is none, and such output is 503.
-func Register(mux *http.ServeMux, pool func() *pgxpool.Pool, archive func() builds.Archive) {
+// Sources are what the console reads, and its limits.
+type Sources struct {
+	// DB is the database once connected (a process may serve before
+	// PostgreSQL answers): nil until then, and every page is 503
+	// meanwhile.
+	DB func() *pgxpool.Pool
+	// Archive reads the objects of archived builds (archive.Objects over
+	// the process's bucket), where their console output moves once
+	// archived; nil: there is none, and such output is 503.
+	Archive func() builds.Archive
+	// Live follows the BES stream for the pages of running builds
+	// (live.go); nil: such pages do not update themselves.
+	Live Follower
+	// MaxLive is how many live pages the process follows at once (0:
+	// 256); one more is told to try again, which its browser does.
+	MaxLive int
+	// LiveFor is how long one live connection lasts (0: 10 minutes): the
+	// browser then reconnects from the last event it saw, so that a
+	// connection a proxy has silently dropped does not hold a consumer.
+	LiveFor time.Duration
+}
+
+func (s Sources) liveFor() time.Duration {
+	if s.LiveFor > 0 {
+		return s.LiveFor
+	}
+	return defaultLiveFor
+}
+
+// Register serves the console on mux, reading src.
+func Register(mux *http.ServeMux, src Sources) {
+	pool, archive := src.DB, src.Archive
+	slots := make(chan struct{}, cmp.Or(src.MaxLive, defaultMaxLive))
 	mux.Handle("GET /static/", static())
 	mux.HandleFunc("GET /{$}", withPool(pool, latest))
 	// The list of builds, filtered and paged (builds.Search), as JSON for
@@ -41,7 +69,9 @@ func Register(mux *http.ServeMux, pool func() *pgxpool.Pool, archive func() buil
 	// A build is (project, invocation id): two projects may send the same
 	// id, so a build's page names both. Its address serves a browser the
 	// page and anything else the JSON document; /api/v1/ always the JSON.
-	mux.HandleFunc("GET /builds/{project}/{id}", withPool(pool, build(archive)))
+	mux.HandleFunc("GET /builds/{project}/{id}", withPool(pool, build(src)))
+	// A running build's events, for its page (live.go).
+	mux.HandleFunc("GET /builds/{project}/{id}/events", withPool(pool, liveEvents(src, slots)))
 	mux.HandleFunc("GET /api/v1/builds/{project}/{id}", withPool(pool, buildJSON))
 	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/targets", withPool(pool, targetsPage))
 	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/tests", withPool(pool, testsPage))

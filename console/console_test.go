@@ -39,7 +39,7 @@ func TestConsoleBuildPages(t *testing.T) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	Register(mux, func() *pgxpool.Pool { return pool }, nil)
+	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }})
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
 	client := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
@@ -127,7 +127,7 @@ func TestConsoleBuildList(t *testing.T) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
-	Register(mux, func() *pgxpool.Pool { return pool }, nil)
+	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }})
 	get := serve(t, mux)
 	list := func(path string) ([]string, string) {
 		t.Helper()
@@ -187,7 +187,7 @@ func TestConsolePagedRoutes(t *testing.T) {
 		}
 	}
 	mux := http.NewServeMux()
-	Register(mux, func() *pgxpool.Pool { return pool }, nil)
+	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }})
 	get := serve(t, mux)
 	var tg struct{ Targets []builds.Target }
 	code, body := get("/builds/acme/big/targets?failed=true&limit=5&after=//p:t20")
@@ -222,7 +222,7 @@ func TestConsolePagedRoutes(t *testing.T) {
 // panics.
 func TestNotConnectedYet(t *testing.T) {
 	mux := http.NewServeMux()
-	Register(mux, func() *pgxpool.Pool { return nil }, nil)
+	Register(mux, Sources{DB: func() *pgxpool.Pool { return nil }})
 	for _, path := range []string{"/", "/builds/p/i", "/builds/i"} {
 		rec := httptest.NewRecorder()
 		mux.ServeHTTP(rec, httptest.NewRequest("GET", path, nil))

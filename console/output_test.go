@@ -61,12 +61,12 @@ func TestConsoleArchivedOutput(t *testing.T) {
 	objects := archive.NewObjects(bk)
 	var withBucket atomic.Bool // the server's goroutines read it
 	mux := http.NewServeMux()
-	Register(mux, func() *pgxpool.Pool { return pool }, func() builds.Archive {
+	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }, Archive: func() builds.Archive {
 		if withBucket.Load() {
 			return objects
 		}
 		return nil
-	})
+	}})
 	get := serve(t, mux)
 	page := BuildPath(project, id) + "/output/stderr/0"
 	code, inPG := get(page)

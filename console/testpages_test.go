@@ -39,7 +39,7 @@ func TestConsoleTestPages(t *testing.T) {
 		}
 	}
 	mux := http.NewServeMux()
-	Register(mux, func() *pgxpool.Pool { return pool }, nil)
+	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }})
 	get := pageGetter(t, mux)
 
 	code, _, page := get(TestPath("acme", "//t:x"))

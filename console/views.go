@@ -117,6 +117,8 @@ var funcs = template.FuncMap{
 		}
 		return "?" + next.Encode()
 	},
+	// row is a test with its build's project, for templates/rows.html.
+	"row": func(project string, t builds.Test) row { return row{project, t} },
 	// attempts says how a test ran when it was more than once.
 	"attempts": func(t builds.Test) string {
 		if t.Attempts > 1 {
@@ -126,7 +128,8 @@ var funcs = template.FuncMap{
 	},
 }
 
-// views are the parsed pages, by file name: each with the layout.
+// views are the parsed pages, by file name: each with the layout and the
+// rows that pages and live events share.
 var views = func() map[string]*template.Template {
 	m := map[string]*template.Template{}
 	names, err := fs.Glob(templateFS, "templates/*.html")
@@ -134,11 +137,11 @@ var views = func() map[string]*template.Template {
 		panic(err)
 	}
 	for _, name := range names {
-		if name == "templates/layout.html" {
+		if name == "templates/layout.html" || name == "templates/rows.html" {
 			continue
 		}
 		base := strings.TrimSuffix(strings.TrimPrefix(name, "templates/"), ".html")
-		m[base] = template.Must(template.New(base).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", name))
+		m[base] = template.Must(template.New(base).Funcs(funcs).ParseFS(templateFS, "templates/layout.html", "templates/rows.html", name))
 	}
 	return m
 }()

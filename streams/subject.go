@@ -87,6 +87,61 @@ func (r SubjectReader) Read(ctx context.Context, subject string, fn func(seq uin
 	}
 }
 
+// followIdle is how long the server keeps a follow's consumer that no
+// one pulls from.
+const followIdle = 30 * time.Second
+
+// Follow calls fn with each message of subject stored after sequence
+// after, in stream order, as they arrive, until ctx ends (it returns nil)
+// or fn fails. It holds one ordered consumer, which the server forgets
+// when the follow ends (it is deleted; should the process die first, the
+// server drops it after followIdle): what a live console page costs while
+// it is open, and nothing once it is closed. The consumer filters on the
+// one subject, which the server answers from its index of that subject
+// rather than by reading the stream.
+func (r SubjectReader) Follow(ctx context.Context, subject string, after uint64, fn func(seq uint64, data []byte) error) error {
+	cons, err := r.Stream.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{FilterSubjects: []string{subject},
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: after + 1, InactiveThreshold: followIdle})
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("follow %s: %w", subject, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxBytes(8 << 20))
+	if err != nil {
+		return fmt.Errorf("follow %s: %w", subject, err)
+	}
+	defer func() {
+		it.Stop()
+		// The consumer's name now: an ordered consumer makes a new one
+		// whenever it resets.
+		if info := cons.CachedInfo(); info != nil {
+			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			r.Stream.DeleteConsumer(dctx, info.Name) // else it goes after followIdle
+		}
+	}()
+	stop := context.AfterFunc(ctx, it.Stop)
+	defer stop()
+	for {
+		m, err := it.Next()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("follow %s: %w", subject, err)
+		}
+		md, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("follow %s: %w", subject, err)
+		}
+		if err := fn(md.Sequence.Stream, m.Data()); err != nil {
+			return err
+		}
+	}
+}
+
 // Subjects returns the subjects of s on filter with their message counts
 // (for the BES stream: its builds).
 func Subjects(ctx context.Context, s jetstream.Stream, filter string) (map[string]uint64, error) {

@@ -152,11 +152,18 @@ func startArchiveRun(t *testing.T, args ...string) *archiveRun {
 	r.env = []string{"MILLRACE_NATS_URL=" + ns.ClientURL(), "DATABASE_URL=" + db, "MILLRACE_BUCKET_URL=" + r.bucket}
 	cmd := exec.Command(binary(t), append([]string{"project", "builds", "--http-listen", "127.0.0.1:0", "--archive-after", "1s", "--archive-interval", "100ms"}, args...)...)
 	cmd.Env = append(os.Environ(), r.env...)
+	log := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	r.stop = sync.OnceFunc(func() { cmd.Process.Signal(syscall.SIGTERM); cmd.Wait() })
-	t.Cleanup(r.stop)
+	t.Cleanup(func() {
+		r.stop()
+		if t.Failed() { // what the projector said, for the failure's reason
+			t.Logf("project builds:\n%s", log)
+		}
+	})
 	if r.pool, err = pgxpool.New(ctx, db); err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/services/fleet"
 	"github.com/millrace/millrace/services/reservations"
+	"github.com/millrace/millrace/subjects"
 )
 
 func devCommand() command {
@@ -117,7 +118,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	// The bucket is open before the HTTP server serves (components start
 	// in order).
 	objects := sync.OnceValue(func() builds.Archive { return archive.NewObjects(p.bk) })
-	console.Register(p.mux, p.db.Pool, objects)
+	console.Register(p.mux, console.Sources{DB: p.db.Pool, Archive: objects, Live: besFollower{p}})
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
 		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor, p.archiver(o.archive), retention}
 	// The Kafka export, when brokers are named: it needs the backbone only.
@@ -130,4 +131,17 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	}
 	after = []supervise.Component{p.commits(o.commits), resvGRPC, p.gateway(o.fleet), p.bes(o.bes)}
 	return before, after, nil
+}
+
+// besFollower follows subjects of the process's BES stream for the
+// console's live pages; the backbone is open before the HTTP server
+// serves.
+type besFollower struct{ p *process }
+
+func (f besFollower) Follow(ctx context.Context, subject string, after uint64, fn func(seq uint64, data []byte) error) error {
+	r, err := f.p.bb.Reader(ctx, subjects.StreamBES)
+	if err != nil {
+		return err
+	}
+	return r.Follow(ctx, subject, after, fn)
 }

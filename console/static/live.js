@@ -1,1 +1,97 @@
-// live.js: filled in by the live events (live.go).
+// live.js: a running build's page follows the build (console/live.go).
+// The page was read up to a stream sequence (data-after); the events go
+// on from the next one, and each carries its sequence as its id, which
+// the browser sends back as Last-Event-ID when it reconnects: nothing is
+// missed or shown twice. When the build is stored as finished or cut off,
+// the page reloads once and shows it as stored.
+"use strict";
+(function () {
+  var live = document.getElementById("live");
+  if (!live || !window.EventSource) {
+    return;
+  }
+  var log = document.getElementById("log");
+  var maxLog = 1 << 20; // characters of output kept on the page
+  var note = document.createElement("span");
+  live.appendChild(note);
+  note.textContent = "Live: following the build as Bazel sends it.";
+
+  // rowOf finds a table's row for a label, or null.
+  function rowOf(table, label) {
+    var rows = table.tBodies[0].rows;
+    for (var i = 0; i < rows.length; i++) {
+      if (rows[i].dataset.label === label) {
+        return rows[i];
+      }
+    }
+    return null;
+  }
+
+  // put replaces a label's row, or adds it first, when the table shows
+  // its first page and the row passes its filter.
+  function put(id, d, keep) {
+    var table = document.getElementById(id);
+    if (!table || table.dataset.live !== "true" || !keep(table.dataset.filter || "")) {
+      return;
+    }
+    var body = table.tBodies[0];
+    var none = body.querySelector("tr.none");
+    if (none) {
+      none.remove();
+    }
+    var old = rowOf(table, d.label);
+    var tmp = document.createElement("tbody");
+    tmp.innerHTML = d.html;
+    var tr = tmp.rows[0];
+    if (old) {
+      old.replaceWith(tr);
+    } else {
+      body.insertBefore(tr, body.firstChild);
+    }
+  }
+
+  var url = live.dataset.events + "?after=" + encodeURIComponent(live.dataset.after);
+  var es = new EventSource(url);
+  es.onopen = function () {
+    note.textContent = "Live: following the build as Bazel sends it.";
+    live.className = "on";
+  };
+  es.onerror = function () {
+    // EventSource reconnects by itself, from the last id it saw.
+    note.textContent = "Live: connection lost, reconnecting…";
+    live.className = "off";
+  };
+  es.addEventListener("output", function (e) {
+    var d = JSON.parse(e.data);
+    var atEnd = window.innerHeight + window.scrollY >= document.body.scrollHeight - 4;
+    log.insertAdjacentHTML("beforeend", d.html);
+    while (log.textContent.length > maxLog && log.firstChild) {
+      log.removeChild(log.firstChild);
+    }
+    if (atEnd) {
+      window.scrollTo(0, document.body.scrollHeight);
+    }
+  });
+  es.addEventListener("target", function (e) {
+    var d = JSON.parse(e.data);
+    put("targets-table", d, function (f) { return f !== "failed" || d.success !== "true"; });
+  });
+  es.addEventListener("test", function (e) {
+    var d = JSON.parse(e.data);
+    put("tests-table", d, function (f) {
+      return f === "" || (f === "not-passed" ? d.status !== "PASSED" : d.status === f);
+    });
+  });
+  es.addEventListener("status", function (e) {
+    var d = JSON.parse(e.data);
+    var s = document.getElementById("status");
+    s.textContent = d.status;
+    s.className = "status " + d.status;
+    document.getElementById("state").textContent = d.state;
+  });
+  es.addEventListener("end", function () {
+    es.close();
+    note.textContent = "The build is stored: reloading.";
+    window.location.reload();
+  });
+})();

@@ -430,3 +430,35 @@ func (e *errWriter) write(b []byte) {
 		_, e.err = e.w.Write(b)
 	}
 }
+
+// Position is the highest BES stream sequence the projector has applied
+// (0: none yet). Read in the snapshot that a page reads a build's rows in
+// (a repeatable-read transaction), it is where the stream goes on from
+// what the page shows: a live page follows the build's subject from the
+// next sequence, and sees every event once.
+func Position(ctx context.Context, db Querier) (uint64, error) {
+	var seq int64
+	err := db.QueryRow(ctx, `select stream_seq from consumer_positions where consumer = $1`, ConsumerName).Scan(&seq)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("builds: the projector's position: %w", err)
+	}
+	return uint64(seq), nil
+}
+
+// StatusOf is a build's status (one of Statuses), or ErrNotFound: what a
+// live page checks while Bazel is quiet, to learn that the build ended or
+// was abandoned.
+func StatusOf(ctx context.Context, db Querier, project, invocationID string) (string, error) {
+	var status string
+	err := db.QueryRow(ctx, `select status from invocations where id = $1 and project = $2`, invocationID, project).Scan(&status)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("builds: status of %s in project %s: %w", invocationID, project, err)
+	}
+	return status, nil
+}
