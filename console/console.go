@@ -66,6 +66,8 @@ func Register(mux *http.ServeMux, src Sources) {
 	// The list of builds, filtered and paged (builds.Search), as JSON for
 	// tools; the front page is its HTML.
 	mux.HandleFunc("GET /api/v1/builds", withPool(pool, searchBuilds))
+	// The list's first page as it changes (live.go).
+	mux.HandleFunc("GET /events/builds", withPool(pool, listEvents(slots)))
 	// A build is (project, invocation id): two projects may send the same
 	// id, so a build's page names both. Its address serves a browser the
 	// page and anything else the JSON document; /api/v1/ always the JSON.
@@ -157,6 +159,10 @@ func searchBuilds(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 // builds, and the address of the next page.
 type listPage struct {
 	frame
+	// Events is the address of the live list (the first page only), Limit
+	// how many rows it keeps.
+	Events   string
+	Limit    int
 	Filters  url.Values
 	Statuses []string
 	Builds   []builds.Summary
@@ -170,6 +176,9 @@ func latest(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 	code := http.StatusOK
 	q, err := searchQuery(r)
 	if err == nil {
+		if q.Before == "" {
+			lp.Live, lp.Events, lp.Limit = true, "/events/builds?"+r.URL.RawQuery, cmp.Or(min(q.Limit, builds.MaxSearchRows), builds.DefaultSearchRows)
+		}
 		var page builds.SearchPage
 		if page, err = builds.Search(r.Context(), p, q); err == nil {
 			lp.Builds = page.Builds

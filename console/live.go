@@ -405,3 +405,100 @@ func progress(b []byte) (stdout, stderr []byte, ok bool) {
 	}
 	return stdout, stderr, ok
 }
+
+// listEvents serves the first page of the builds list as it changes, for
+// the list's page (live.js): with the page's filters, it reads the page
+// again whenever the projector's position has moved (one read by primary
+// key every liveCheck while nothing happens), and sends each row that is
+// new or changed, and each that left the page:
+//
+//	event: build  data: {"key":"project/id","index":"0","html":"<tr>..."}
+//	event: gone   data: {"key":"project/id"}
+//
+// The first read sends every row, whatever the page already shows.
+func listEvents(slots chan struct{}) handler {
+	return func(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
+		q, err := searchQuery(r)
+		if err == nil && q.Before != "" {
+			err = errors.New("only the first page of the list is live")
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+		default:
+			w.Header().Set("Retry-After", "5")
+			http.Error(w, "too many live pages are open on this server; the page will try again", http.StatusServiceUnavailable)
+			return
+		}
+		flusher, ok := w.(http.Flusher)
+		if !ok {
+			http.Error(w, "this connection cannot stream", http.StatusInternalServerError)
+			return
+		}
+		h := w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-store")
+		h.Set("X-Accel-Buffering", "no")
+		w.WriteHeader(http.StatusOK)
+		out := &eventWriter{w: w, f: flusher}
+		ctx := r.Context()
+		shown := map[string]string{} // key → the row's HTML
+		var pos uint64
+		tick := time.NewTicker(liveCheck)
+		defer tick.Stop()
+		for first := true; ; first = false {
+			if !first {
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+					return
+				}
+			}
+			now, err := builds.Position(ctx, p)
+			if err != nil || (!first && now == pos) {
+				out.comment()
+				if out.err != nil {
+					return
+				}
+				continue
+			}
+			pos = now
+			page, err := builds.Search(ctx, p, q)
+			if err != nil {
+				continue // the next tick tries again
+			}
+			// What left the page first, so that the indexes of what
+			// follows are those of the page as it is now.
+			rows := map[string]bool{}
+			for _, b := range page.Builds {
+				rows[b.Project+"/"+b.ID] = true
+			}
+			for key := range shown {
+				if !rows[key] {
+					delete(shown, key)
+					out.send(0, "gone", map[string]string{"key": key})
+				}
+			}
+			for i, b := range page.Builds {
+				key := b.Project + "/" + b.ID
+				var buf bytes.Buffer
+				if err := views["list"].ExecuteTemplate(&buf, "buildRow", b); err != nil {
+					slog.Error("console: rendering a live row", "op", "render buildRow", "err", err)
+					return
+				}
+				if html := buf.String(); shown[key] != html {
+					shown[key] = html
+					out.send(0, "build", map[string]string{"key": key, "index": strconv.Itoa(i), "html": html})
+				}
+			}
+			out.comment() // flushes
+			if out.err != nil {
+				return
+			}
+		}
+	}
+}

@@ -337,3 +337,68 @@ func wellFormed(s string) error {
 		}
 	}
 }
+
+// The list's first page, live: every row at first, then what changes
+// once the projector's position moves (a new build first, a build that
+// ended), and a row that no longer matches the filters leaves.
+func TestConsoleLiveList(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	exec := func(sql string) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	exec(`insert into invocations (id, project, status, command, started_at, first_event_at, last_event_at)
+	      values ('b1', 'acme', 'running', 'build', now() - interval '2 minutes', now(), now()),
+	             ('b2', 'acme', 'running', 'test', now() - interval '1 minute', now(), now()),
+	             ('x1', 'other', 'running', 'test', now(), now(), now())`)
+	exec(`insert into consumer_positions (consumer, stream, stream_seq) values ('` + builds.ConsumerName + `', 'BES', 1)`)
+	mux := http.NewServeMux()
+	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }})
+	base := serveURL(t, mux)
+	get := pageGetter(t, mux)
+	if _, _, page := get("/?project=acme&status=running"); !strings.Contains(page, `data-events="/events/builds?project=acme&amp;status=running" data-limit="50"`) {
+		t.Fatalf("the list's first page is not live:\n%s", page)
+	}
+	if _, _, page := get("/?project=acme&before=x"); strings.Contains(page, `id="live-list"`) {
+		t.Error("a later page of the list is live")
+	}
+	if _, code := openEvents(t, base+"/events/builds?before=x", ""); code != http.StatusBadRequest {
+		t.Errorf("a later page's events: %d", code)
+	}
+
+	es, code := openEvents(t, base+"/events/builds?project=acme&status=running", "")
+	if code != http.StatusOK {
+		t.Fatalf("the list's events: %d", code)
+	}
+	for _, want := range []struct{ key, index string }{{"acme/b2", "0"}, {"acme/b1", "1"}} {
+		if ev := es.next(t); ev.Name != "build" || ev.Data["key"] != want.key || ev.Data["index"] != want.index ||
+			!strings.Contains(ev.Data["html"], `<tr data-key="`+want.key+`" data-status="running">`) {
+			t.Fatalf("want %v: %+v", want, ev)
+		}
+	}
+	exec(`insert into invocations (id, project, status, command, started_at, first_event_at, last_event_at)
+	      values ('b3', 'acme', 'running', 'build', now(), now(), now())`)
+	exec(`update consumer_positions set stream_seq = 2`)
+	if ev := es.next(t); ev.Name != "build" || ev.Data["key"] != "acme/b3" || ev.Data["index"] != "0" {
+		t.Fatalf("a new build: %+v", ev)
+	}
+	exec(`update invocations set status = 'succeeded' where id = 'b2'`)
+	exec(`update consumer_positions set stream_seq = 3`)
+	if ev := es.next(t); ev.Name != "gone" || ev.Data["key"] != "acme/b2" {
+		t.Fatalf("a build that ended, on a list of running builds: %+v", ev)
+	}
+	// Without the filter it stays, changed.
+	es, _ = openEvents(t, base+"/events/builds?project=acme", "")
+	for range 3 {
+		es.next(t)
+	}
+	exec(`update invocations set status = 'failed', exit_code_name = 'BUILD_FAILURE' where id = 'b1'`)
+	exec(`update consumer_positions set stream_seq = 4`)
+	if ev := es.next(t); ev.Name != "build" || ev.Data["key"] != "acme/b1" || ev.Data["index"] != "2" ||
+		!strings.Contains(ev.Data["html"], "BUILD_FAILURE") {
+		t.Fatalf("a build that failed: %+v", ev)
+	}
+}

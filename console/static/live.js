@@ -3,8 +3,53 @@
 // on from the next one, and each carries its sequence as its id, which
 // the browser sends back as Last-Event-ID when it reconnects: nothing is
 // missed or shown twice. When the build is stored as finished or cut off,
-// the page reloads once and shows it as stored.
+// the page reloads once and shows it as stored. The builds list's first
+// page takes its rows again as they change.
 "use strict";
+(function () {
+  var list = document.getElementById("live-list");
+  if (!list || !window.EventSource) {
+    return;
+  }
+  var body = document.getElementById("builds").tBodies[0];
+  var limit = parseInt(list.dataset.limit, 10);
+  function rowOf(key) {
+    for (var i = 0; i < body.rows.length; i++) {
+      if (body.rows[i].dataset.key === key) {
+        return body.rows[i];
+      }
+    }
+    return null;
+  }
+  var es = new EventSource(list.dataset.events);
+  es.onopen = function () { list.className = "on"; list.textContent = "Live: running builds update as they go."; };
+  es.onerror = function () { list.className = "off"; list.textContent = "Live: connection lost, reconnecting…"; };
+  es.addEventListener("build", function (e) {
+    var d = JSON.parse(e.data);
+    var none = body.querySelector("tr.none");
+    if (none) {
+      none.remove();
+    }
+    var tmp = document.createElement("tbody");
+    tmp.innerHTML = d.html;
+    var tr = tmp.rows[0];
+    var old = rowOf(d.key);
+    if (old) {
+      old.remove();
+    }
+    var at = parseInt(d.index, 10);
+    body.insertBefore(tr, body.rows[at] || null);
+    while (body.rows.length > limit) {
+      body.deleteRow(-1);
+    }
+  });
+  es.addEventListener("gone", function (e) {
+    var old = rowOf(JSON.parse(e.data).key);
+    if (old) {
+      old.remove();
+    }
+  });
+})();
 (function () {
   var live = document.getElementById("live");
   if (!live || !window.EventSource) {
