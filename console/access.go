@@ -1,6 +1,7 @@
 package console
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"strings"
@@ -27,18 +28,66 @@ func (t Tokens) Has(s string) bool {
 	return ok
 }
 
+// Grant is what a request may see of the console.
+type Grant struct {
+	// All is every project, and the pages of the fleet and the commit log:
+	// an operator's key, or a console that needs none (loopback, no keys).
+	All bool
+	// Project is the one project a read key or a BES API key grants.
+	Project string
+}
+
+// Sees reports whether the grant shows project's builds and tests.
+func (g Grant) Sees(project string) bool { return g.All || g.Project == project }
+
+type grantKey struct{}
+
+// GrantOf is the grant of a request that passed the Guard. A request
+// that did not (a mux served without one, as in tests) sees everything,
+// as the console without keys does.
+func GrantOf(ctx context.Context) Grant {
+	if g, ok := ctx.Value(grantKey{}).(Grant); ok {
+		return g
+	}
+	return Grant{All: true}
+}
+
+// Keys are the console's keys (--http-console-keys-file), an apikey.Table
+// of grants: a line "project=KEY" is a read key of that project, a line
+// of a key alone is an operator's key, which sees every project and the
+// fleet and commit-log pages. Shared by the copies of a Guard: a reload
+// replaces them for all.
+type Keys struct{ *apikey.Table[Grant] }
+
+// KeySyntax is how the console's key file is written (Keys).
+var KeySyntax = apikey.Syntax[Grant]{
+	What: "console key", Name: "project", Form: "project=KEY (a read key) or KEY alone (an operator's key)", Bare: true,
+	Principal: func(project string) (Grant, error) {
+		if project == "" {
+			return Grant{All: true}, nil
+		}
+		return Grant{Project: project}, nil
+	},
+}
+
 // Guard decides who may see what on a process's HTTP server:
 //   - /healthz and /readyz are open, for probes and balancers;
 //   - /metrics needs a metrics token (a bearer token);
 //   - the APIs under /v1/ check their own API keys;
-//   - everything else (the console) needs a console key, given as the
-//     password of HTTP basic auth (a browser) or as a bearer token.
+//   - everything else (the console) needs a key, given as the password of
+//     HTTP basic auth (a browser) or as a bearer token: a console key
+//     (Keys) or a BES API key, which reads its own project.
 //
-// A check applies when its tokens are not empty; the command refuses a
-// listener other hosts can reach without them.
+// A check applies when its keys are not empty (the console's: console
+// keys or BES keys); the command refuses a listener other hosts can reach
+// without them.
 type Guard struct {
-	Console, Metrics Tokens
-	Next             http.Handler
+	Console Keys
+	// Projects are the BES API keys (project=key): each reads its
+	// project's builds in the console, as a read key does.
+	Projects *apikey.Table[string]
+	Metrics  Tokens
+	Next     http.Handler
 }
 
 func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -51,13 +100,29 @@ func (g *Guard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	default:
-		if g.Console.Len() > 0 && !g.Console.Has(consoleKey(r)) {
+		grant, ok := g.grant(consoleKey(r))
+		if !ok {
 			w.Header().Set("WWW-Authenticate", `Basic realm="millrace console", charset="UTF-8"`)
 			http.Error(w, "the console needs a key: give it as the password (any user name), or as \"authorization: Bearer KEY\"", http.StatusUnauthorized)
 			return
 		}
+		r = r.WithContext(context.WithValue(r.Context(), grantKey{}, grant))
 	}
 	g.Next.ServeHTTP(w, r)
+}
+
+// grant is what key sees: everything when the console needs no key.
+func (g *Guard) grant(key string) (Grant, bool) {
+	if g.Console.Len() == 0 && g.Projects.Len() == 0 {
+		return Grant{All: true}, true
+	}
+	if gr, ok := g.Console.Lookup(key); ok {
+		return gr, true
+	}
+	if project, ok := g.Projects.Lookup(key); ok {
+		return Grant{Project: project}, true
+	}
+	return Grant{}, false
 }
 
 func bearer(r *http.Request) string {
@@ -83,7 +148,7 @@ func (g *Guard) CheckExposure(listen string, insecureOpen bool) error {
 		return nil
 	}
 	var missing []string
-	if g.Console.Len() == 0 {
+	if g.Console.Len() == 0 && g.Projects.Len() == 0 {
 		missing = append(missing, "console keys (--http-console-keys-file, $MILLRACE_HTTP_CONSOLE_KEYS_FILE)")
 	}
 	if g.Metrics.Len() == 0 {

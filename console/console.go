@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -71,12 +72,12 @@ func Register(mux *http.ServeMux, src Sources) {
 	// A build is (project, invocation id): two projects may send the same
 	// id, so a build's page names both. Its address serves a browser the
 	// page and anything else the JSON document; /api/v1/ always the JSON.
-	mux.HandleFunc("GET /builds/{project}/{id}", withPool(pool, build(src)))
+	mux.HandleFunc("GET /builds/{project}/{id}", withPool(pool, forProject(build(src))))
 	// A running build's events, for its page (live.go).
-	mux.HandleFunc("GET /builds/{project}/{id}/events", withPool(pool, liveEvents(src, slots)))
-	mux.HandleFunc("GET /api/v1/builds/{project}/{id}", withPool(pool, buildJSON))
-	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/targets", withPool(pool, targetsPage))
-	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/tests", withPool(pool, testsPage))
+	mux.HandleFunc("GET /builds/{project}/{id}/events", withPool(pool, forProject(liveEvents(src, slots))))
+	mux.HandleFunc("GET /api/v1/builds/{project}/{id}", withPool(pool, forProject(buildJSON)))
+	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/targets", withPool(pool, forProject(targetsPage)))
+	mux.HandleFunc("GET /api/v1/builds/{project}/{id}/tests", withPool(pool, forProject(testsPage)))
 	// Tests across builds (builds.ReadTestHistory, builds.FlakyTests).
 	mux.HandleFunc("GET /test", withPool(pool, testHistory))
 	mux.HandleFunc("GET /api/v1/tests", withPool(pool, testHistory))
@@ -84,9 +85,9 @@ func Register(mux *http.ServeMux, src Sources) {
 	mux.HandleFunc("GET /api/v1/flaky", withPool(pool, flakyTests))
 	// A build's rows a page at a time (builds.Targets, builds.Tests,
 	// builds.OutputPage): what a page of a build of a million events reads.
-	mux.HandleFunc("GET /builds/{project}/{id}/targets", withPool(pool, targetsPage))
-	mux.HandleFunc("GET /builds/{project}/{id}/tests", withPool(pool, testsPage))
-	mux.HandleFunc("GET /builds/{project}/{id}/output/{stream}/{page}", withPool(pool, outputPage(archive)))
+	mux.HandleFunc("GET /builds/{project}/{id}/targets", withPool(pool, forProject(targetsPage)))
+	mux.HandleFunc("GET /builds/{project}/{id}/tests", withPool(pool, forProject(testsPage)))
+	mux.HandleFunc("GET /builds/{project}/{id}/output/{stream}/{page}", withPool(pool, forProject(outputPage(archive))))
 	// The invocation id alone (links from before projects were part of a
 	// build's address): one project has it, go there; several, list them
 	// (300 Multiple Choices) rather than pick one tenant's build.
@@ -94,6 +95,39 @@ func Register(mux *http.ServeMux, src Sources) {
 }
 
 type handler func(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool)
+
+// forProject serves the pages of one build ({project} in the address) to
+// a grant that sees the project; to any other, the build is not there, as
+// one that does not exist is not.
+func forProject(h handler) handler {
+	return func(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
+		project, id := r.PathValue("project"), r.PathValue("id")
+		if GrantOf(r.Context()).Sees(project) {
+			h(w, r, p)
+			return
+		}
+		if wantsHTML(r) && !isAPI(r) {
+			renderError(w, http.StatusNotFound, "No such build", fmt.Errorf("project %s has no build %s", project, id))
+			return
+		}
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": "no such build"})
+	}
+}
+
+// scoped narrows a search to the request's grant: a read key searches its
+// own project. It reports a search of another project, whose answer is
+// empty (nothing says whether that project exists).
+func scoped(r *http.Request, q *builds.SearchQuery) (elsewhere bool) {
+	g := GrantOf(r.Context())
+	switch {
+	case g.All:
+		return false
+	case q.Project == "":
+		q.Project = g.Project
+		return false
+	}
+	return q.Project != g.Project
+}
 
 func withPool(pool func() *pgxpool.Pool, h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
@@ -147,7 +181,10 @@ func searchBuilds(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 		writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 		return
 	}
-	page, err := builds.Search(r.Context(), p, q)
+	var page builds.SearchPage
+	if !scoped(r, &q) {
+		page, err = builds.Search(r.Context(), p, q)
+	}
 	if err != nil {
 		writeJSON(w, http.StatusInternalServerError, map[string]string{"error": err.Error()})
 		return
@@ -180,7 +217,10 @@ func latest(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 			lp.Live, lp.Events, lp.Limit = true, "/events/builds?"+r.URL.RawQuery, cmp.Or(min(q.Limit, builds.MaxSearchRows), builds.DefaultSearchRows)
 		}
 		var page builds.SearchPage
-		if page, err = builds.Search(r.Context(), p, q); err == nil {
+		if !scoped(r, &q) {
+			page, err = builds.Search(r.Context(), p, q)
+		}
+		if err == nil {
 			lp.Builds = page.Builds
 			if page.Next != "" {
 				next := r.URL.Query()
@@ -273,11 +313,13 @@ func outputPage(archive func() builds.Archive) handler {
 
 func byID(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 	id := r.PathValue("id")
-	projects, err := builds.Projects(r.Context(), p, id)
+	all, err := builds.Projects(r.Context(), p, id)
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
+	grant := GrantOf(r.Context())
+	projects := slices.DeleteFunc(all, func(project string) bool { return !grant.Sees(project) })
 	switch len(projects) {
 	case 0:
 		http.Error(w, "no such build", http.StatusNotFound)

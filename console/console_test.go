@@ -362,8 +362,10 @@ func TestWriteBuilds(t *testing.T) {
 func TestCheckExposure(t *testing.T) {
 	t1, _ := apikey.Parse("0123456789abcdef0123", TokenSyntax("key"))
 	keys := Tokens{t1}
+	c1, _ := apikey.Parse("0123456789abcdef0123", KeySyntax)
+	console := Keys{c1}
 	none := &Guard{}
-	both := &Guard{Console: keys, Metrics: keys}
+	both := &Guard{Console: console, Metrics: keys}
 	if err := none.CheckExposure("127.0.0.1:8080", false); err != nil {
 		t.Fatalf("loopback: %v", err)
 	}
@@ -373,7 +375,11 @@ func TestCheckExposure(t *testing.T) {
 	if err := both.CheckExposure("0.0.0.0:8080", false); err != nil {
 		t.Fatalf("with keys: %v", err)
 	}
-	err := (&Guard{Console: keys}).CheckExposure("0.0.0.0:8080", false)
+	bes, _ := apikey.Parse("acme=0123456789abcdef0123", apikey.Syntax[string]{Principal: func(p string) (string, error) { return p, nil }})
+	if err := (&Guard{Projects: bes, Metrics: keys}).CheckExposure("0.0.0.0:8080", false); err != nil {
+		t.Fatalf("with BES keys: %v", err)
+	}
+	err := (&Guard{Console: console}).CheckExposure("0.0.0.0:8080", false)
 	if err == nil || !strings.Contains(err.Error(), "--http-metrics-token-file") || strings.Contains(err.Error(), "--http-console-keys-file") {
 		t.Fatalf("no metrics token: %v", err)
 	}

@@ -419,6 +419,7 @@ func progress(b []byte) (stdout, stderr []byte, ok bool) {
 func listEvents(slots chan struct{}) handler {
 	return func(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 		q, err := searchQuery(r)
+		elsewhere := scoped(r, &q)
 		if err == nil && q.Before != "" {
 			err = errors.New("only the first page of the list is live")
 		}
@@ -467,9 +468,11 @@ func listEvents(slots chan struct{}) handler {
 				continue
 			}
 			pos = now
-			page, err := builds.Search(ctx, p, q)
-			if err != nil {
-				continue // the next tick tries again
+			var page builds.SearchPage
+			if !elsewhere {
+				if page, err = builds.Search(ctx, p, q); err != nil {
+					continue // the next tick tries again
+				}
 			}
 			// What left the page first, so that the indexes of what
 			// follows are those of the page as it is now.

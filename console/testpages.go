@@ -59,7 +59,12 @@ func testHistory(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 		renderError(w, http.StatusBadRequest, "Test", err)
 		return
 	}
-	h, err := builds.ReadTestHistory(r.Context(), p, q)
+	var h builds.TestHistory
+	if GrantOf(r.Context()).Sees(q.Project) {
+		h, err = builds.ReadTestHistory(r.Context(), p, q)
+	} else {
+		err = builds.ErrNotFound // another project's tests are not there
+	}
 	code := http.StatusOK
 	switch {
 	case errors.Is(err, builds.ErrNotFound):
@@ -109,13 +114,18 @@ type flakyView struct {
 
 func flakyTests(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 	v := flakyView{Project: r.URL.Query().Get("project"), Days: builds.DefaultWindowDays}
+	grant := GrantOf(r.Context())
+	if v.Project == "" && !grant.All {
+		v.Project = grant.Project
+	}
 	v.JSON = "/api/v1/flaky?" + r.URL.RawQuery
 	code := http.StatusOK
 	days, err := intParam(r.URL.Query(), "days")
 	if days > 0 {
 		v.Days = days
 	}
-	if err == nil && v.Project != "" {
+	// Another project's page is an empty one: nothing says it exists.
+	if err == nil && v.Project != "" && grant.Sees(v.Project) {
 		v.Tests, err = builds.FlakyTests(r.Context(), p, builds.FlakyQuery{Project: v.Project, Days: days})
 	}
 	if err != nil {

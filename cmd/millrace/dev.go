@@ -9,6 +9,7 @@ import (
 	"github.com/millrace/millrace/archive"
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/internal/apikey"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/supervise"
 	"github.com/millrace/millrace/projectors/builds"
@@ -119,6 +120,11 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	// in order).
 	objects := sync.OnceValue(func() builds.Archive { return archive.NewObjects(p.bk) })
 	console.Register(p.mux, console.Sources{DB: p.db.Pool, Archive: objects, Live: besFollower{p}})
+	// A project's BES API key reads its builds in the console.
+	o.proc.http.ProjectKeys = func(ctx context.Context) (*apikey.Table[string], error) {
+		k, err := o.bes.LoadKeys(ctx, p.t.kf, p.log)
+		return k.Table, err
+	}
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
 		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor, p.archiver(o.archive), retention}
 	// The Kafka export, when brokers are named: it needs the backbone only.

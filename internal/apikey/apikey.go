@@ -28,9 +28,10 @@
 // entry that starts with '#' is skipped too, so "a=KEY, # b=OLDKEY" holds
 // one key.
 //
-// A table of bare keys (Syntax.Principal nil: console keys, metrics
-// tokens) has one key a line and nothing else on it, so such a key may
-// contain ',' and '='.
+// A table of bare keys (Syntax.Principal nil: metrics tokens) has one key
+// a line and nothing else on it, so such a key may contain ',' and '='.
+// A Bare syntax (the console's keys) takes both: an entry without '=' is a
+// key alone, so such a key may not contain '='.
 //
 // Keys are at least MinKeyBytes long, and each is given once: the same key
 // twice is an error whatever it acts for, since a key that acted for two
@@ -122,6 +123,10 @@ type Syntax[P any] struct {
 	// for; an error says what is wrong with the name, and Parse adds the
 	// line. Nil: the table holds bare keys, one a line.
 	Principal func(name string) (P, error)
+	// Bare, with Principal, also takes a line that is a key alone (no
+	// "=" in it) and reads its principal as Principal(""): the console's
+	// operator keys beside its project=key read keys.
+	Bare bool
 }
 
 // Parse reads text written in syntax s (see the package documentation).
@@ -134,7 +139,7 @@ func Parse[P any](text string, s Syntax[P]) (*Table[P], error) {
 }
 
 func (s Syntax[P]) parse(text string) (*Table[P], error) {
-	raws, err := split(text, s.Principal == nil, s.What, s.Form)
+	raws, err := split(text, s.Principal == nil, s.Bare, s.What, s.Form)
 	if err != nil {
 		return nil, err
 	}
@@ -147,7 +152,7 @@ func (s Syntax[P]) parse(text string) (*Table[P], error) {
 		}
 		var p P
 		if s.Principal != nil {
-			if p, err = s.Principal(r.name); err != nil {
+			if p, err = s.Principal(r.name); err != nil { // "" for a bare key of a Bare syntax
 				return nil, fmt.Errorf("line %d: %w", r.line, err)
 			}
 		}
@@ -162,7 +167,7 @@ func (s Syntax[P]) parse(text string) (*Table[P], error) {
 // check refuses a short key, or one given on an earlier line.
 func (s Syntax[P]) check(r raw, digest [32]byte, first map[[32]byte]int) error {
 	of := fmt.Sprintf("the %s", s.What)
-	if s.Principal != nil {
+	if s.Principal != nil && r.name != "" {
 		of = fmt.Sprintf("the %s of %s %q", s.What, s.Name, r.name)
 	}
 	if len(r.key) < MinKeyBytes {
@@ -181,8 +186,9 @@ type raw struct {
 }
 
 // split cuts text into entries: bare keys one a line, else name=key
-// entries separated by commas or newlines.
-func split(text string, bare bool, what, form string) ([]raw, error) {
+// entries separated by commas or newlines (and, alsoBare, keys alone
+// among them).
+func split(text string, bare, alsoBare bool, what, form string) ([]raw, error) {
 	var out []raw
 	for i, line := range strings.Split(text, "\n") {
 		if strings.HasPrefix(strings.TrimSpace(line), "#") {
@@ -197,7 +203,7 @@ func split(text string, bare bool, what, form string) ([]raw, error) {
 			if f == "" || strings.HasPrefix(f, "#") {
 				continue
 			}
-			if bare {
+			if bare || (alsoBare && !strings.Contains(f, "=")) {
 				out = append(out, raw{line: i + 1, key: f})
 				continue
 			}

@@ -140,6 +140,27 @@ func TestParseBare(t *testing.T) {
 	}
 }
 
+// A Bare syntax takes keys alone (principal "") among name=key entries.
+func TestParseBareAmongNamed(t *testing.T) {
+	both := named
+	both.Bare = true
+	tab, err := Parse(k1+"\nacme="+k2+", "+k3+"\n", both)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string]string{k1: "", k2: "acme", k3: ""} {
+		if p, ok := tab.Lookup(key); !ok || p != want {
+			t.Errorf("%q: %q %v, want %q", key, p, ok, want)
+		}
+	}
+	if _, err := Parse(k1+"\n"+k1, both); err == nil || err.Error() != "line 2: the API key is given twice (first on line 1)" {
+		t.Errorf("a bare key twice: %v", err)
+	}
+	if _, err := Parse(k1, named); err == nil || !strings.Contains(err.Error(), "written project=key") {
+		t.Errorf("a bare key without Bare: %v", err)
+	}
+}
+
 func TestReplace(t *testing.T) {
 	var live Table[string] // the zero value, as a server starts with
 	if live.Len() != 0 {
@@ -220,7 +241,7 @@ func roundTrip[P comparable](t *testing.T, text string, s Syntax[P]) {
 	if err != nil {
 		return
 	}
-	raws, err := split(text, s.Principal == nil, s.What, s.Form)
+	raws, err := split(text, s.Principal == nil, s.Bare, s.What, s.Form)
 	if err != nil || len(raws) != tab.Len() {
 		t.Fatalf("Parse accepted %d keys, split says %d (%v)", tab.Len(), len(raws), err)
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/millrace/millrace/console"
+	"github.com/millrace/millrace/internal/apikey"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/keyfile"
 	"github.com/millrace/millrace/internal/netlimit"
@@ -40,6 +41,10 @@ type Options struct {
 	MaxConns int
 	// IdleTimeout closes a kept-alive connection idle this long.
 	IdleTimeout time.Duration
+	// ProjectKeys, when set, loads the BES API keys (project=key), which
+	// the console also takes as read keys of their projects (set by the
+	// command that serves both, not a flag).
+	ProjectKeys func(context.Context) (*apikey.Table[string], error)
 }
 
 // RegisterFlags registers the HTTP server's flags on fs, each with its
@@ -49,7 +54,7 @@ type Options struct {
 func (o *Options) RegisterFlags(fs *flag.FlagSet, listen, help string) {
 	envflag.String(fs, &o.Listen, "http-listen", "MILLRACE_HTTP_LISTEN", listen, help)
 	envflag.String(fs, &o.ConsoleKeysFile, "http-console-keys-file", "MILLRACE_HTTP_CONSOLE_KEYS_FILE", "",
-		"file of console keys, one a line (a browser gives one as the password of HTTP basic auth, a script as \"authorization: Bearer KEY\"); required when --http-listen is not loopback")
+		"file of console keys, one a line: project=KEY reads that project, KEY alone is an operator's (every project, the fleet, the commit log); a browser gives one as the password of HTTP basic auth, a script as \"authorization: Bearer KEY\"; required when --http-listen is not loopback")
 	envflag.String(fs, &o.MetricsTokenFile, "http-metrics-token-file", "MILLRACE_HTTP_METRICS_TOKEN_FILE", "",
 		"file of bearer tokens for /metrics, one a line (Prometheus: authorization.credentials_file); required when --http-listen is not loopback")
 	envflag.Bool(fs, &o.InsecureOpen, "http-insecure-open", "MILLRACE_HTTP_INSECURE_OPEN", false,
@@ -64,11 +69,18 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet, listen, help string) {
 func (o Options) guard(ctx context.Context, next http.Handler, kf *keyfile.Metrics, log *slog.Logger) (http.Handler, error) {
 	g := &console.Guard{Next: next}
 	if o.ConsoleKeysFile != "" {
-		t, err := keyfile.Load(ctx, keyfile.Source{File: o.ConsoleKeysFile, What: "console keys"}, console.TokenSyntax("console key"), kf, log)
+		t, err := keyfile.Load(ctx, keyfile.Source{File: o.ConsoleKeysFile, What: "console keys"}, console.KeySyntax, kf, log)
 		if err != nil {
 			return nil, err
 		}
-		g.Console = console.Tokens{Table: t}
+		g.Console = console.Keys{Table: t}
+	}
+	if o.ProjectKeys != nil {
+		t, err := o.ProjectKeys(ctx)
+		if err != nil {
+			return nil, err
+		}
+		g.Projects = t
 	}
 	if o.MetricsTokenFile != "" {
 		t, err := keyfile.Load(ctx, keyfile.Source{File: o.MetricsTokenFile, What: "metrics tokens"}, console.TokenSyntax("metrics token"), kf, log)

@@ -75,15 +75,21 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 // envflag.UsageError. kf and log may be nil.
 func (o Options) Load(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Config, error) {
 	c := o.Config
-	src := keyfile.Source{Inline: o.APIKeys, File: o.APIKeysFile, What: "BES API keys"}
-	keys, err := keyfile.Load(ctx, src, keySyntax, kf, log)
-	if err != nil {
+	var err error
+	if c.Keys, err = o.LoadKeys(ctx, kf, log); err != nil {
 		return c, err
 	}
-	c.Keys = Keys{keys}
 	c.Redactor, err = o.Redact.Redactor()
 	c.NoRedaction = !o.Redaction
 	return c, err
+}
+
+// LoadKeys loads the API keys (a keys file is kept current until ctx
+// ends): the edge's, and the console's read keys of their projects.
+func (o Options) LoadKeys(ctx context.Context, kf *keyfile.Metrics, log *slog.Logger) (Keys, error) {
+	src := keyfile.Source{Inline: o.APIKeys, File: o.APIKeysFile, What: "BES API keys"}
+	keys, err := keyfile.Load(ctx, src, keySyntax, kf, log)
+	return Keys{keys}, err
 }
 
 // Start listens on o.Listen and serves the edge on bb's BES stream and
