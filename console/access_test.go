@@ -82,7 +82,9 @@ func TestConsoleAccess(t *testing.T) {
 	projectsOf := func(key, query string) string {
 		t.Helper()
 		code, _, body := get(key, "/api/v1/builds"+query, false)
-		var page struct{ Builds []struct{ Project, ID string } }
+		var page struct {
+			Builds []struct{ Project, ID string }
+		}
 		if err := json.Unmarshal([]byte(body), &page); code != http.StatusOK || err != nil {
 			t.Fatalf("search %s: %d %v", query, code, err)
 		}
