@@ -108,22 +108,23 @@ func dumpRollups(t *testing.T, pool *pgxpool.Pool) []byte {
 	ctx := context.Background()
 	var buf bytes.Buffer
 	rows, err := pool.Query(ctx, `select project, to_char(hour at time zone 'UTC', 'YYYY-MM-DD HH24:MI'), builds, succeeded,
-		failed, abandoned, duration_hist, duration_sum_ms, tests_passed, tests_failed, tests_flaky
+		failed, abandoned, duration_hist, duration_sum_ms, tests_passed, tests_failed, tests_flaky, cache_hits, cache_misses
 		from hourly_rollups order by 1, 2`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	buf.WriteString("== hourly_rollups (project hour builds succeeded failed abandoned hist sum_ms passed failed flaky)\n")
+	buf.WriteString("== hourly_rollups (project hour builds succeeded failed abandoned hist sum_ms passed failed flaky cache_hits cache_misses)\n")
 	for rows.Next() {
 		var (
 			project, hour                                   string
 			builds, ok, failed, abandoned, sum, tp, tf, tfl int64
+			hits, misses                                    int64
 			hist                                            []int64
 		)
-		if err := rows.Scan(&project, &hour, &builds, &ok, &failed, &abandoned, &hist, &sum, &tp, &tf, &tfl); err != nil {
+		if err := rows.Scan(&project, &hour, &builds, &ok, &failed, &abandoned, &hist, &sum, &tp, &tf, &tfl, &hits, &misses); err != nil {
 			t.Fatal(err)
 		}
-		fmt.Fprintf(&buf, "%s %s %d %d %d %d %v %d %d %d %d\n", project, hour, builds, ok, failed, abandoned, hist, sum, tp, tf, tfl)
+		fmt.Fprintf(&buf, "%s %s %d %d %d %d %v %d %d %d %d %d %d\n", project, hour, builds, ok, failed, abandoned, hist, sum, tp, tf, tfl, hits, misses)
 	}
 	if err := rows.Err(); err != nil {
 		t.Fatal(err)

@@ -15,7 +15,8 @@ var sqlForget = `
 with delta as (
     select counted_project as project, counted_hour as hour, -1 as sign, counted_status as status,
            counted_duration_ms as duration_ms, counted_tests_passed as passed,
-           counted_tests_failed as failed, counted_tests_flaky as flaky
+           counted_tests_failed as failed, counted_tests_flaky as flaky,
+           coalesce(counted_cache_hits, 0) as hits, coalesce(counted_cache_misses, 0) as misses
     from invocations
     where project = $1 and id = any($2) and counted_status is not null
 )

@@ -111,7 +111,8 @@ var sqlUncount = `
 with delta as (
     select counted_project as project, counted_hour as hour, -1 as sign, counted_status as status,
            counted_duration_ms as duration_ms, counted_tests_passed as passed,
-           counted_tests_failed as failed, counted_tests_flaky as flaky
+           counted_tests_failed as failed, counted_tests_flaky as flaky,
+           coalesce(counted_cache_hits, 0) as hits, coalesce(counted_cache_misses, 0) as misses
     from invocations i
     where counted_status is not null
       and not exists (select 1 from builds_keep k where k.project = i.project and k.id = i.id)

@@ -319,10 +319,13 @@ var sqlReconcile = `
 with cur as (
     select i.id, i.counted_project, i.counted_hour, i.counted_status, i.counted_duration_ms,
            i.counted_tests_passed, i.counted_tests_failed, i.counted_tests_flaky,
+           i.counted_cache_hits, i.counted_cache_misses,
            i.project, date_trunc('hour', coalesce(i.started_at, i.first_event_at), 'UTC') as hour,
-           i.status, greatest(coalesce(i.duration_ms, 0), 0) as duration_ms, n.passed, n.failed, n.flaky
+           i.status, greatest(coalesce(i.duration_ms, 0), 0) as duration_ms, n.passed, n.failed, n.flaky,
+           coalesce(m.action_cache_hits, 0)::int as hits, coalesce(m.action_cache_misses, 0)::int as misses
     from unnest($1::text[], $2::text[]) as u(project, id)
     join invocations i on i.id = u.id and i.project = u.project
+    left join build_metrics m on m.build_key = i.build_key
     cross join lateral (
         select count(*) filter (where t.status = 'PASSED')::int as passed,
                count(*) filter (where t.status not in ('PASSED', 'FLAKY', 'NO_STATUS'))::int as failed,
@@ -333,8 +336,9 @@ with cur as (
     select * from cur
     where status = 'running'
        or (counted_project, counted_hour, counted_status, counted_duration_ms,
-           counted_tests_passed, counted_tests_failed, counted_tests_flaky)
-          is distinct from (project, hour, status, duration_ms, passed, failed, flaky)
+           counted_tests_passed, counted_tests_failed, counted_tests_flaky,
+           counted_cache_hits, counted_cache_misses)
+          is distinct from (project, hour, status, duration_ms, passed, failed, flaky, hits, misses)
 ), mark as (
     update invocations i set
         counted_project      = case when c.status <> 'running' then c.project end,
@@ -343,15 +347,18 @@ with cur as (
         counted_duration_ms  = case when c.status <> 'running' then c.duration_ms end,
         counted_tests_passed = case when c.status <> 'running' then c.passed end,
         counted_tests_failed = case when c.status <> 'running' then c.failed end,
-        counted_tests_flaky  = case when c.status <> 'running' then c.flaky end
+        counted_tests_flaky  = case when c.status <> 'running' then c.flaky end,
+        counted_cache_hits   = case when c.status <> 'running' then c.hits end,
+        counted_cache_misses = case when c.status <> 'running' then c.misses end
     from changed c where i.id = c.id and i.project = c.project
 ), delta as (
     select counted_project as project, counted_hour as hour, -1 as sign, counted_status as status,
            counted_duration_ms as duration_ms, counted_tests_passed as passed,
-           counted_tests_failed as failed, counted_tests_flaky as flaky
+           counted_tests_failed as failed, counted_tests_flaky as flaky,
+           coalesce(counted_cache_hits, 0) as hits, coalesce(counted_cache_misses, 0) as misses
     from changed where counted_status is not null
     union all
-    select project, hour, 1, status, duration_ms, passed, failed, flaky
+    select project, hour, 1, status, duration_ms, passed, failed, flaky, hits, misses
     from changed where status <> 'running'
 )
 ` + sqlRollupDelta + `
@@ -359,15 +366,17 @@ returning project, hour, builds`
 
 // sqlRollupDelta adds to hourly_rollups the rows of the CTE delta: a
 // project, an hour, a sign (+1 counts an invocation there, -1 takes it
-// away) and what the invocation counts (status, duration, tests).
+// away) and what the invocation counts (status, duration, tests, action
+// cache hits and misses).
 var sqlRollupDelta = `insert into hourly_rollups as r (project, hour, builds, succeeded, failed, abandoned, duration_hist,
-                                 duration_sum_ms, tests_passed, tests_failed, tests_flaky)
+                                 duration_sum_ms, tests_passed, tests_failed, tests_flaky, cache_hits, cache_misses)
 select project, hour, sum(sign),
        coalesce(sum(sign) filter (where status = 'succeeded'), 0),
        coalesce(sum(sign) filter (where status = 'failed'), 0),
        coalesce(sum(sign) filter (where status = 'abandoned'), 0),
        ` + histArray() + `,
-       sum(sign * duration_ms)::bigint, sum(sign * passed), sum(sign * failed), sum(sign * flaky)
+       sum(sign * duration_ms)::bigint, sum(sign * passed), sum(sign * failed), sum(sign * flaky),
+       sum(sign * hits), sum(sign * misses)
 from delta group by project, hour
 on conflict (project, hour) do update set
     builds          = r.builds + excluded.builds,
@@ -379,7 +388,9 @@ on conflict (project, hour) do update set
     duration_sum_ms = r.duration_sum_ms + excluded.duration_sum_ms,
     tests_passed    = r.tests_passed + excluded.tests_passed,
     tests_failed    = r.tests_failed + excluded.tests_failed,
-    tests_flaky     = r.tests_flaky + excluded.tests_flaky`
+    tests_flaky     = r.tests_flaky + excluded.tests_flaky,
+    cache_hits      = r.cache_hits + excluded.cache_hits,
+    cache_misses    = r.cache_misses + excluded.cache_misses`
 
 func histArray() string {
 	var b strings.Builder
