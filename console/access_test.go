@@ -36,6 +36,7 @@ func TestConsoleAccess(t *testing.T) {
 		`insert into invocations (id, project, status, command, started_at, first_event_at, last_event_at)
 		 values ('inv-1', 'beta', 'running', 'build', now(), now(), now()), ('beta-only', 'beta', 'succeeded', 'build', now(), now(), now())`,
 		`select build_partitions_for(((build_key >> 47) / 7)::int4) from invocations`,
+		`insert into hourly_rollups (project, hour, builds, duration_hist) values ('beta', date_trunc('hour', now()), 5, '{0,5,0,0,0,0,0,0,0,0,0,0}')`,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
@@ -146,6 +147,20 @@ func TestConsoleAccess(t *testing.T) {
 	}
 	if _, _, body := get(betaBESKey, "/api/v1/flaky?project=acme&days=30", false); strings.Contains(body, "//p:") {
 		t.Errorf("beta's key, acme's flaky tests: %s", body)
+	}
+	// Trends: a read key's are its project's.
+	for _, c := range []struct {
+		key, query string
+		builds     int
+	}{{operatorKey, "", 5}, {betaBESKey, "", 5}, {acmeKey, "", 0}, {acmeKey, "?project=beta", 0}} {
+		_, _, body := get(c.key, "/api/v1/trends"+c.query, false)
+		var tr struct {
+			Total    struct{ Builds int }
+			Projects []struct{ Project string }
+		}
+		if err := json.Unmarshal([]byte(body), &tr); err != nil || tr.Total.Builds != c.builds || (c.key != operatorKey && len(tr.Projects) > 0) {
+			t.Errorf("%s's trends%s: %v %s", c.key[:4], c.query, err, body)
+		}
 	}
 	// The live list of a read key is its project's.
 	req, _ := http.NewRequest("GET", srv.URL+"/events/builds", nil)

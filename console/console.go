@@ -82,6 +82,9 @@ func Register(mux *http.ServeMux, src Sources) {
 	mux.HandleFunc("GET /test", withPool(pool, testHistory))
 	mux.HandleFunc("GET /api/v1/tests", withPool(pool, testHistory))
 	mux.HandleFunc("GET /flaky", withPool(pool, flakyTests))
+	// Builds over days from hourly_rollups (builds.ReadTrends).
+	mux.HandleFunc("GET /trends", withPool(pool, trends))
+	mux.HandleFunc("GET /api/v1/trends", withPool(pool, trends))
 	mux.HandleFunc("GET /api/v1/flaky", withPool(pool, flakyTests))
 	// A build's rows a page at a time (builds.Targets, builds.Tests,
 	// builds.OutputPage): what a page of a build of a million events reads.
