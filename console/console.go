@@ -17,6 +17,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/projectors/builds"
 )
 
@@ -49,6 +51,15 @@ type Sources struct {
 	// browser then reconnects from the last event it saw, so that a
 	// connection a proxy has silently dropped does not hold a consumer.
 	LiveFor time.Duration
+}
+
+// RegisterFlags registers the live pages' limits on fs, each with its
+// environment variable (internal/envflag).
+func (s *Sources) RegisterFlags(fs *flag.FlagSet) {
+	envflag.Int(fs, &s.MaxLive, "console-max-live", "MILLRACE_CONSOLE_MAX_LIVE", defaultMaxLive,
+		"live console pages (running builds, the builds list) the process follows at once; one more is told to retry")
+	envflag.Duration(fs, &s.LiveFor, "console-live-for", "MILLRACE_CONSOLE_LIVE_FOR", defaultLiveFor,
+		"how long one live page's connection lasts before the browser reconnects from the last event it saw")
 }
 
 func (s Sources) liveFor() time.Duration {

@@ -64,6 +64,7 @@ const (
 //	event: test    data: {"label":"//a:t","html":"<tr>..."}  a test ran, or its summary
 //	event: status  data: {"status":"failed","html":"..."}  Bazel said how the build ended
 //	event: end     data: {"status":"failed"}  the projection has the build as it ended
+//	event: renew   data: {}  the connection ends (LiveFor): reconnect from the last id
 //
 // The start is the Last-Event-ID header (a reconnecting browser), else
 // ?after= (the page's position), else the beginning.
@@ -156,6 +157,9 @@ func liveEvents(src Sources, slots chan struct{}) handler {
 				// The browser reconnects from the last id it saw.
 				return
 			case <-ctx.Done():
+				if r.Context().Err() == nil { // LiveFor is up: the browser reconnects
+					out.send(after, "renew", map[string]string{})
+				}
 				return
 			}
 			if out.err != nil { // the browser went away

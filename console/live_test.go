@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
@@ -400,5 +401,26 @@ func TestConsoleLiveList(t *testing.T) {
 	if ev := es.next(t); ev.Name != "build" || ev.Data["key"] != "acme/b1" || ev.Data["index"] != "2" ||
 		!strings.Contains(ev.Data["html"], "BUILD_FAILURE") {
 		t.Fatalf("a build that failed: %+v", ev)
+	}
+}
+
+// A connection that has lasted LiveFor ends with renew, after the events
+// it carried; the browser then reconnects from the last one.
+func TestConsoleLiveRenew(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	if _, err := pool.Exec(context.Background(), `insert into invocations (id, project, status, command, started_at, first_event_at, last_event_at)
+		values ('run-1', 'acme', 'running', 'test', now(), now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	fs := newFakeStream()
+	fs.add(subjects.BES("acme", "run-1"), 7, bazelEvent(t, &bep.BuildEvent{Payload: &bep.BuildEvent_Progress{Progress: &bep.Progress{Stderr: "x\n"}}}))
+	mux := http.NewServeMux()
+	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }, Live: fs, LiveFor: 300 * time.Millisecond})
+	es, _ := openEvents(t, serveURL(t, mux)+"/builds/acme/run-1/events", "")
+	if ev := es.next(t); ev.Name != "output" || ev.ID != "7" {
+		t.Fatalf("first: %+v", ev)
+	}
+	if ev := es.next(t); ev.Name != "renew" || ev.ID != "7" {
+		t.Fatalf("after LiveFor: %+v", ev)
 	}
 }

@@ -2,7 +2,7 @@
 # Installs what a target needs when it is missing, from Debian's packages:
 #   run   - PostgreSQL binaries, unless a server answers on 127.0.0.1:5432 or DATABASE_URL is set
 #   test  - the above, plus Bazel (bazel-bootstrap, and libnetty-tcnative-jni for its TLS) for the
-#           end-to-end tests and protoc
+#           end-to-end tests, Chromium for the console's browser tests, and protoc
 #   proto - protoc (protobuf-compiler)
 # Without root it only says what is missing.
 set -euo pipefail
@@ -19,6 +19,7 @@ case "${1:-run}" in
          # through OpenSSL: without this JNI library it fails with "JDK
          # provider does not support ALPN protocol".
          ls /usr/lib/*/jni/libnetty-tcnative.so >/dev/null 2>&1 || need+=(libnetty-tcnative-jni)
+         command -v chromium >/dev/null || command -v chromium-browser >/dev/null || need+=(chromium)
          command -v protoc >/dev/null || need+=(protobuf-compiler) ;;
   proto) command -v protoc >/dev/null || need+=(protobuf-compiler) ;;
   *) echo "usage: deps.sh run|test|proto" >&2; exit 2 ;;

@@ -63,6 +63,7 @@ type devOptions struct {
 	compactor compactorOptions
 	archive   archive.Config
 	kafka     kafka.Options
+	console   console.Sources
 }
 
 func (o *devOptions) register(fs *flag.FlagSet) {
@@ -80,6 +81,7 @@ func (o *devOptions) register(fs *flag.FlagSet) {
 	o.compactor.register(fs)
 	o.archive.RegisterFlags(fs)
 	o.kafka.RegisterFlags(fs)
+	o.console.RegisterFlags(fs)
 }
 
 // components is the whole system in one process. What needs only the
@@ -119,7 +121,8 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	// The bucket is open before the HTTP server serves (components start
 	// in order).
 	objects := sync.OnceValue(func() builds.Archive { return archive.NewObjects(p.bk) })
-	console.Register(p.mux, console.Sources{DB: p.db.Pool, Archive: objects, Live: besFollower{p}})
+	o.console.DB, o.console.Archive, o.console.Live = p.db.Pool, objects, besFollower{p}
+	console.Register(p.mux, o.console)
 	// A project's BES API key reads its builds in the console.
 	o.proc.http.ProjectKeys = func(ctx context.Context) (*apikey.Table[string], error) {
 		k, err := o.bes.LoadKeys(ctx, p.t.kf, p.log)

@@ -97,16 +97,38 @@
 
   var url = live.dataset.events + "?after=" + encodeURIComponent(live.dataset.after);
   var es = new EventSource(url);
+  // What the page has taken in: connections opened, events applied, the
+  // last event's id (the stream sequence a reconnection goes on from).
+  live.dataset.opens = "0";
+  live.dataset.applied = "0";
+  live.dataset.last = live.dataset.after;
+  function took(e) {
+    live.dataset.applied = String(parseInt(live.dataset.applied, 10) + 1);
+    if (e.lastEventId) {
+      live.dataset.last = e.lastEventId;
+    }
+  }
   es.onopen = function () {
+    renewing = false;
+    live.dataset.opens = String(parseInt(live.dataset.opens, 10) + 1);
     note.textContent = "Live: following the build as Bazel sends it.";
     live.className = "on";
   };
+  // renewing: the server said it ends this connection (it does so every
+  // few minutes); the reconnection that follows is no news.
+  var renewing = false;
   es.onerror = function () {
     // EventSource reconnects by itself, from the last id it saw.
-    note.textContent = "Live: connection lost, reconnecting…";
-    live.className = "off";
+    if (!renewing) {
+      note.textContent = "Live: connection lost, reconnecting…";
+      live.className = "off";
+    }
   };
+  es.addEventListener("renew", function () {
+    renewing = true;
+  });
   es.addEventListener("output", function (e) {
+    took(e);
     var d = JSON.parse(e.data);
     var atEnd = window.innerHeight + window.scrollY >= document.body.scrollHeight - 4;
     log.insertAdjacentHTML("beforeend", d.html);
@@ -118,16 +140,19 @@
     }
   });
   es.addEventListener("target", function (e) {
+    took(e);
     var d = JSON.parse(e.data);
     put("targets-table", d, function (f) { return f !== "failed" || d.success !== "true"; });
   });
   es.addEventListener("test", function (e) {
+    took(e);
     var d = JSON.parse(e.data);
     put("tests-table", d, function (f) {
       return f === "" || (f === "not-passed" ? d.status !== "PASSED" : d.status === f);
     });
   });
   es.addEventListener("status", function (e) {
+    took(e);
     var d = JSON.parse(e.data);
     var s = document.getElementById("status");
     s.textContent = d.status;
