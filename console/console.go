@@ -93,6 +93,9 @@ func Register(mux *http.ServeMux, src Sources) {
 	mux.HandleFunc("GET /test", withPool(pool, testHistory))
 	mux.HandleFunc("GET /api/v1/tests", withPool(pool, testHistory))
 	mux.HandleFunc("GET /flaky", withPool(pool, flakyTests))
+	// The fleet, for operators (projectors/fleet).
+	mux.HandleFunc("GET /fleet", withPool(pool, operatorOnly(fleetPage)))
+	mux.HandleFunc("GET /api/v1/fleet", withPool(pool, operatorOnly(fleetPage)))
 	// Builds over days from hourly_rollups (builds.ReadTrends).
 	mux.HandleFunc("GET /trends", withPool(pool, trends))
 	mux.HandleFunc("GET /api/v1/trends", withPool(pool, trends))

@@ -14,7 +14,14 @@ import (
 	"time"
 
 	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/projectors/fleet"
 )
+
+// namedLatency is a row of the fleet page's placement latency.
+type namedLatency struct {
+	Name string
+	L    fleet.Latency
+}
 
 // The console's pages are Go templates in templates/: layout.html draws
 // the frame (the header, the navigation, the stylesheet and, for a live
@@ -119,6 +126,14 @@ var funcs = template.FuncMap{
 	},
 	// row is a test with its build's project, for templates/rows.html.
 	"row": func(project string, t builds.Test) row { return row{project, t} },
+	// list is its arguments, for a range in a template.
+	"list": func(s ...string) []string { return s },
+	// msf is formatMs of a fractional count of milliseconds.
+	"msf": func(ms float64) string { return formatMs(int64(ms + 0.5)) },
+	// latencies names the fleet page's two windows.
+	"latencies": func(hour, day fleet.Latency) []namedLatency {
+		return []namedLatency{{"last hour", hour}, {"last 24 hours", day}}
+	},
 	// attempts says how a test ran when it was more than once.
 	"attempts": func(t builds.Test) string {
 		if t.Attempts > 1 {
