@@ -9,4 +9,4 @@ create index concurrently if not exists fleet_placements_placed on fleet_placeme
 
 ---- create above / drop below ----
 
-drop index concurrently if exists fleet_placements_placed;
+drop index if exists fleet_placements_placed;
