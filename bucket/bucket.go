@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 	"syscall"
 	"unicode/utf8"
 
@@ -195,10 +196,12 @@ func (b *Bucket) Delete(ctx context.Context, key string) error {
 	return nil
 }
 
-// Object is one listed object.
+// Object is one listed object; ModTime is when it was written (zero
+// where the store does not say).
 type Object struct {
-	Key  string
-	Size int64
+	Key     string
+	Size    int64
+	ModTime time.Time
 }
 
 // List returns the objects whose keys start with prefix, sorted by key.
@@ -216,11 +219,33 @@ func (b *Bucket) List(ctx context.Context, prefix string) ([]Object, error) {
 		if o.IsDir {
 			continue
 		}
-		out = append(out, Object{Key: o.Key, Size: o.Size})
+		out = append(out, Object{Key: o.Key, Size: o.Size, ModTime: o.ModTime})
 	}
 	// Stores list in key order already (fileblob by path); sorted here so
 	// that callers may rely on it whatever the driver.
 	slices.SortFunc(out, func(a, b Object) int { return strings.Compare(a.Key, b.Key) })
+	return out, nil
+}
+
+// Dirs returns the "directories" right under prefix (which ends in "/"):
+// the distinct next segments of the keys there, each with its trailing
+// "/", sorted; one listing of them, not of every object below.
+func (b *Bucket) Dirs(ctx context.Context, prefix string) ([]string, error) {
+	it := b.b.List(&blob.ListOptions{Prefix: prefix, Delimiter: "/"})
+	var out []string
+	for {
+		o, err := it.Next(ctx)
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("bucket: list %q: %w", prefix, err)
+		}
+		if o.IsDir {
+			out = append(out, o.Key)
+		}
+	}
+	slices.Sort(out)
 	return out, nil
 }
 

@@ -8,8 +8,10 @@ import (
 	"io"
 	"net/http/httptest"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/johannesboyne/gofakes3"
 	"github.com/johannesboyne/gofakes3/backend/s3mem"
@@ -88,6 +90,23 @@ var suite = []struct {
 			t.Fatalf("empty object: %q, %v", got, err)
 		}
 	}},
+	{"dirs and times", func(t *testing.T, b *Bucket) {
+		ctx := context.Background()
+		before := time.Now().Add(-time.Minute)
+		for _, k := range []string{"worlds/w-a/checkpoints/1.json", "worlds/w-a/shards/x", "worlds/w-b%2Fc/history/y", "other/z"} {
+			if err := b.Put(ctx, k, []byte("v")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		dirs, err := b.Dirs(ctx, "worlds/")
+		if err != nil || strings.Join(dirs, " ") != "worlds/w-a/ worlds/w-b%2Fc/" {
+			t.Fatalf("dirs: %q, %v", dirs, err)
+		}
+		objs, err := b.List(ctx, "worlds/w-a/checkpoints/")
+		if err != nil || len(objs) != 1 || objs[0].ModTime.Before(before) {
+			t.Fatalf("a listed object's time: %+v, %v", objs, err)
+		}
+	}},
 	{"not found", func(t *testing.T, b *Bucket) {
 		ctx := context.Background()
 		if _, err := b.Get(ctx, "nothing/here"); !errors.Is(err, ErrNotFound) {
@@ -154,7 +173,10 @@ var suite = []struct {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := []Object{{"w/s/a", 5}, {"w/s/b", 5}, {"w/s/c/d", 7}}
+		for i := range got {
+			got[i].ModTime = time.Time{}
+		}
+		want := []Object{{"w/s/a", 5, time.Time{}}, {"w/s/b", 5, time.Time{}}, {"w/s/c/d", 7, time.Time{}}}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Fatalf("list w/s/: %v, want %v", got, want)
 		}

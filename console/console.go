@@ -44,6 +44,9 @@ type Sources struct {
 	// Live follows the BES stream for the pages of running builds
 	// (live.go); nil: such pages do not update themselves.
 	Live Follower
+	// CommitLog reads the commit log for its page; nil: the process
+	// serves none.
+	CommitLog CommitLog
 	// MaxLive is how many live pages the process follows at once (0:
 	// 256); one more is told to try again, which its browser does.
 	MaxLive int
@@ -96,6 +99,11 @@ func Register(mux *http.ServeMux, src Sources) {
 	// The fleet, for operators (projectors/fleet).
 	mux.HandleFunc("GET /fleet", withPool(pool, operatorOnly(fleetPage)))
 	mux.HandleFunc("GET /api/v1/fleet", withPool(pool, operatorOnly(fleetPage)))
+	// The commit log's worlds and the consumers' lag, for operators.
+	// It needs no database.
+	commits := func(w http.ResponseWriter, r *http.Request) { operatorOnly(commitLogPage(src.CommitLog))(w, r, nil) }
+	mux.HandleFunc("GET /commits", commits)
+	mux.HandleFunc("GET /api/v1/commits", commits)
 	// Builds over days from hourly_rollups (builds.ReadTrends).
 	mux.HandleFunc("GET /trends", withPool(pool, trends))
 	mux.HandleFunc("GET /api/v1/trends", withPool(pool, trends))

@@ -126,6 +126,8 @@ var funcs = template.FuncMap{
 	},
 	// row is a test with its build's project, for templates/rows.html.
 	"row": func(project string, t builds.Test) row { return row{project, t} },
+	// since is how long ago t was, as a person reads it.
+	"since": func(now time.Time, t *time.Time) string { return formatMs(now.Sub(*t).Milliseconds()) },
 	// list is its arguments, for a range in a template.
 	"list": func(s ...string) []string { return s },
 	// msf is formatMs of a fractional count of milliseconds.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -70,6 +71,32 @@ func TestCommitsInDev(t *testing.T) {
 	res.Body.Close()
 	if res.StatusCode != 200 || !bytes.Equal(body, []byte("v1")) || res.Header.Get("ETag") == "" {
 		t.Fatalf("HTTP get: %d %q", res.StatusCode, body)
+	}
+
+	// The console's commit-log page: the world once folded, and the
+	// compactor's position.
+	var page struct {
+		Worlds []struct {
+			World      string
+			Documents  int
+			Checkpoint uint64 `json:"checkpoint_seq"`
+		}
+		Consumers []struct{ Kind, Consumer string }
+	}
+	waitUntil(t, "the world folded, on the console's commit-log page", func() bool {
+		res, err := http.Get("http://" + web[1] + "/api/v1/commits")
+		if err != nil {
+			return false
+		}
+		defer res.Body.Close()
+		page.Worlds = nil
+		if json.NewDecoder(res.Body).Decode(&page) != nil || res.StatusCode != 200 {
+			return false
+		}
+		return len(page.Worlds) == 1 && page.Worlds[0].World == "e2e" && page.Worlds[0].Documents == 1 && page.Worlds[0].Checkpoint > 0
+	})
+	if len(page.Consumers) == 0 || page.Consumers[0].Kind != "compactor" {
+		t.Errorf("the commit-log page's consumers: %+v", page.Consumers)
 	}
 
 	dev.kill()

@@ -18,7 +18,6 @@ import (
 	"github.com/millrace/millrace/services/commits"
 	"github.com/millrace/millrace/services/fleet"
 	"github.com/millrace/millrace/services/reservations"
-	"github.com/millrace/millrace/subjects"
 )
 
 func devCommand() command {
@@ -122,6 +121,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	// in order).
 	objects := sync.OnceValue(func() builds.Archive { return archive.NewObjects(p.bk) })
 	o.console.DB, o.console.Archive, o.console.Live = p.db.Pool, objects, besFollower{p}
+	o.console.CommitLog = commitLogView{p: p, durable: o.compactor.fold.Durable()}
 	console.Register(p.mux, o.console)
 	// A project's BES API key reads its builds in the console.
 	o.proc.http.ProjectKeys = func(ctx context.Context) (*apikey.Table[string], error) {
@@ -140,17 +140,4 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	}
 	after = []supervise.Component{p.commits(o.commits), resvGRPC, p.gateway(o.fleet), p.bes(o.bes)}
 	return before, after, nil
-}
-
-// besFollower follows subjects of the process's BES stream for the
-// console's live pages; the backbone is open before the HTTP server
-// serves.
-type besFollower struct{ p *process }
-
-func (f besFollower) Follow(ctx context.Context, subject string, after uint64, fn func(seq uint64, data []byte) error) error {
-	r, err := f.p.bb.Reader(ctx, subjects.StreamBES)
-	if err != nil {
-		return err
-	}
-	return r.Follow(ctx, subject, after, fn)
 }

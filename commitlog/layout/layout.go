@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
+	"time"
 	"sync"
 
 	"github.com/millrace/millrace/bucket"
@@ -108,9 +109,16 @@ const WorldsPrefix = "worlds/"
 
 // Latest returns the world's latest checkpoint, or nil when it has none.
 func Latest(ctx context.Context, r Reader, world string) (*Manifest, error) {
+	m, _, err := LatestAt(ctx, r, world)
+	return m, err
+}
+
+// LatestAt is Latest with the time its manifest was written (zero where
+// the store does not say).
+func LatestAt(ctx context.Context, r Reader, world string) (*Manifest, time.Time, error) {
 	objs, err := r.List(ctx, CheckpointPrefix(world))
 	if err != nil {
-		return nil, err
+		return nil, time.Time{}, err
 	}
 	for i := len(objs) - 1; i >= 0; i-- {
 		if !strings.HasSuffix(objs[i].Key, ".json") {
@@ -118,15 +126,42 @@ func Latest(ctx context.Context, r Reader, world string) (*Manifest, error) {
 		}
 		data, err := r.Get(ctx, objs[i].Key)
 		if err != nil {
-			return nil, err
+			return nil, time.Time{}, err
 		}
 		var m Manifest
 		if err := json.Unmarshal(data, &m); err != nil || m.Format != ManifestFormat || m.World != world {
-			return nil, fmt.Errorf("commitlog: checkpoint %s is not a format-%d manifest of world %q", objs[i].Key, ManifestFormat, world)
+			return nil, time.Time{}, fmt.Errorf("commitlog: checkpoint %s is not a format-%d manifest of world %q", objs[i].Key, ManifestFormat, world)
 		}
-		return &m, nil
+		return &m, objs[i].ModTime, nil
 	}
-	return nil, nil
+	return nil, time.Time{}, nil
+}
+
+// DirLister is what listing the worlds needs of a bucket (*bucket.Bucket).
+type DirLister interface {
+	Dirs(ctx context.Context, prefix string) ([]string, error)
+}
+
+// Worlds lists the worlds that have objects in the bucket (those the
+// compactor has folded at least once), sorted by their key segments: one
+// listing of WorldsPrefix, not of the worlds' objects.
+func Worlds(ctx context.Context, d DirLister) ([]string, error) {
+	dirs, err := d.Dirs(ctx, WorldsPrefix)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, dir := range dirs {
+		token := strings.TrimSuffix(strings.TrimPrefix(dir, WorldsPrefix), "/")
+		esc, ok := strings.CutPrefix(token, "w-")
+		if !ok {
+			continue // not a world's
+		}
+		if world, err := url.PathUnescape(esc); err == nil {
+			out = append(out, world)
+		}
+	}
+	return out, nil
 }
 
 // ReadShard reads one shard of a checkpoint.
