@@ -23,8 +23,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"time"
 	"syscall"
+	"time"
 	"unicode/utf8"
 
 	"gocloud.dev/blob"

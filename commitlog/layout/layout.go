@@ -20,8 +20,8 @@ import (
 	"fmt"
 	"net/url"
 	"strings"
-	"time"
 	"sync"
+	"time"
 
 	"github.com/millrace/millrace/bucket"
 )
