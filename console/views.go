@@ -126,6 +126,13 @@ var funcs = template.FuncMap{
 	},
 	// row is a test with its build's project, for templates/rows.html.
 	"row": func(project string, t builds.Test) row { return row{project, t} },
+	// share is part as a percentage of whole ("" when whole is 0).
+	"share": func(part, whole int64) string {
+		if whole <= 0 {
+			return ""
+		}
+		return strconv.FormatFloat(100*float64(part)/float64(whole), 'f', 0, 64) + "%"
+	},
 	// since is how long ago t was, as a person reads it.
 	"since": func(now time.Time, t *time.Time) string { return formatMs(now.Sub(*t).Milliseconds()) },
 	// list is its arguments, for a range in a template.

@@ -3,6 +3,8 @@ package builds
 import (
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -68,8 +70,14 @@ const (
 	payWorkspace     = 16
 	payConfigured    = 18
 	payStructured    = 22
+	payBuildToolLogs = 23
 	payBuildMetrics  = 24
 	payBuildMetadata = 26
+
+	toolLogsLog     = 1 // BuildToolLogs.log (repeated File)
+	fileName        = 1 // File.name
+	fileContents    = 3 // File.contents
+	criticalPathLog = "critical path"
 
 	progressStdout = 1
 	progressStderr = 2
@@ -132,6 +140,9 @@ type bazelEvent struct {
 	// children are the ids a failed TargetComplete or a target's Aborted
 	// event names: its root causes. Decoded for those events only.
 	children []*bep.BuildEventId
+	// criticalPathMs is the critical path's length that BuildToolLogs
+	// names (-1: it names none).
+	criticalPathMs int64
 }
 
 // setLabel computes label from the id (and a failed action's payload).
@@ -402,6 +413,9 @@ func (e *bazelEvent) decode(b []byte) error {
 		e.msg = new(bep.BuildFinished)
 	case payBuildMetrics:
 		e.msg = new(bep.BuildMetrics)
+	case payBuildToolLogs:
+		e.criticalPathMs = criticalPath(payload)
+		return nil
 	default:
 		e.payload = 0 // not read by the projection
 		return nil
@@ -642,4 +656,60 @@ func pbMillis(d interface {
 		return d.GetSeconds()*1000 + int64(d.GetNanos())/1e6
 	}
 	return millis
+}
+
+// criticalPath reads the length of the critical path, in milliseconds,
+// from BuildToolLogs' log named "critical path", whose contents Bazel
+// writes as "Critical Path: 12.34s, ..." and then the path's steps; -1
+// when there is none, or it does not read so. The steps are not kept:
+// they are in the build's raw events.
+func criticalPath(b []byte) int64 {
+	for len(b) > 0 {
+		f, rest, err := next(b)
+		if err != nil {
+			return -1
+		}
+		b = rest
+		if f.num != toolLogsLog || f.typ != protowire.BytesType {
+			continue
+		}
+		var name string
+		var contents []byte
+		for file := f.b; len(file) > 0; {
+			g, rest, err := next(file)
+			if err != nil {
+				return -1
+			}
+			file = rest
+			switch {
+			case g.num == fileName && g.typ == protowire.BytesType:
+				name = string(g.b)
+			case g.num == fileContents && g.typ == protowire.BytesType:
+				contents = g.b
+			}
+		}
+		if name == criticalPathLog {
+			return parseCriticalPath(contents)
+		}
+	}
+	return -1
+}
+
+// parseCriticalPath reads "Critical Path: 12.34s" at the start of
+// contents.
+func parseCriticalPath(contents []byte) int64 {
+	const prefix = "Critical Path: "
+	s, ok := strings.CutPrefix(string(contents[:min(len(contents), 64)]), prefix)
+	if !ok {
+		return -1
+	}
+	end := strings.IndexByte(s, 's')
+	if end <= 0 {
+		return -1
+	}
+	secs, err := strconv.ParseFloat(s[:end], 64)
+	if err != nil || secs < 0 || secs > 1e9 {
+		return -1
+	}
+	return int64(math.Round(secs * 1000))
 }

@@ -104,6 +104,9 @@ type Metrics struct {
 	PackagesLoaded        int64 `json:"packages_loaded"`
 	TargetsLoaded         int64 `json:"targets_loaded"`
 	TargetsConfigured     int64 `json:"targets_configured"`
+	// CriticalPathMs is the critical path's length, from BuildToolLogs
+	// (null where Bazel named none).
+	CriticalPathMs *int64 `json:"critical_path_ms"`
 }
 
 // Projects returns, sorted, the projects that hold a build with the given
@@ -164,12 +167,13 @@ func show(ctx context.Context, q Querier, project, invocationID string, rows boo
 		       coalesce(action_cache_misses, 0), coalesce(remote_cache_hits, 0), coalesce(cpu_time_ms, 0),
 		       coalesce(wall_time_ms, 0), coalesce(analysis_phase_ms, 0), coalesce(execution_phase_ms, 0),
 		       coalesce(used_heap_size_post_build, 0), coalesce(peak_post_gc_heap_size, 0),
-		       coalesce(packages_loaded, 0), coalesce(targets_loaded, 0), coalesce(targets_configured, 0)
+		       coalesce(packages_loaded, 0), coalesce(targets_loaded, 0), coalesce(targets_configured, 0),
+		       critical_path_ms
 		from build_metrics where build_key = `+sqlBuildKey, invocationID, project).Scan(
 		&m.ActionsCreated, &m.ActionsExecuted, &m.ActionCacheHits, &m.ActionCacheMisses,
 		&m.RemoteCacheHits, &m.CPUTimeMs, &m.WallTimeMs, &m.AnalysisPhaseMs, &m.ExecutionPhaseMs,
 		&m.UsedHeapSizePostBuild, &m.PeakPostGCHeapSize, &m.PackagesLoaded, &m.TargetsLoaded,
-		&m.TargetsConfigured)
+		&m.TargetsConfigured, &m.CriticalPathMs)
 	switch {
 	case err == nil:
 		b.Metrics = &m

@@ -117,6 +117,10 @@ type inv struct {
 	tests       map[string]*test
 	testOrder   []string
 	metrics     *bep.BuildMetrics
+	// criticalPathMs is what BuildToolLogs said of the critical path, when
+	// hasCriticalPath (in this batch).
+	criticalPathMs  int64
+	hasCriticalPath bool
 
 	// Rows of the tables that take a build's events once (metadata.go).
 	meta     []metaRow
@@ -467,6 +471,11 @@ func (v *inv) applyBazel(e *event) {
 
 	case payBuildMetrics:
 		v.metrics = be.msg.(*bep.BuildMetrics)
+
+	case payBuildToolLogs:
+		if be.criticalPathMs >= 0 {
+			v.criticalPathMs, v.hasCriticalPath = be.criticalPathMs, true
+		}
 	}
 }
 

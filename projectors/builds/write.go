@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 
@@ -273,6 +274,14 @@ on conflict (build_key) do update set
     peak_post_gc_heap_size = excluded.peak_post_gc_heap_size, packages_loaded = excluded.packages_loaded,
     targets_loaded = excluded.targets_loaded, targets_configured = excluded.targets_configured`
 
+// sqlCriticalPath sets the critical path's length (BuildToolLogs), a
+// column sqlMetrics leaves alone: whichever event comes first, in
+// whichever batch, the row ends the same.
+const sqlCriticalPath = `
+insert into build_metrics as m (build_key, critical_path_ms)
+select * from unnest($1::int8[], $2::int4[])
+on conflict (build_key) do update set critical_path_ms = excluded.critical_path_ms`
+
 const sqlDropChunks = `
 delete from build_output_chunks c
 using unnest($1::text[], $2::text[]) as u(project, id)
@@ -421,6 +430,7 @@ type writes struct {
 	newTst, oldTst [places]testCols
 	finish         []int64 // builds whose running rows move (sqlFinishTargets)
 	met            metricCols
+	critical       criticalCols
 	once           onceCols // metadata.go
 	chunks         chunkCols
 	labels         labelCols
@@ -536,6 +546,10 @@ func (s *state) collect(w *writes, v *inv) {
 	if v.metrics != nil {
 		w.met.add(v)
 	}
+	if v.hasCriticalPath {
+		w.critical.build = append(w.critical.build, v.buildKey)
+		w.critical.ms = append(w.critical.ms, int32(min(v.criticalPathMs, math.MaxInt32)))
+	}
 	w.once.add(v)
 
 	abandoned := v.storedStatus == "abandoned" && !v.hasExit && v.result == ""
@@ -612,6 +626,9 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 	}
 	if len(w.met.build) > 0 {
 		b.Queue(sqlMetrics, w.met.args()...)
+	}
+	if len(w.critical.build) > 0 {
+		b.Queue(sqlCriticalPath, w.critical.build, w.critical.ms)
 	}
 	w.once.queue(b)
 	// After the metadata: the flags find builds by their commit. A build
@@ -976,6 +993,12 @@ func (c *metricCols) args() []any {
 		args = append(args, c.cols[i])
 	}
 	return args
+}
+
+// criticalCols are the builds whose BuildToolLogs named a critical path.
+type criticalCols struct {
+	build []int64
+	ms    []int32
 }
 
 type chunkCols struct {

@@ -31,7 +31,7 @@ const (
 )
 
 var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scGRPCFloor, scPaced1000, scPaced5000,
-	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction, scMillionEvents)
+	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction, scMillionEvents, scConsolePages)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string

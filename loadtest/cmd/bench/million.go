@@ -6,14 +6,17 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/url"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/loadtest/synth"
 	"github.com/millrace/millrace/projectors/builds"
 )
@@ -60,6 +63,8 @@ type millionReport struct {
 	ReadsFirstMs    map[string]float64 `json:"reads_first_ms"`      // the first run (cold)
 	ShowJSONMs      float64            `json:"show_json_ms"`        // builds show --json, streamed to nowhere
 	ShowJSONBytes   int64              `json:"show_json_bytes"`
+	// PagesMs are the console's pages of the build (millionPages).
+	PagesMs map[string]pageFigure `json:"console_pages"`
 }
 
 func (b *bench) millionScenario(ctx context.Context, rep *scenarioReport) error {
@@ -155,7 +160,7 @@ func (b *bench) millionScenario(ctx context.Context, rep *scenarioReport) error 
 		scMillionEvents, mc.events, sent.Seconds(), m.EventsPerS, lag.Seconds(),
 		m.PeakRSSKiB["edge"]>>10, m.PeakRSSKiB["projector"]>>10, m.PeakRSSKiB["natsd"]>>10)
 
-	if err := b.millionReads(ctx, conn, ids, build, m, rep); err != nil {
+	if err := b.millionReads(ctx, conn, dbURL, ids, build, m, rep); err != nil {
 		return err
 	}
 	rep.Million = m
@@ -164,7 +169,7 @@ func (b *bench) millionScenario(ctx context.Context, rep *scenarioReport) error 
 
 // millionReads checks the projection of the finished build and times each
 // paged read on it.
-func (b *bench) millionReads(ctx context.Context, conn *pgx.Conn, ids synth.IDs, build synth.Build, m *millionReport, rep *scenarioReport) error {
+func (b *bench) millionReads(ctx context.Context, conn *pgx.Conn, dbURL string, ids synth.IDs, build synth.Build, m *millionReport, rep *scenarioReport) error {
 	var status string
 	var events, targets, tests int64
 	if err := conn.QueryRow(ctx, `select status, event_count,
@@ -233,6 +238,41 @@ func (b *bench) millionReads(ctx context.Context, conn *pgx.Conn, ids synth.IDs,
 		return fmt.Errorf("builds show --json: %w", err)
 	}
 	m.ShowJSONMs, m.ShowJSONBytes = round(float64(time.Since(t0).Microseconds())/1000, 1), cw.n
+	return b.millionPages(ctx, dbURL, ids, size, m, rep)
+}
+
+// millionPages times the console's pages of the build over HTTP
+// (console-pages, timePages): its page as a browser opens it, with each
+// of its parts' choices, and the JSON twins of its rows.
+func (b *bench) millionPages(ctx context.Context, dbURL string, ids synth.IDs, size builds.OutputSize, m *millionReport, rep *scenarioReport) error {
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	page := console.BuildPath(ids.Project, ids.InvocationID)
+	mid := url.QueryEscape(synth.Label(m.Targets / 2))
+	pages := []struct{ name, path string }{
+		{"the build's page", page},
+		{"its failed targets", page + "?targets=failed"},
+		{"its targets, a page in the middle", page + "?targets_after=" + mid},
+		{"its tests that did not pass", page + "?tests_status=not-passed"},
+		{"its FAILED tests, a page in the middle", page + "?tests_status=FAILED&tests_after=" + mid},
+		{"a stderr page in the middle", page + fmt.Sprintf("?out=stderr&page=%d", size.StderrPages/2)},
+		{"JSON: a page of targets", "/api/v1" + page + "/targets"},
+		{"JSON: a page of tests", "/api/v1" + page + "/tests"},
+	}
+	figures, err := b.timePages(ctx, console.Sources{DB: func() *pgxpool.Pool { return pool }}, pages)
+	if err != nil {
+		return err
+	}
+	m.PagesMs = map[string]pageFigure{}
+	for _, p := range pages {
+		f := figures[p.name]
+		m.PagesMs[p.name] = f
+		rep.Checks = append(rep.Checks, below(fmt.Sprintf("%s: console page: %s, worst of %d", scMillionEvents, p.name, b.pageRuns()),
+			f.WorstMs, float64(buildPageLimit.Milliseconds()), "ms", fmt.Sprintf("first %.1f ms, median %.1f ms, %d bytes", f.FirstMs, f.MedianMs, f.Bytes)))
+	}
 	return nil
 }
 

@@ -37,6 +37,8 @@ type scenarioReport struct {
 	Kafka *kafkaReport `json:"kafka,omitempty"`
 	// Million is the million-events scenario's figures.
 	Million *millionReport `json:"million,omitempty"`
+	// Pages are the console-pages scenario's figures.
+	Pages *pagesReport `json:"pages,omitempty"`
 	Checks  []check        `json:"checks"`
 	Error   string         `json:"error,omitempty"`
 	// Skipped says why a scenario did not run (e.g. bazel-real without

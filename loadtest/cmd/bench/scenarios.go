@@ -200,6 +200,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.redactionScenario(ctx, rep)
 	case scMillionEvents:
 		err = b.millionScenario(ctx, rep)
+	case scConsolePages:
+		err = b.pagesScenario(ctx, rep)
 	}
 	if err != nil {
 		rep.Error = err.Error()
