@@ -216,14 +216,14 @@ func TestDependencies(t *testing.T) {
 func TestParseCriticalPath(t *testing.T) {
 	for in, want := range map[string]int64{
 		"Critical Path: 0.28s, Remote (0.00% of the time): [parse: 0.00%]\n  0.17s action 'Testing //a:b'": 280,
-		"Critical Path: 1234.5s":  1234500,
-		"Critical Path: 12s":      12000,
-		"critical path: 1s":       -1,
-		"Critical Path: s":        -1,
-		"Critical Path: -1s":      -1,
-		"Critical Path: 1e99s":    -1,
-		"Critical Path: nothing":  -1,
-		"":                        -1,
+		"Critical Path: 1234.5s": 1234500,
+		"Critical Path: 12s":     12000,
+		"critical path: 1s":      -1,
+		"Critical Path: s":       -1,
+		"Critical Path: -1s":     -1,
+		"Critical Path: 1e99s":   -1,
+		"Critical Path: nothing": -1,
+		"":                       -1,
 	} {
 		if got := parseCriticalPath([]byte(in)); got != want {
 			t.Errorf("parseCriticalPath(%q) = %d, want %d", in, got, want)

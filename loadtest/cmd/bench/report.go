@@ -38,9 +38,9 @@ type scenarioReport struct {
 	// Million is the million-events scenario's figures.
 	Million *millionReport `json:"million,omitempty"`
 	// Pages are the console-pages scenario's figures.
-	Pages *pagesReport `json:"pages,omitempty"`
-	Checks  []check        `json:"checks"`
-	Error   string         `json:"error,omitempty"`
+	Pages  *pagesReport `json:"pages,omitempty"`
+	Checks []check      `json:"checks"`
+	Error  string       `json:"error,omitempty"`
 	// Skipped says why a scenario did not run (e.g. bazel-real without
 	// Bazel); it has no checks then, and is not a failure.
 	Skipped string `json:"skipped,omitempty"`
