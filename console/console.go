@@ -1,8 +1,10 @@
 // Package console is millrace's web console: what a person reads in a
-// browser on a process's HTTP server (`millrace dev`, `serve bes`): the
-// list of builds, filtered and paged (/), a build's page
-// (/builds/{project}/{id}), a test's history (/test) and a project's
-// flaky tests (/flaky), each with a JSON twin under /api/v1/. Register
+// browser on a process's HTTP server (`millrace dev`, `serve console`):
+// the list of builds, filtered and paged (/), a build's page
+// (/builds/{project}/{id}), live while it runs, a test's history (/test),
+// a project's flaky tests (/flaky), trends (/trends), and for operators
+// the fleet (/fleet) and the commit log (/commits), each with a JSON twin
+// under /api/v1/. Register
 // serves it on a mux; Guard decides who may see it; WriteBuild prints a
 // build for a terminal (`millrace builds show`).
 //
@@ -15,6 +17,7 @@ package console
 
 import (
 	"cmp"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -54,7 +57,25 @@ type Sources struct {
 	// browser then reconnects from the last event it saw, so that a
 	// connection a proxy has silently dropped does not hold a consumer.
 	LiveFor time.Duration
+	// Stopping, when set, is closed as the process begins to stop: live
+	// connections then end as at LiveFor, and browsers reconnect (to
+	// another instance behind the balancer, or to this one restarted)
+	// instead of holding the HTTP server's shutdown to its deadline.
+	Stopping <-chan struct{}
 }
+
+// Description is the help of `millrace serve console`, beside the flags.
+const Description = `Serves the web console and its JSON API (/api/v1/) on --http-listen: the
+builds (live while they run), a build's page, a test's history, the flaky
+tests, trends, and for operator keys the fleet and the commit log. It reads
+the projections in PostgreSQL ($DATABASE_URL, written by project builds,
+project fleet and project placer), follows running builds on the BES stream,
+reads archived builds' console output and the commit log's checkpoints from
+--bucket-url, and publishes nothing: run as many as you like behind a
+balancer. Keys: --http-console-keys-file (project=KEY reads a project, KEY
+alone is an operator's) and the BES API keys (--bes-api-keys,
+--bes-api-keys-file), each of which reads its own project; without keys it
+serves only on loopback unless --http-insecure-open.`
 
 // RegisterFlags registers the live pages' limits on fs, each with its
 // environment variable (internal/envflag).
@@ -72,6 +93,22 @@ func (s Sources) liveFor() time.Duration {
 	return defaultLiveFor
 }
 
+// liveContext is the context of one live connection under parent: it
+// ends at LiveFor, or when the process begins to stop.
+func (s Sources) liveContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(parent, s.liveFor())
+	if s.Stopping != nil {
+		go func() {
+			select {
+			case <-s.Stopping:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return ctx, cancel
+}
+
 // Register serves the console on mux, reading src.
 func Register(mux *http.ServeMux, src Sources) {
 	pool, archive := src.DB, src.Archive
@@ -82,7 +119,7 @@ func Register(mux *http.ServeMux, src Sources) {
 	// tools; the front page is its HTML.
 	mux.HandleFunc("GET /api/v1/builds", withPool(pool, searchBuilds))
 	// The list's first page as it changes (live.go).
-	mux.HandleFunc("GET /events/builds", withPool(pool, listEvents(slots)))
+	mux.HandleFunc("GET /events/builds", withPool(pool, listEvents(src, slots)))
 	// A build is (project, invocation id): two projects may send the same
 	// id, so a build's page names both. Its address serves a browser the
 	// page and anything else the JSON document; /api/v1/ always the JSON.

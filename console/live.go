@@ -114,7 +114,7 @@ func liveEvents(src Sources, slots chan struct{}) handler {
 			return
 		}
 
-		ctx, cancel := context.WithTimeout(r.Context(), src.liveFor())
+		ctx, cancel := src.liveContext(r.Context())
 		defer cancel()
 		type msg struct {
 			seq  uint64
@@ -157,7 +157,7 @@ func liveEvents(src Sources, slots chan struct{}) handler {
 				// The browser reconnects from the last id it saw.
 				return
 			case <-ctx.Done():
-				if r.Context().Err() == nil { // LiveFor is up: the browser reconnects
+				if r.Context().Err() == nil { // LiveFor is up, or the process stops: the browser reconnects
 					out.send(after, "renew", map[string]string{})
 				}
 				return
@@ -420,7 +420,7 @@ func progress(b []byte) (stdout, stderr []byte, ok bool) {
 //	event: gone   data: {"key":"project/id"}
 //
 // The first read sends every row, whatever the page already shows.
-func listEvents(slots chan struct{}) handler {
+func listEvents(src Sources, slots chan struct{}) handler {
 	return func(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool) {
 		q, err := searchQuery(r)
 		elsewhere := scoped(r, &q)
@@ -450,7 +450,10 @@ func listEvents(slots chan struct{}) handler {
 		h.Set("X-Accel-Buffering", "no")
 		w.WriteHeader(http.StatusOK)
 		out := &eventWriter{w: w, f: flusher}
-		ctx := r.Context()
+		// At its end (LiveFor, or the process stopping) the browser
+		// reconnects by itself and gets every row again.
+		ctx, cancel := src.liveContext(r.Context())
+		defer cancel()
 		shown := map[string]string{} // key → the row's HTML
 		var pos uint64
 		tick := time.NewTicker(liveCheck)

@@ -424,3 +424,46 @@ func TestConsoleLiveRenew(t *testing.T) {
 		t.Fatalf("after LiveFor: %+v", ev)
 	}
 }
+
+// When the process begins to stop, a build's live connection ends with
+// renew and the list's ends, however long LiveFor is: the browsers
+// reconnect elsewhere rather than hold the shutdown to its deadline.
+func TestConsoleLiveStopping(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	if _, err := pool.Exec(context.Background(), `insert into invocations (id, project, status, command, started_at, first_event_at, last_event_at)
+		values ('run-1', 'acme', 'running', 'test', now(), now(), now())`); err != nil {
+		t.Fatal(err)
+	}
+	fs := newFakeStream()
+	fs.add(subjects.BES("acme", "run-1"), 7, bazelEvent(t, &bep.BuildEvent{Payload: &bep.BuildEvent_Progress{Progress: &bep.Progress{Stderr: "x\n"}}}))
+	stopping := make(chan struct{})
+	mux := http.NewServeMux()
+	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }, Live: fs, LiveFor: time.Hour, Stopping: stopping})
+	base := serveURL(t, mux)
+	build, _ := openEvents(t, base+"/builds/acme/run-1/events", "")
+	if ev := build.next(t); ev.Name != "output" {
+		t.Fatalf("first: %+v", ev)
+	}
+	list, _ := openEvents(t, base+"/events/builds?project=acme", "")
+	if ev := list.next(t); ev.Name != "build" {
+		t.Fatalf("the list's first: %+v", ev)
+	}
+	close(stopping)
+	if ev := build.next(t); ev.Name != "renew" || ev.ID != "7" {
+		t.Fatalf("once stopping: %+v", ev)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(io.Discard, list.r)
+		ended <- err
+	}()
+	select {
+	case err := <-ended:
+		if err != nil {
+			t.Fatalf("the list's connection: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the list's connection is still open after the process began to stop")
+	}
+	poll.Until(t, "the follow to end", func() bool { return fs.openFollows() == 0 })
+}

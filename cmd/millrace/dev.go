@@ -4,15 +4,12 @@ import (
 	"context"
 	"flag"
 	"path/filepath"
-	"sync"
 
 	"github.com/millrace/millrace/archive"
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/console"
-	"github.com/millrace/millrace/internal/apikey"
 	"github.com/millrace/millrace/internal/database"
 	"github.com/millrace/millrace/internal/supervise"
-	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/projectors/kafka"
 	"github.com/millrace/millrace/services/bes"
 	"github.com/millrace/millrace/services/commits"
@@ -117,17 +114,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	devSecrets := filepath.Dir(filepath.Clean(o.fleet.CADir))
 	o.fleet.DevSecrets, o.resv.DevSecrets, o.commits.DevSecrets = devSecrets, devSecrets, devSecrets
 	resvAPI, resvGRPC := p.reservations(o.resv)
-	// The bucket is open before the HTTP server serves (components start
-	// in order).
-	objects := sync.OnceValue(func() builds.Archive { return archive.NewObjects(p.bk) })
-	o.console.DB, o.console.Archive, o.console.Live = p.db.Pool, objects, besFollower{p}
-	o.console.CommitLog = commitLogView{p: p, durable: o.compactor.fold.Durable()}
-	console.Register(p.mux, o.console)
-	// A project's BES API key reads its builds in the console.
-	o.proc.http.ProjectKeys = func(ctx context.Context) (*apikey.Table[string], error) {
-		k, err := o.bes.LoadKeys(ctx, p.t.kf, p.log)
-		return k.Table, err
-	}
+	p.console(o.console, o.bes, o.compactor.fold.Durable(), &o.proc.http)
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
 		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor, p.archiver(o.archive), retention}
 	// The Kafka export, when brokers are named: it needs the backbone only.

@@ -34,6 +34,7 @@ var commands = []command{
 	serveCommitsCommand(),
 	projectCompactorCommand(),
 	exportKafkaCommand(),
+	serveConsoleCommand(),
 	migrateCommand(),
 	streamsApplyCommand(),
 	streamsInfoCommand(),

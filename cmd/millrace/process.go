@@ -67,6 +67,8 @@ type process struct {
 	// with serviceConsumers.
 	durables []string
 	up       atomic.Bool // every component started, none stopping yet
+	// stopping closes as the stop begins (the console's live pages end).
+	stopping chan struct{}
 }
 
 // run makes the body of a long-running command named cmd: its backbone
@@ -85,7 +87,7 @@ func (o *procOptions) run(cmd, client string, components func(p *process) (befor
 		if err != nil {
 			return err
 		}
-		p := &process{log: log, t: newTelemetry(), mux: http.NewServeMux(), begin: time.Now()}
+		p := &process{log: log, t: newTelemetry(), mux: http.NewServeMux(), begin: time.Now(), stopping: make(chan struct{})}
 		before, after, err := components(p)
 		if err != nil {
 			return err
@@ -158,12 +160,13 @@ func (p *process) projector(proj projection.Projector, rc streams.RunnerConfig) 
 }
 
 // ready is the last component: /readyz answers ready from its start, when
-// every component before it serves, until the stop begins.
+// every component before it serves, until the stop begins, which it
+// announces (stopping).
 func (p *process) ready() supervise.Component {
 	return supervise.Component{
 		Name:  "ready",
 		Start: func(context.Context) error { p.up.Store(true); return nil },
-		Stop:  func(context.Context) error { p.up.Store(false); return nil },
+		Stop:  func(context.Context) error { p.up.Store(false); close(p.stopping); return nil },
 	}
 }
 

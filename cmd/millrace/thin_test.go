@@ -33,10 +33,13 @@ import (
 // work is one package's (beside that package's flags, as the load tools'),
 // the output of builds show, builds scrub, archive verify and builds
 // delete (console, projectors/builds, archive), a replay's progress
-// (streams.Runner.ReplayReported) and the version (internal/cli).
+// (streams.Runner.ReplayReported) and the version (internal/cli). It
+// went from 2,000 to 2,060 when the console got a command of its own
+// (serve console: flags and wiring, about 60 lines; the console's views
+// of the backbone and the bucket are console/backbone's).
 const (
 	maxFuncLines = 60
-	maxLines     = 2000
+	maxLines     = 2060
 )
 
 func TestCommandsStayThin(t *testing.T) {

@@ -47,12 +47,18 @@ type Options struct {
 	ConnsPerAddr int
 }
 
+// RegisterKeyFlags registers the API keys' flags alone (the console's
+// too, whose BES keys read their projects); what says what the keys do.
+func (o *Options) RegisterKeyFlags(fs *flag.FlagSet, what string) {
+	envflag.String(fs, &o.APIKeys, "bes-api-keys", "MILLRACE_BES_API_KEYS", "", "API keys as project=key,project=key; "+what)
+	envflag.String(fs, &o.APIKeysFile, "bes-api-keys-file", "MILLRACE_BES_API_KEYS_FILE", "", "file of project=key lines (added to --bes-api-keys)")
+}
+
 // RegisterFlags registers the --bes-* flags that set o, each with its
 // variable.
 func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	envflag.String(fs, &o.Listen, "bes-listen", "MILLRACE_BES_LISTEN", "127.0.0.1:1985", "BES gRPC address (bazel --bes_backend=grpc://ADDR)")
-	envflag.String(fs, &o.APIKeys, "bes-api-keys", "MILLRACE_BES_API_KEYS", "", "API keys as project=key,project=key; empty accepts any client")
-	envflag.String(fs, &o.APIKeysFile, "bes-api-keys-file", "MILLRACE_BES_API_KEYS_FILE", "", "file of project=key lines (added to --bes-api-keys)")
+	o.RegisterKeyFlags(fs, "empty accepts any client")
 	envflag.Size(fs, &o.Config.MaxEventBytes, "bes-max-event-bytes", "MILLRACE_BES_MAX_EVENT_BYTES", DefaultMaxEventBytes, "largest build event accepted")
 	envflag.Int(fs, &o.Config.MaxStreams, "bes-max-streams", "MILLRACE_BES_MAX_STREAMS", DefaultMaxStreams, "most build event streams open at once")
 	envflag.Int(fs, &o.Config.MaxStreamsPerProject, "bes-max-streams-per-project", "MILLRACE_BES_MAX_STREAMS_PER_PROJECT", 0, "most streams one project may hold open (0: half of --bes-max-streams)")

@@ -1,4 +1,13 @@
-package main
+// Package backbone implements the console's views that read JetStream
+// and the bucket rather than PostgreSQL: the live pages' follower of the
+// BES stream and the commit-log page. The console package itself needs no
+// backbone (its tests run on PostgreSQL alone); a process that has one
+// hands these to console.Sources.
+//
+// Both take the backbone and the bucket as functions because a process
+// opens them in its components, after it has registered its pages: each
+// call reads them when a page is served, by which time they are open.
+package backbone
 
 import (
 	"context"
@@ -9,6 +18,7 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/console"
 	"github.com/millrace/millrace/projectors/kafka"
@@ -16,39 +26,52 @@ import (
 	"github.com/millrace/millrace/subjects"
 )
 
-// besFollower follows subjects of the process's BES stream for the
-// console's live pages; the backbone is open before the HTTP server
-// serves.
-type besFollower struct{ p *process }
+// Follower follows subjects of the BES stream for the console's live
+// pages (console.Follower).
+type Follower struct {
+	Backbone func() *streams.Backbone
+}
 
-func (f besFollower) Follow(ctx context.Context, subject string, after uint64, fn func(seq uint64, data []byte) error) error {
-	r, err := f.p.bb.Reader(ctx, subjects.StreamBES)
+var _ console.Follower = Follower{}
+
+// Follow calls fn with each message of subject after sequence after
+// until ctx ends or fn fails.
+func (f Follower) Follow(ctx context.Context, subject string, after uint64, fn func(seq uint64, data []byte) error) error {
+	r, err := f.Backbone().Reader(ctx, subjects.StreamBES)
 	if err != nil {
 		return err
 	}
 	return r.Follow(ctx, subject, after, fn)
 }
 
-// commitLogView reads the commit log for the console's page: the worlds'
-// checkpoints from the bucket, what the stream holds after each, and the
-// lag of the consumers that follow streams on their own.
-type commitLogView struct {
-	p       *process
-	durable string // the compactor's
+// CommitLog reads the commit log for the console's page
+// (console.CommitLog): the worlds' checkpoints from the bucket, what the
+// stream holds after each, and the lag of the consumers that follow
+// streams on their own.
+type CommitLog struct {
+	Backbone func() *streams.Backbone
+	Bucket   func() *bucket.Bucket
+	// Compactor is the compactor's durable consumer.
+	Compactor string
 }
 
-// worldReads is how many worlds are read at once.
+var _ console.CommitLog = CommitLog{}
+
+// worldReads is how many worlds are read at once: each is a bucket read
+// and two requests to the server, and a page lists every world.
 const worldReads = 8
 
-func (v commitLogView) Worlds(ctx context.Context) ([]console.World, error) {
-	if v.p.bk == nil {
+// Worlds lists every world that has a checkpoint in the bucket.
+func (v CommitLog) Worlds(ctx context.Context) ([]console.World, error) {
+	bk := v.Bucket()
+	if bk == nil {
 		return nil, errors.New("the bucket is not open")
 	}
-	names, err := layout.Worlds(ctx, v.p.bk)
+	names, err := layout.Worlds(ctx, bk)
 	if err != nil {
 		return nil, err
 	}
-	s, err := v.p.bb.Stream(ctx, subjects.StreamCommits)
+	s, err := v.Backbone().Stream(ctx, subjects.StreamCommits)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +83,7 @@ func (v commitLogView) Worlds(ctx context.Context) ([]console.World, error) {
 		wg.Go(func() {
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			out[i], errs[i] = v.world(ctx, s, name)
+			out[i], errs[i] = world(ctx, bk, s, name)
 		})
 	}
 	wg.Wait()
@@ -70,9 +93,9 @@ func (v commitLogView) Worlds(ctx context.Context) ([]console.World, error) {
 // world reads one world: its latest manifest, then how many versions
 // the stream holds after it (from a consumer made for the count and
 // deleted at once) and when the oldest was stored.
-func (v commitLogView) world(ctx context.Context, s jetstream.Stream, name string) (console.World, error) {
+func world(ctx context.Context, bk *bucket.Bucket, s jetstream.Stream, name string) (console.World, error) {
 	w := console.World{World: name}
-	m, at, err := layout.LatestAt(ctx, v.p.bk, name)
+	m, at, err := layout.LatestAt(ctx, bk, name)
 	if err != nil || m == nil {
 		return w, err
 	}
@@ -102,14 +125,16 @@ func (v commitLogView) world(ctx context.Context, s jetstream.Stream, name strin
 	return w, nil
 }
 
-func (v commitLogView) Consumers(ctx context.Context) ([]console.ConsumerLag, error) {
-	want := []console.ConsumerLag{{Kind: "compactor", Stream: subjects.StreamCommits, Consumer: v.durable}}
+// Consumers reports the compactor's consumer and the Kafka export's, one
+// per stream, that exist on the server.
+func (v CommitLog) Consumers(ctx context.Context) ([]console.ConsumerLag, error) {
+	want := []console.ConsumerLag{{Kind: "compactor", Stream: subjects.StreamCommits, Consumer: v.Compactor}}
 	for _, name := range streams.Names() {
 		want = append(want, console.ConsumerLag{Kind: "export", Stream: name, Consumer: kafka.Durable(name)})
 	}
 	var out []console.ConsumerLag
 	for _, c := range want {
-		s, err := v.p.bb.Stream(ctx, c.Stream)
+		s, err := v.Backbone().Stream(ctx, c.Stream)
 		if err != nil {
 			return nil, err
 		}
