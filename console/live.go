@@ -63,6 +63,7 @@ const (
 //	event: target  data: {"label":"//a:b","html":"<tr>..."}  a target completed
 //	event: test    data: {"label":"//a:t","html":"<tr>..."}  a test ran, or its summary
 //	event: status  data: {"status":"failed","html":"..."}  Bazel said how the build ended
+//	event: counts  data: {"targets":"...","tests":"..."}  the summary's counts, as projected
 //	event: end     data: {"status":"failed"}  the projection has the build as it ended
 //	event: renew   data: {}  the connection ends (LiveFor): reconnect from the last id
 //
@@ -135,19 +136,32 @@ func liveEvents(src Sources, slots chan struct{}) handler {
 		lb := liveBuild{project: project, kinds: map[string]string{}, tests: map[string]*builds.Test{}}
 		tick := time.NewTicker(liveCheck)
 		defer tick.Stop()
+		// The summary's counts are the projection's: they are read again
+		// on the checks that follow a target or test event (the
+		// projection lags the stream by a batch or so), and sent when they
+		// changed; a build with nothing new costs its status alone.
+		countsDue, counts := 0, ""
 		for {
 			select {
 			case m := <-msgs:
 				for _, ev := range lb.apply(m.data) {
 					out.send(m.seq, ev.name, ev.data)
+					if ev.name == "target" || ev.name == "test" {
+						countsDue = countChecks
+					}
 				}
 				after = m.seq
 				out.flush()
 			case <-tick.C:
-				st, err := builds.StatusOf(ctx, p, project, id)
+				st, c, err := liveStatus(ctx, p, project, id, countsDue > 0)
+				countsDue = max(countsDue-1, 0)
 				if err == nil && st != "running" {
 					out.send(after, "end", map[string]string{"status": st})
 					return
+				}
+				if c != nil && c["targets"]+c["tests"] != counts {
+					counts = c["targets"] + c["tests"]
+					out.send(after, "counts", c)
 				}
 				out.comment()
 			case err := <-followed:
@@ -167,6 +181,33 @@ func liveEvents(src Sources, slots chan struct{}) handler {
 			}
 		}
 	}
+}
+
+// countChecks is how many status checks after a target or test event
+// read the summary's counts too.
+const countChecks = 3
+
+// liveStatus reads a build's status, and with counts the summary's counts
+// drawn as the page draws them (nil when not asked or not drawn).
+func liveStatus(ctx context.Context, p *pgxpool.Pool, project, id string, counts bool) (string, map[string]string, error) {
+	if !counts {
+		st, err := builds.StatusOf(ctx, p, project, id)
+		return st, nil, err
+	}
+	s, err := builds.SummaryOf(ctx, p, project, id)
+	if err != nil {
+		return "", nil, err
+	}
+	c := map[string]string{}
+	for key, tmpl := range map[string]string{"targets": "countTargets", "tests": "countTests"} {
+		var buf bytes.Buffer
+		if err := views["build"].ExecuteTemplate(&buf, tmpl, s); err != nil {
+			slog.Error("console: rendering a build's counts", "op", "render "+tmpl, "err", err)
+			return s.Status, nil, nil
+		}
+		c[key] = buf.String()
+	}
+	return s.Status, c, nil
 }
 
 // liveStart is where a request's events start: the stream sequence after

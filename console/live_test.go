@@ -247,6 +247,24 @@ func TestConsoleLiveBuild(t *testing.T) {
 		t.Fatalf("the finish: %+v", ev)
 	}
 
+	// The summary's counts follow the projection after target and test
+	// events: the projector stores what the page was told of.
+	for _, sql := range []string{
+		`insert into build_labels (project, id, label) values ('acme', build_label_id('//a:lib'), '//a:lib'), ('acme', build_label_id('//a:t'), '//a:t')`,
+		`insert into targets (build_key, label_id, success, failed) select build_key, build_label_id('//a:lib'), false, true from invocations where id = 'run-1'`,
+		`insert into tests (build_key, label_id, status, attempts, shard_count, duration_ms, has_summary)
+		 select build_key, build_label_id('//a:t'), 'FLAKY', 2, 1, 500, true from invocations where id = 'run-1'`,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	for ev = es.next(t); ev.Name == "counts" && !strings.Contains(ev.Data["targets"], "1 failed"); ev = es.next(t) {
+	}
+	if ev.Name != "counts" || ev.Data["targets"] != `<span class="failed">1 failed</span>` || ev.Data["tests"] != `0 passed, <span class="flaky">1 flaky</span>` {
+		t.Fatalf("the counts once projected: %+v", ev)
+	}
+
 	// A browser that lost the connection reconnects from its last id,
 	// whatever its address says; one more than MaxLive is refused.
 	es2, code := openEvents(t, base+"/builds/acme/run-1/events?after=41", "46")

@@ -159,6 +159,12 @@
     s.className = "status " + d.status;
     document.getElementById("state").textContent = d.state;
   });
+  // The summary's counts as projected (not a stream event: no took).
+  es.addEventListener("counts", function (e) {
+    var d = JSON.parse(e.data);
+    document.getElementById("count-targets").innerHTML = d.targets;
+    document.getElementById("count-tests").innerHTML = d.tests;
+  });
   es.addEventListener("end", function () {
     es.close();
     note.textContent = "The build is stored: reloading.";
