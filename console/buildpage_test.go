@@ -57,8 +57,9 @@ func seedFailedBuild(t *testing.T, pool *pgxpool.Pool) {
 		 select 'acme', build_key, 'build_metadata', k, v from invocations,
 		        (values ('BRANCH', 'main'), ('COMMIT_SHA', 'c0ffee12345'), ('CI_URL', 'https://ci.example/run/7'), ('NOTE', 'javascript:alert(1)')) m(k, v)`,
 		`insert into build_metrics (build_key, actions_created, actions_executed, action_cache_hits, action_cache_misses,
-		        wall_time_ms, cpu_time_ms, analysis_phase_ms, execution_phase_ms, critical_path_ms)
-		 select build_key, 120, 80, 30, 90, 90000, 150000, 20000, 60000, 45000 from invocations`,
+		        wall_time_ms, cpu_time_ms, analysis_phase_ms, execution_phase_ms, critical_path_ms, critical_path)
+		 select build_key, 120, 80, 30, 90, 90000, 150000, 20000, 60000, 45000,
+		        E'36000\tCompiling <p/a.cc>\n9000\tLinking //p:a' from invocations`,
 	} {
 		if _, err := pool.Exec(ctx, sql); err != nil {
 			t.Fatalf("%s: %v", sql, err)
@@ -87,6 +88,8 @@ func TestConsoleBuildPage(t *testing.T) {
 		`<span class="a-f1">compile error</span> &lt;here&gt;`,
 		"10 failed", "14 failed", "1 flaky", // from the build's counts
 		"2 attempts", "30 hits, 90 misses", "25.0% hit", `class="ph-e"`, "45.0 s (50% of the wall time)",
+		// the critical path's steps, each with its share, escaped
+		`<td>36.0 s</td><td>80%</td><td><code>Compiling &lt;p/a.cc&gt;</code></td>`, `<td>9.0 s</td><td>20%</td>`,
 		`href="/api/v1/builds/acme/inv-1"`,
 	} {
 		if !strings.Contains(page, want) {

@@ -262,6 +262,11 @@ func TestConsoleInBrowser(t *testing.T) {
 	if !strings.Contains(flakyRow, "FLAKY") || !strings.Contains(flakyRow, "2") {
 		t.Errorf("the flaky test's row: %q", flakyRow)
 	}
+	// Bazel's critical path: its length and its steps, a test's among them.
+	if steps := value[string](b, `(function(){ var t = document.getElementById("critical-steps"); return t ? t.innerText : ""; })()`); !strings.Contains(steps, "Testing //") ||
+		!strings.Contains(text, "critical path") {
+		t.Errorf("the critical path's steps: %q", steps)
+	}
 
 	// The list's filters, through its form.
 	b.open("list", "/")

@@ -1,9 +1,11 @@
 package builds
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -141,8 +143,10 @@ type bazelEvent struct {
 	// event names: its root causes. Decoded for those events only.
 	children []*bep.BuildEventId
 	// criticalPathMs is the critical path's length that BuildToolLogs
-	// names (-1: it names none).
-	criticalPathMs int64
+	// names (-1: it names none), criticalPathSteps its steps as stored
+	// (CriticalStep).
+	criticalPathMs    int64
+	criticalPathSteps string
 }
 
 // setLabel computes label from the id (and a failed action's payload).
@@ -414,7 +418,7 @@ func (e *bazelEvent) decode(b []byte) error {
 	case payBuildMetrics:
 		e.msg = new(bep.BuildMetrics)
 	case payBuildToolLogs:
-		e.criticalPathMs = criticalPath(payload)
+		e.criticalPathMs, e.criticalPathSteps = criticalPath(payload)
 		return nil
 	default:
 		e.payload = 0 // not read by the projection
@@ -658,16 +662,16 @@ func pbMillis(d interface {
 	return millis
 }
 
-// criticalPath reads the length of the critical path, in milliseconds,
-// from BuildToolLogs' log named "critical path", whose contents Bazel
-// writes as "Critical Path: 12.34s, ..." and then the path's steps; -1
-// when there is none, or it does not read so. The steps are not kept:
-// they are in the build's raw events.
-func criticalPath(b []byte) int64 {
+// criticalPath reads the critical path from BuildToolLogs' log named
+// "critical path", whose contents Bazel writes as "Critical Path: 12.34s,
+// ..." and then the path's steps, one a line ("  0.17s action 'Testing
+// //a:b'"): its length in milliseconds (-1 when there is none, or it does
+// not read so) and its steps (parseCriticalPath).
+func criticalPath(b []byte) (int64, string) {
 	for len(b) > 0 {
 		f, rest, err := next(b)
 		if err != nil {
-			return -1
+			return -1, ""
 		}
 		b = rest
 		if f.num != toolLogsLog || f.typ != protowire.BytesType {
@@ -678,7 +682,7 @@ func criticalPath(b []byte) int64 {
 		for file := f.b; len(file) > 0; {
 			g, rest, err := next(file)
 			if err != nil {
-				return -1
+				return -1, ""
 			}
 			file = rest
 			switch {
@@ -692,24 +696,95 @@ func criticalPath(b []byte) int64 {
 			return parseCriticalPath(contents)
 		}
 	}
-	return -1
+	return -1, ""
 }
 
+const (
+	// maxCriticalSteps and maxCriticalWhat bound what a build keeps of its
+	// critical path: Bazel lists every step, and a deep build's path is
+	// long, and each step costs a build about 40 bytes (the bench's
+	// storage scenario). The steps kept are the longest, in the path's
+	// order.
+	maxCriticalSteps = 5
+	maxCriticalWhat  = 200
+)
+
 // parseCriticalPath reads "Critical Path: 12.34s" at the start of
-// contents.
-func parseCriticalPath(contents []byte) int64 {
-	const prefix = "Critical Path: "
-	s, ok := strings.CutPrefix(string(contents[:min(len(contents), 64)]), prefix)
-	if !ok {
+// contents, and the steps on the lines after it: the steps are kept as
+// lines of "MS\tWHAT" (at most maxCriticalSteps, the longest; WHAT cut at
+// maxCriticalWhat bytes), a line that does not read as a step is skipped.
+func parseCriticalPath(contents []byte) (int64, string) {
+	first, rest, _ := strings.Cut(string(contents), "\n")
+	first, ok := strings.CutPrefix(first, "Critical Path: ")
+	ms := parseSeconds(first)
+	if !ok || ms < 0 {
+		return -1, ""
+	}
+	type step struct {
+		ms   int64
+		what string
+		at   int
+	}
+	var steps []step
+	for line := range strings.Lines(rest) {
+		d, what, ok := strings.Cut(strings.TrimSpace(line), " ")
+		if !ok || what == "" {
+			continue
+		}
+		sms := parseSeconds(d)
+		if sms < 0 || len(d) != strings.IndexByte(d, 's')+1 {
+			continue
+		}
+		what = strings.TrimSpace(what)
+		// An action's step is "action 'DESCRIPTION'": the description
+		// alone is kept (it says what the action did), others as written
+		// ("runfiles for //a:b").
+		if d, ok := strings.CutPrefix(what, "action '"); ok && len(d) > 1 && strings.HasSuffix(d, "'") {
+			what = d[:len(d)-1]
+		}
+		steps = append(steps, step{sms, cutUTF8(what, maxCriticalWhat), len(steps)})
+	}
+	if len(steps) > maxCriticalSteps {
+		slices.SortStableFunc(steps, func(a, b step) int { return cmp.Compare(b.ms, a.ms) })
+		steps = steps[:maxCriticalSteps]
+		slices.SortFunc(steps, func(a, b step) int { return cmp.Compare(a.at, b.at) })
+	}
+	var out strings.Builder
+	for i, st := range steps {
+		if i > 0 {
+			out.WriteByte('\n')
+		}
+		out.WriteString(strconv.FormatInt(st.ms, 10))
+		out.WriteByte('\t')
+		out.WriteString(st.what)
+	}
+	return ms, out.String()
+}
+
+// parseSeconds reads the "12.34s" that s starts with as milliseconds; -1
+// when it does not start so.
+func parseSeconds(s string) int64 {
+	i := 0
+	for i < len(s) && (s[i] >= '0' && s[i] <= '9' || s[i] == '.') {
+		i++
+	}
+	if i == 0 || i == len(s) || s[i] != 's' {
 		return -1
 	}
-	end := strings.IndexByte(s, 's')
-	if end <= 0 {
-		return -1
-	}
-	secs, err := strconv.ParseFloat(s[:end], 64)
-	if err != nil || secs < 0 || secs > 1e9 {
+	secs, err := strconv.ParseFloat(s[:i], 64)
+	if err != nil || secs > 1e9 {
 		return -1
 	}
 	return int64(math.Round(secs * 1000))
+}
+
+// cutUTF8 cuts s to at most n bytes, at a character's start.
+func cutUTF8(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n]
 }

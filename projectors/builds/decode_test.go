@@ -2,6 +2,7 @@ package builds
 
 import (
 	"bytes"
+	"fmt"
 	"go/build"
 	"os"
 	"strings"
@@ -212,7 +213,8 @@ func TestDependencies(t *testing.T) {
 }
 
 // The critical path's length is read from the start of Bazel's "critical
-// path" log, and nothing else passes for it.
+// path" log, and nothing else passes for it; its steps from the lines
+// after, the longest kept in the path's order.
 func TestParseCriticalPath(t *testing.T) {
 	for in, want := range map[string]int64{
 		"Critical Path: 0.28s, Remote (0.00% of the time): [parse: 0.00%]\n  0.17s action 'Testing //a:b'": 280,
@@ -222,11 +224,53 @@ func TestParseCriticalPath(t *testing.T) {
 		"Critical Path: s":       -1,
 		"Critical Path: -1s":     -1,
 		"Critical Path: 1e99s":   -1,
+		"Critical Path: 1e9999s": -1,
 		"Critical Path: nothing": -1,
 		"":                       -1,
 	} {
-		if got := parseCriticalPath([]byte(in)); got != want {
+		if got, _ := parseCriticalPath([]byte(in)); got != want {
 			t.Errorf("parseCriticalPath(%q) = %d, want %d", in, got, want)
 		}
+	}
+
+	// As Bazel 4.2.3 wrote it for loadtest/fixtures/bazel-test-60.
+	ms, steps := parseCriticalPath([]byte("Critical Path: 0.28s, Remote (0.00% of the time): [parse: 0.00%, queue: 0.00%]\n" +
+		"  0.17s action 'Testing //pkg03:test_fail_033'\n" +
+		"  0.00s runfiles for //pkg03:test_fail_033\n" +
+		"  not a step\n" +
+		"  0.05s action 'Executing genrule //pkg01:genrule_ok_014'\n" +
+		"  0.03s\n" +
+		"  1.5sec action 'x'\n"))
+	if want := "170\tTesting //pkg03:test_fail_033\n0\trunfiles for //pkg03:test_fail_033\n50\tExecuting genrule //pkg01:genrule_ok_014"; ms != 280 || steps != want {
+		t.Errorf("the fixture's path: %d %q, want 280 %q", ms, steps, want)
+	}
+
+	// A long path keeps its longest steps, in order; a long description
+	// is cut at a character's start.
+	var log strings.Builder
+	log.WriteString("Critical Path: 100.00s")
+	for i := range 50 {
+		fmt.Fprintf(&log, "\n  %d.00s action 'step %02d'", i%7, i)
+	}
+	fmt.Fprintf(&log, "\n  9.00s action '%s'", strings.Repeat("é", 300))
+	_, steps = parseCriticalPath([]byte(log.String()))
+	lines := strings.Split(steps, "\n")
+	if len(lines) != maxCriticalSteps {
+		t.Fatalf("%d steps kept, want %d:\n%s", len(lines), maxCriticalSteps, steps)
+	}
+	// 9 s once, then the first four of 6 s.
+	if lines[0] != "6000\tstep 06" || lines[1] != "6000\tstep 13" || !strings.HasPrefix(lines[len(lines)-1], "9000\téé") {
+		t.Errorf("the first and last steps kept: %q, %q", lines[0], lines[len(lines)-1])
+	}
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "6000\t") && !strings.HasPrefix(l, "9000\t") || l == "6000\tstep 48" {
+			t.Errorf("a step shorter than the 5 longest was kept: %q", l)
+		}
+		if len(l) > 6+maxCriticalWhat || !utf8.ValidString(l) {
+			t.Errorf("a description not cut at %d bytes, at a character: %q", maxCriticalWhat, l)
+		}
+	}
+	if got := criticalSteps(&steps); len(got) != maxCriticalSteps || got[0].Ms != 6000 || got[0].What != "step 06" {
+		t.Errorf("the steps read back: %+v", got)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -105,8 +107,33 @@ type Metrics struct {
 	TargetsLoaded         int64 `json:"targets_loaded"`
 	TargetsConfigured     int64 `json:"targets_configured"`
 	// CriticalPathMs is the critical path's length, from BuildToolLogs
-	// (null where Bazel named none).
-	CriticalPathMs *int64 `json:"critical_path_ms"`
+	// (null where Bazel named none), CriticalPath its longest steps (at
+	// most 5) in the path's order.
+	CriticalPathMs *int64         `json:"critical_path_ms"`
+	CriticalPath   []CriticalStep `json:"critical_path,omitempty"`
+}
+
+// CriticalStep is a step of the critical path: how long it took, and what
+// Bazel called it ("action 'Testing //a:b'", "runfiles for //a:b").
+type CriticalStep struct {
+	Ms   int64  `json:"ms"`
+	What string `json:"what"`
+}
+
+// criticalSteps reads the steps as stored (parseCriticalPath).
+func criticalSteps(s *string) []CriticalStep {
+	if s == nil {
+		return nil
+	}
+	var out []CriticalStep
+	for line := range strings.Lines(*s) {
+		ms, what, ok := strings.Cut(strings.TrimSuffix(line, "\n"), "\t")
+		n, err := strconv.ParseInt(ms, 10, 64)
+		if ok && err == nil {
+			out = append(out, CriticalStep{Ms: n, What: what})
+		}
+	}
+	return out
 }
 
 // Projects returns, sorted, the projects that hold a build with the given
@@ -162,20 +189,22 @@ func show(ctx context.Context, q Querier, project, invocationID string, rows boo
 	}
 
 	var m Metrics
+	var steps *string
 	err = q.QueryRow(ctx, `
 		select coalesce(actions_created, 0), coalesce(actions_executed, 0), coalesce(action_cache_hits, 0),
 		       coalesce(action_cache_misses, 0), coalesce(remote_cache_hits, 0), coalesce(cpu_time_ms, 0),
 		       coalesce(wall_time_ms, 0), coalesce(analysis_phase_ms, 0), coalesce(execution_phase_ms, 0),
 		       coalesce(used_heap_size_post_build, 0), coalesce(peak_post_gc_heap_size, 0),
 		       coalesce(packages_loaded, 0), coalesce(targets_loaded, 0), coalesce(targets_configured, 0),
-		       critical_path_ms
+		       critical_path_ms, critical_path
 		from build_metrics where build_key = `+sqlBuildKey, invocationID, project).Scan(
 		&m.ActionsCreated, &m.ActionsExecuted, &m.ActionCacheHits, &m.ActionCacheMisses,
 		&m.RemoteCacheHits, &m.CPUTimeMs, &m.WallTimeMs, &m.AnalysisPhaseMs, &m.ExecutionPhaseMs,
 		&m.UsedHeapSizePostBuild, &m.PeakPostGCHeapSize, &m.PackagesLoaded, &m.TargetsLoaded,
-		&m.TargetsConfigured, &m.CriticalPathMs)
+		&m.TargetsConfigured, &m.CriticalPathMs, &steps)
 	switch {
 	case err == nil:
+		m.CriticalPath = criticalSteps(steps)
 		b.Metrics = &m
 	case !errors.Is(err, pgx.ErrNoRows):
 		return nil, fmt.Errorf("builds: show %s metrics: %w", invocationID, err)

@@ -117,10 +117,11 @@ type inv struct {
 	tests       map[string]*test
 	testOrder   []string
 	metrics     *bep.BuildMetrics
-	// criticalPathMs is what BuildToolLogs said of the critical path, when
-	// hasCriticalPath (in this batch).
-	criticalPathMs  int64
-	hasCriticalPath bool
+	// criticalPathMs and criticalPathSteps are what BuildToolLogs said of
+	// the critical path, when hasCriticalPath (in this batch).
+	criticalPathMs    int64
+	criticalPathSteps string
+	hasCriticalPath   bool
 
 	// Rows of the tables that take a build's events once (metadata.go).
 	meta     []metaRow
@@ -474,7 +475,7 @@ func (v *inv) applyBazel(e *event) {
 
 	case payBuildToolLogs:
 		if be.criticalPathMs >= 0 {
-			v.criticalPathMs, v.hasCriticalPath = be.criticalPathMs, true
+			v.criticalPathMs, v.criticalPathSteps, v.hasCriticalPath = be.criticalPathMs, be.criticalPathSteps, true
 		}
 	}
 }

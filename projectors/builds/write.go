@@ -274,13 +274,13 @@ on conflict (build_key) do update set
     peak_post_gc_heap_size = excluded.peak_post_gc_heap_size, packages_loaded = excluded.packages_loaded,
     targets_loaded = excluded.targets_loaded, targets_configured = excluded.targets_configured`
 
-// sqlCriticalPath sets the critical path's length (BuildToolLogs), a
-// column sqlMetrics leaves alone: whichever event comes first, in
-// whichever batch, the row ends the same.
+// sqlCriticalPath sets the critical path's length and steps
+// (BuildToolLogs), columns sqlMetrics leaves alone: whichever event comes
+// first, in whichever batch, the row ends the same.
 const sqlCriticalPath = `
-insert into build_metrics as m (build_key, critical_path_ms)
-select * from unnest($1::int8[], $2::int4[])
-on conflict (build_key) do update set critical_path_ms = excluded.critical_path_ms`
+insert into build_metrics as m (build_key, critical_path_ms, critical_path)
+select * from unnest($1::int8[], $2::int4[], $3::text[])
+on conflict (build_key) do update set critical_path_ms = excluded.critical_path_ms, critical_path = excluded.critical_path`
 
 const sqlDropChunks = `
 delete from build_output_chunks c
@@ -549,6 +549,7 @@ func (s *state) collect(w *writes, v *inv) {
 	if v.hasCriticalPath {
 		w.critical.build = append(w.critical.build, v.buildKey)
 		w.critical.ms = append(w.critical.ms, int32(min(v.criticalPathMs, math.MaxInt32)))
+		w.critical.steps = append(w.critical.steps, nullText(v.criticalPathSteps))
 	}
 	w.once.add(v)
 
@@ -628,7 +629,7 @@ func (w *writes) queue(b *pgx.Batch, after map[invKey]known, empty *rollupKeys) 
 		b.Queue(sqlMetrics, w.met.args()...)
 	}
 	if len(w.critical.build) > 0 {
-		b.Queue(sqlCriticalPath, w.critical.build, w.critical.ms)
+		b.Queue(sqlCriticalPath, w.critical.build, w.critical.ms, w.critical.steps)
 	}
 	w.once.queue(b)
 	// After the metadata: the flags find builds by their commit. A build
@@ -999,6 +1000,7 @@ func (c *metricCols) args() []any {
 type criticalCols struct {
 	build []int64
 	ms    []int32
+	steps []*string // null: Bazel listed none
 }
 
 type chunkCols struct {
@@ -1017,4 +1019,12 @@ func (c *chunkCols) add(k invKey, v *inv) {
 	c.seq = append(c.seq, v.outSeq)
 	c.stdout = append(c.stdout, compressChunk(v.stdout))
 	c.stderr = append(c.stderr, compressChunk(v.stderr))
+}
+
+// nullText is s, or null when empty.
+func nullText(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
