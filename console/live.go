@@ -90,26 +90,11 @@ func liveEvents(src Sources, slots chan struct{}) handler {
 			http.Error(w, "this process does not follow the backbone: reload the page to see the build's progress", http.StatusNotImplemented)
 			return
 		}
-		select {
-		case slots <- struct{}{}:
-			defer func() { <-slots }()
-		default:
-			// The browser retries by itself (EventSource), a few seconds on.
-			w.Header().Set("Retry-After", "5")
-			http.Error(w, "too many live pages are open on this server; the page will try again", http.StatusServiceUnavailable)
+		out, release := startEvents(w, slots)
+		if out == nil {
 			return
 		}
-		flusher, ok := w.(http.Flusher)
-		if !ok {
-			http.Error(w, "this connection cannot stream", http.StatusInternalServerError)
-			return
-		}
-		h := w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-store")
-		h.Set("X-Accel-Buffering", "no") // a proxy in front must not hold the events back
-		w.WriteHeader(http.StatusOK)
-		out := &eventWriter{w: w, f: flusher}
+		defer release()
 		if status != "running" {
 			out.send(after, "end", map[string]string{"status": status})
 			return
@@ -208,6 +193,33 @@ func liveStatus(ctx context.Context, p *pgxpool.Pool, project, id string, counts
 		c[key] = buf.String()
 	}
 	return s.Status, c, nil
+}
+
+// startEvents takes one of the live slots and starts an event stream on
+// w; nil when it answered otherwise (no slot free: the browser retries by
+// itself, a few seconds on; a connection that cannot stream). release
+// gives the slot back.
+func startEvents(w http.ResponseWriter, slots chan struct{}) (out *eventWriter, release func()) {
+	select {
+	case slots <- struct{}{}:
+	default:
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "too many live pages are open on this server; the page will try again", http.StatusServiceUnavailable)
+		return nil, nil
+	}
+	release = func() { <-slots }
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		release()
+		http.Error(w, "this connection cannot stream", http.StatusInternalServerError)
+		return nil, nil
+	}
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-store")
+	h.Set("X-Accel-Buffering", "no") // a proxy in front must not hold the events back
+	w.WriteHeader(http.StatusOK)
+	return &eventWriter{w: w, f: flusher}, release
 }
 
 // liveStart is where a request's events start: the stream sequence after
@@ -472,25 +484,11 @@ func listEvents(src Sources, slots chan struct{}) handler {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		select {
-		case slots <- struct{}{}:
-			defer func() { <-slots }()
-		default:
-			w.Header().Set("Retry-After", "5")
-			http.Error(w, "too many live pages are open on this server; the page will try again", http.StatusServiceUnavailable)
+		out, release := startEvents(w, slots)
+		if out == nil {
 			return
 		}
-		flusher, ok := w.(http.Flusher)
-		if !ok {
-			http.Error(w, "this connection cannot stream", http.StatusInternalServerError)
-			return
-		}
-		h := w.Header()
-		h.Set("Content-Type", "text/event-stream")
-		h.Set("Cache-Control", "no-store")
-		h.Set("X-Accel-Buffering", "no")
-		w.WriteHeader(http.StatusOK)
-		out := &eventWriter{w: w, f: flusher}
+		defer release()
 		// At its end (LiveFor, or the process stopping) the browser
 		// reconnects by itself and gets every row again.
 		ctx, cancel := src.liveContext(r.Context())

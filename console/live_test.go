@@ -422,9 +422,10 @@ func TestConsoleLiveList(t *testing.T) {
 	}
 }
 
-// A connection that has lasted LiveFor ends with renew, after the events
-// it carried; the browser then reconnects from the last one.
-func TestConsoleLiveRenew(t *testing.T) {
+// runningBuild is acme's build run-1, running, and a stream holding one
+// line of its output at sequence 7.
+func runningBuild(t *testing.T) (*pgxpool.Pool, *fakeStream) {
+	t.Helper()
 	pool, _ := testenv.Pool(t)
 	if _, err := pool.Exec(context.Background(), `insert into invocations (id, project, status, command, started_at, first_event_at, last_event_at)
 		values ('run-1', 'acme', 'running', 'test', now(), now(), now())`); err != nil {
@@ -432,6 +433,13 @@ func TestConsoleLiveRenew(t *testing.T) {
 	}
 	fs := newFakeStream()
 	fs.add(subjects.BES("acme", "run-1"), 7, bazelEvent(t, &bep.BuildEvent{Payload: &bep.BuildEvent_Progress{Progress: &bep.Progress{Stderr: "x\n"}}}))
+	return pool, fs
+}
+
+// A connection that has lasted LiveFor ends with renew, after the events
+// it carried; the browser then reconnects from the last one.
+func TestConsoleLiveRenew(t *testing.T) {
+	pool, fs := runningBuild(t)
 	mux := http.NewServeMux()
 	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }, Live: fs, LiveFor: 300 * time.Millisecond})
 	es, _ := openEvents(t, serveURL(t, mux)+"/builds/acme/run-1/events", "")
@@ -447,13 +455,7 @@ func TestConsoleLiveRenew(t *testing.T) {
 // renew and the list's ends, however long LiveFor is: the browsers
 // reconnect elsewhere rather than hold the shutdown to its deadline.
 func TestConsoleLiveStopping(t *testing.T) {
-	pool, _ := testenv.Pool(t)
-	if _, err := pool.Exec(context.Background(), `insert into invocations (id, project, status, command, started_at, first_event_at, last_event_at)
-		values ('run-1', 'acme', 'running', 'test', now(), now(), now())`); err != nil {
-		t.Fatal(err)
-	}
-	fs := newFakeStream()
-	fs.add(subjects.BES("acme", "run-1"), 7, bazelEvent(t, &bep.BuildEvent{Payload: &bep.BuildEvent_Progress{Progress: &bep.Progress{Stderr: "x\n"}}}))
+	pool, fs := runningBuild(t)
 	stopping := make(chan struct{})
 	mux := http.NewServeMux()
 	Register(mux, Sources{DB: func() *pgxpool.Pool { return pool }, Live: fs, LiveFor: time.Hour, Stopping: stopping})
