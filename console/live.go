@@ -185,14 +185,24 @@ func liveStatus(ctx context.Context, p *pgxpool.Pool, project, id string, counts
 	}
 	c := map[string]string{}
 	for key, tmpl := range map[string]string{"targets": "countTargets", "tests": "countTests"} {
-		var buf bytes.Buffer
-		if err := views["build"].ExecuteTemplate(&buf, tmpl, s); err != nil {
-			slog.Error("console: rendering a build's counts", "op", "render "+tmpl, "err", err)
+		html, ok := fragment("build", tmpl, s)
+		if !ok {
 			return s.Status, nil, nil
 		}
-		c[key] = buf.String()
+		c[key] = html
 	}
 	return s.Status, c, nil
+}
+
+// fragment renders the template tmpl of view (a row, a count) for a live
+// event; a template that fails is logged, and the event not sent.
+func fragment(view, tmpl string, data any) (string, bool) {
+	var buf bytes.Buffer
+	if err := views[view].ExecuteTemplate(&buf, tmpl, data); err != nil {
+		slog.Error("console: rendering a live event", "op", "render "+tmpl, "err", err)
+		return "", false
+	}
+	return buf.String(), true
 }
 
 // startEvents takes one of the live slots and starts an event stream on
@@ -382,12 +392,11 @@ func (lb *liveBuild) test(label string) *builds.Test {
 // row renders a table row of the page (templates/rows.html) as an event,
 // with k: v for live.js's filters.
 func (lb *liveBuild) row(event, label, tmpl string, data any, k, v string) []liveEvent {
-	var buf bytes.Buffer
-	if err := views["build"].ExecuteTemplate(&buf, tmpl, data); err != nil {
-		slog.Error("console: rendering a live row", "op", "render "+tmpl, "err", err)
+	html, ok := fragment("build", tmpl, data)
+	if !ok {
 		return nil
 	}
-	return []liveEvent{{event, map[string]string{"label": label, "html": buf.String(), k: v}}}
+	return []liveEvent{{event, map[string]string{"label": label, "html": html, k: v}}}
 }
 
 // row is a table row's data with the build's project, for its links.
@@ -534,12 +543,11 @@ func listEvents(src Sources, slots chan struct{}) handler {
 			}
 			for i, b := range page.Builds {
 				key := b.Project + "/" + b.ID
-				var buf bytes.Buffer
-				if err := views["list"].ExecuteTemplate(&buf, "buildRow", b); err != nil {
-					slog.Error("console: rendering a live row", "op", "render buildRow", "err", err)
+				html, ok := fragment("list", "buildRow", b)
+				if !ok {
 					return
 				}
-				if html := buf.String(); shown[key] != html {
+				if shown[key] != html {
 					shown[key] = html
 					out.send(0, "build", map[string]string{"key": key, "index": strconv.Itoa(i), "html": html})
 				}

@@ -742,7 +742,7 @@ func parseCriticalPath(contents []byte) (int64, string) {
 		if d, ok := strings.CutPrefix(what, "action '"); ok && len(d) > 1 && strings.HasSuffix(d, "'") {
 			what = d[:len(d)-1]
 		}
-		steps = append(steps, step{sms, cutUTF8(what, maxCriticalWhat), len(steps)})
+		steps = append(steps, step{sms, cut(what, maxCriticalWhat), len(steps)})
 	}
 	if len(steps) > maxCriticalSteps {
 		slices.SortStableFunc(steps, func(a, b step) int { return cmp.Compare(b.ms, a.ms) })
@@ -776,15 +776,4 @@ func parseSeconds(s string) int64 {
 		return -1
 	}
 	return int64(math.Round(secs * 1000))
-}
-
-// cutUTF8 cuts s to at most n bytes, at a character's start.
-func cutUTF8(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n]
 }

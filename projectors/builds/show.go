@@ -114,7 +114,8 @@ type Metrics struct {
 }
 
 // CriticalStep is a step of the critical path: how long it took, and what
-// Bazel called it ("action 'Testing //a:b'", "runfiles for //a:b").
+// Bazel called it (an action by its description, "Testing //a:b"; others
+// as written, "runfiles for //a:b").
 type CriticalStep struct {
 	Ms   int64  `json:"ms"`
 	What string `json:"what"`
