@@ -140,11 +140,11 @@ func loadOrCreateIdentity(dir, file string) (identity, error) {
 	return identity{seedFile: path, public: pub}, nil
 }
 
-// readerPermissions let the reader look without changing anything:
+// ReaderPermissions let the reader look without changing anything:
 // publish only to the JetStream API requests that read (information,
 // message gets) or make the reader's own consumers and fetch from them,
 // subscribe to the streams' subjects and to its inboxes.
-func readerPermissions(c Config) *server.Permissions {
+func ReaderPermissions(c Config) *server.Permissions {
 	subs := []string{"_INBOX.>"}
 	for _, s := range StreamSpecs(c) {
 		subs = append(subs, s.Subjects...)

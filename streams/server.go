@@ -72,7 +72,7 @@ func startEmbedded(c Config) (*server.Server, embeddedIDs, error) {
 	if !c.Anonymous {
 		opts.Nkeys = []*server.NkeyUser{
 			{Nkey: ids.service.public},
-			{Nkey: ids.reader.public, Permissions: readerPermissions(c)},
+			{Nkey: ids.reader.public, Permissions: ReaderPermissions(c)},
 		}
 	}
 	ns, err := server.NewServer(opts)

@@ -38,6 +38,7 @@ var commands = []command{
 	migrateCommand(),
 	streamsApplyCommand(),
 	streamsInfoCommand(),
+	streamsAccountsCommand(),
 	streamsPurgeBESCommand(),
 	replayBuildsCommand(),
 	replayFleetCommand(),

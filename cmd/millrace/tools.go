@@ -69,6 +69,22 @@ func streamsApplyCommand() command {
 	}
 }
 
+func streamsAccountsCommand() command {
+	return command{
+		Name:    "streams accounts",
+		Summary: "print the NATS accounts configuration of an external cluster",
+		Long: "Prints the accounts block that ops/nats/nats-server.conf includes (ops/nats/accounts.conf): millrace's account\n" +
+			"with JetStream, its service user and the read-only reader kept off the durable consumers millrace uses\n" +
+			"(a compactor durable of your own: set MILLRACE_COMPACTOR_DURABLE). The users' nkeys are read by the\n" +
+			"NATS server from its environment: $" + streams.ServiceNKeyEnv + ", $" + streams.ReaderNKeyEnv + ", $" + streams.SystemNKeyEnv + ".",
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			return func(ctx context.Context, args []string) error {
+				return streams.WriteAccounts(os.Stdout, streams.Config{ServiceConsumers: serviceConsumers()})
+			}
+		},
+	}
+}
+
 func streamsInfoCommand() command {
 	return command{
 		Name:    "streams info",

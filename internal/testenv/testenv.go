@@ -37,15 +37,27 @@ func NATS(t testing.TB) *server.Server {
 // port to simulate a crash of the backbone.
 func NATSAt(t testing.TB, dir string, port int) *server.Server {
 	t.Helper()
-	ns, err := server.NewServer(&server.Options{
+	return NATSWith(t, func(o *server.Options) { o.StoreDir, o.Port = dir, port })
+}
+
+// NATSWith starts an embedded JetStream server as NATS does, with edit
+// applied to its options first: a test sets what it is about (a stock
+// max_payload of 1 MiB, say).
+func NATSWith(t testing.TB, edit func(*server.Options)) *server.Server {
+	t.Helper()
+	o := &server.Options{
 		Host:       "127.0.0.1",
-		Port:       port,
+		Port:       -1,
 		JetStream:  true,
-		StoreDir:   dir,
+		StoreDir:   t.TempDir(),
 		NoLog:      true,
 		NoSigs:     true,
 		MaxPayload: 8 << 20,
-	})
+	}
+	if edit != nil {
+		edit(o)
+	}
+	ns, err := server.NewServer(o)
 	if err != nil {
 		t.Fatalf("nats server: %v", err)
 	}

@@ -10,13 +10,15 @@ import (
 	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/internal/netlimit"
 	"github.com/millrace/millrace/services/bes/redact"
+	"github.com/millrace/millrace/streams"
 )
 
 // Config of the BES edge. A zero field takes its default; a negative
 // number or duration is refused by New and Validate.
 type Config struct {
 	// MaxEventBytes is the largest single build event accepted. Default
-	// 4 MiB; it must stay below the backbone's max payload.
+	// 4 MiB; it must leave 64 KiB of the backbone's largest message for
+	// headers, and Start lowers it to do so (FitPayload).
 	MaxEventBytes int
 	// MaxStreams is the most event streams open at once; more get
 	// RESOURCE_EXHAUSTED, which Bazel retries with backoff. Default 2000.
@@ -65,6 +67,13 @@ type Config struct {
 	// more than a few. Streams with a valid key in their headers are
 	// authenticated already and not counted. Default 64.
 	MaxPendingPerAddr int
+
+	// limitSetting names what set MaxEventBytes when FitPayload lowered it
+	// to the backbone's largest message, for refusals to name; asked is
+	// what MaxEventBytes was before, which the edge still reads whole so
+	// that an event between the two gets that refusal, not gRPC's.
+	limitSetting string
+	asked        int
 }
 
 // Defaults.
@@ -131,7 +140,7 @@ func (c Config) Validate(maxPayload int64) error {
 	}
 	c = c.withDefaults()
 	// Headers and the envelope around the event take a few hundred bytes.
-	if maxPayload > 0 && int64(c.MaxEventBytes)+64<<10 > maxPayload {
+	if maxPayload > 0 && int64(c.MaxEventBytes)+streams.HeaderRoom > maxPayload {
 		return fmt.Errorf("bes: max event size %d does not fit the backbone's max payload %d (minus 64 KiB for headers)", c.MaxEventBytes, maxPayload)
 	}
 	if c.MaxStreamsPerProject > c.MaxStreams {
@@ -141,6 +150,38 @@ func (c Config) Validate(maxPayload int64) error {
 		return fmt.Errorf("bes: MaxStreamsPerConn %d is above HTTP/2's limit of %d", c.MaxStreamsPerConn, uint32(math.MaxUint32))
 	}
 	return nil
+}
+
+// FitPayload returns c with MaxEventBytes lowered to what the backbone's
+// largest message leaves room for (pl.Room), when that is less, and a
+// sentence for the operator saying so (empty when nothing changed). A NATS
+// cluster left at the stock max_payload of 1 MiB then carries events up to
+// 960 KiB instead of the edge refusing to start; a larger event is refused
+// with a message that names pl's setting, which is the one to raise. An
+// event limit of the edge's own below pl is kept as it is.
+func (c Config) FitPayload(pl streams.PayloadLimit) (Config, string, error) {
+	if pl.Bytes == 0 {
+		return c, "", nil
+	}
+	room := pl.Room()
+	if room < 1<<10 {
+		return c, "", fmt.Errorf("bes: %s leaves no room for build events beside 64 KiB of headers", pl.Setting)
+	}
+	d := c.withDefaults()
+	if d.MaxEventBytes <= room {
+		return c, "", nil
+	}
+	c.asked, c.MaxEventBytes, c.limitSetting = d.MaxEventBytes, room, pl.Setting
+	return c, fmt.Sprintf("BES event limit lowered from %d to %d bytes to fit %s: larger events are refused; raise max_payload on every NATS server (ops/nats/nats-server.conf) to accept them",
+		c.asked, room, pl.Setting), nil
+}
+
+// raise is what a refusal of an oversized event tells the client to change.
+func (c Config) raise() string {
+	if c.limitSetting != "" {
+		return "the limit follows " + c.limitSetting + "; raise max_payload on the NATS servers"
+	}
+	return "raise MILLRACE_BES_MAX_EVENT_BYTES"
 }
 
 // ErrOpenWithoutKeys is returned by CheckExposure.

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/millrace/millrace/streams"
 )
 
 // TestNewRefusesNegatives: a negative limit or timeout is an operator's
@@ -60,5 +62,31 @@ func TestNewChecksTheStream(t *testing.T) {
 	}
 	if _, err := New(Config{MaxEventBytes: max - 64<<10}, nil, b.stream, NewMetrics(nil), nil); err != nil {
 		t.Errorf("MaxEventBytes that fits: %v", err)
+	}
+}
+
+// FitPayload lowers the event limit only when the backbone carries less,
+// keeps a lower limit of the edge's own, and refuses a backbone that
+// leaves no room beside the headers.
+func TestFitPayload(t *testing.T) {
+	stock := streams.PayloadLimit{Bytes: 1 << 20, Setting: "the NATS server's max_payload (1048576 bytes)"}
+	c, note, err := Config{}.FitPayload(stock)
+	if err != nil || c.MaxEventBytes != 1<<20-streams.HeaderRoom || !strings.Contains(note, "max_payload") {
+		t.Errorf("default limit on a stock server: %d, %q, %v; want 983040 and a note naming max_payload", c.MaxEventBytes, note, err)
+	}
+	if !strings.Contains(c.raise(), "max_payload") {
+		t.Errorf("a lowered limit's refusal says %q, want max_payload named", c.raise())
+	}
+	for _, own := range []int{64 << 10, 1<<20 - streams.HeaderRoom} {
+		c, note, err := Config{MaxEventBytes: own}.FitPayload(stock)
+		if err != nil || c.MaxEventBytes != own || note != "" || !strings.Contains(c.raise(), "MILLRACE_BES_MAX_EVENT_BYTES") {
+			t.Errorf("own limit %d: %d, %q, %v; want it kept, no note, the edge's knob named", own, c.MaxEventBytes, note, err)
+		}
+	}
+	if c, note, err := (Config{}).FitPayload(streams.PayloadLimit{}); err != nil || c.MaxEventBytes != 0 || note != "" {
+		t.Errorf("nothing known of the backbone: %+v, %q, %v; want c unchanged", c, note, err)
+	}
+	if _, _, err := (Config{}).FitPayload(streams.PayloadLimit{Bytes: 64 << 10, Setting: "x"}); err == nil {
+		t.Error("a backbone of 64 KiB messages: no error")
 	}
 }

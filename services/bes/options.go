@@ -99,8 +99,10 @@ func (o Options) LoadKeys(ctx context.Context, kf *keyfile.Metrics, log *slog.Lo
 }
 
 // Start listens on o.Listen and serves the edge on bb's BES stream and
-// publisher, with its metrics registered in reg. It refuses, before
-// listening, what cannot be served: limits the backbone cannot carry, an
+// publisher, with its metrics registered in reg. An event limit above
+// what the backbone carries is lowered to fit, with a warning
+// (Config.FitPayload). It refuses, before listening, what cannot be
+// served: limits the backbone cannot carry, an
 // edge without keys open to other hosts (CheckExposure), half a TLS pair
 // (an envflag.UsageError). The returned server serves once its Serve is
 // called. kf and log may be nil.
@@ -113,12 +115,19 @@ func Start(ctx context.Context, o Options, bb *streams.Backbone, reg prometheus.
 	if err != nil {
 		return nil, err
 	}
-	if err := cfg.Validate(bb.Conn.MaxPayload()); err != nil {
-		return nil, err
-	}
 	stream, err := bb.JS.Stream(ctx, subjects.StreamBES)
 	if err != nil {
 		return nil, fmt.Errorf("BES stream: %w", err)
+	}
+	cfg, lowered, err := cfg.FitPayload(bb.Payload(stream))
+	if err != nil {
+		return nil, err
+	}
+	if lowered != "" {
+		log.Warn(lowered)
+	}
+	if err := cfg.Validate(bb.Conn.MaxPayload()); err != nil {
+		return nil, err
 	}
 	if err := CheckExposure(o.Listen, cfg.Keys.Len(), o.InsecureOpen); err != nil {
 		return nil, err

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
 	"google.golang.org/grpc"
@@ -32,6 +33,7 @@ import (
 	"github.com/millrace/millrace/internal/envflag/envflagtest"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // parseOptions registers the edge's flags and parses args.
@@ -142,5 +144,68 @@ func TestStartServesTLS(t *testing.T) {
 	}
 	if err := publish(insecure.NewCredentials()); status.Code(err) != codes.Unavailable {
 		t.Fatalf("a plaintext client: %v, want UNAVAILABLE", err)
+	}
+}
+
+// TestStartFitsStockMaxPayload: against a server left at NATS's stock
+// max_payload of 1 MiB the edge starts (its default event limit of 4 MiB
+// does not fit), warns naming the server's setting, stores an event that
+// fits and refuses a larger one with a message that names that setting.
+func TestStartFitsStockMaxPayload(t *testing.T) {
+	ctx := testCtx(t)
+	ns := testenv.NATSWith(t, func(o *server.Options) { o.MaxPayload = 1 << 20 })
+	bb, err := streams.Open(ctx, streams.Config{URL: ns.ClientURL()}, t.Name(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bb.Close()
+	b := connectBackbone(t, ns, 5*time.Second)
+
+	var logs bytes.Buffer
+	g, err := Start(ctx, parseOptions(t, "-bes-listen", "127.0.0.1:0"), bb, nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatalf("an edge on a server at 1 MiB: %v", err)
+	}
+	const limit = 1<<20 - streams.HeaderRoom
+	for _, want := range []string{"level=WARN", "lowered from 4194304 to 983040 bytes", "max_payload (1048576 bytes)"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the log lacks %q:\n%s", want, logs.String())
+		}
+	}
+	go g.Serve(ctx)
+	defer g.Stop(context.Background())
+	conn, err := grpc.NewClient(g.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := buildpb.NewPublishBuildEventClient(conn)
+
+	for _, c := range []struct {
+		invocation string
+		size       int
+		fits       bool
+	}{{"fits", 900 << 10, true}, {"over", limit + 16<<10, false}} {
+		id := defaultIDs()
+		id.invocation = c.invocation
+		ev := toolReqWith(id, 2, &buildpb.BuildEvent{EventTime: eventTime,
+			Event: &buildpb.BuildEvent_BazelEvent{BazelEvent: bazelEvent(2, strings.Repeat("x", c.size))}})
+		r := publish(ctx, t, client, []*buildpb.PublishBuildToolEventStreamRequest{toolReq(id, 1), ev, finishReq(id, 3)})
+		subject := subjects.BES(testProject, id.invocation)
+		if c.fits {
+			if r.err != nil {
+				t.Fatalf("an event of %d bytes: %v", c.size, r.err)
+			}
+			if n := b.count(t, subject); n != 3 {
+				t.Fatalf("%s holds %d events, want 3", subject, n)
+			}
+			continue
+		}
+		wantCode(t, r.err, codes.InvalidArgument, "over the limit of 983040 bytes", "max_payload")
+		for _, s := range b.toolSeqs(t, subject) {
+			if s > 1 {
+				t.Fatalf("event %d of %s stored", s, subject)
+			}
+		}
 	}
 }

@@ -32,8 +32,8 @@ func (s *Server) redact(obe *buildpb.OrderedBuildEvent) error {
 		return nil
 	}
 	if len(out) > s.cfg.MaxEventBytes {
-		return status.Errorf(codes.InvalidArgument, "millrace: event %d is %d bytes once its secrets are redacted, over the limit of %d bytes (raise MILLRACE_BES_MAX_EVENT_BYTES)",
-			obe.GetSequenceNumber(), len(out), s.cfg.MaxEventBytes)
+		return status.Errorf(codes.InvalidArgument, "millrace: event %d is %d bytes once its secrets are redacted, over the limit of %d bytes (%s)",
+			obe.GetSequenceNumber(), len(out), s.cfg.MaxEventBytes, s.cfg.raise())
 	}
 	ev.Value = out
 	s.m.redacted.Inc()

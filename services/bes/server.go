@@ -80,7 +80,7 @@ func New(cfg Config, pub *streams.Publisher, stream jetstream.Stream, m *Metrics
 		log = slog.Default()
 	}
 	return &Server{cfg: cfg, pub: pub, stream: stream, m: m, log: log, perProject: map[string]int{},
-		opts: append(opts, grpc.MaxRecvMsgSize(cfg.MaxEventBytes+64<<10),
+		opts: append(opts, grpc.MaxRecvMsgSize(max(cfg.MaxEventBytes, cfg.asked)+streams.HeaderRoom),
 			grpc.ReadBufferSize(bufferBytes), grpc.WriteBufferSize(bufferBytes), grpc.SharedWriteBuffer(true),
 			grpc.StaticStreamWindowSize(windowBytes), grpc.StaticConnWindowSize(windowBytes))}, nil
 }
@@ -244,7 +244,7 @@ func (s *Server) PublishLifecycleEvent(ctx context.Context, req *buildpb.Publish
 	}
 	if size := proto.Size(obe); size > s.cfg.MaxEventBytes {
 		s.m.rejected("lifecycle", codes.InvalidArgument)
-		return nil, status.Errorf(codes.InvalidArgument, "millrace: lifecycle event of %d bytes exceeds the limit of %d bytes", size, s.cfg.MaxEventBytes)
+		return nil, status.Errorf(codes.InvalidArgument, "millrace: lifecycle event of %d bytes exceeds the limit of %d bytes (%s)", size, s.cfg.MaxEventBytes, s.cfg.raise())
 	}
 	sid := obe.GetStreamId()
 	key := sid.GetInvocationId()
@@ -631,8 +631,8 @@ func (t *toolStream) check(req *buildpb.PublishBuildToolEventStreamRequest) erro
 		return status.Error(codes.InvalidArgument, "millrace: request has no ordered_build_event")
 	}
 	if size := proto.Size(obe); size > t.s.cfg.MaxEventBytes {
-		return status.Errorf(codes.InvalidArgument, "millrace: event %d is %d bytes, over the limit of %d bytes (raise MILLRACE_BES_MAX_EVENT_BYTES)",
-			obe.GetSequenceNumber(), size, t.s.cfg.MaxEventBytes)
+		return status.Errorf(codes.InvalidArgument, "millrace: event %d is %d bytes, over the limit of %d bytes (%s)",
+			obe.GetSequenceNumber(), size, t.s.cfg.MaxEventBytes, t.s.cfg.raise())
 	}
 	sid := obe.GetStreamId()
 	if sid.GetBuildId() != t.streamID.GetBuildId() || sid.GetInvocationId() != t.streamID.GetInvocationId() {

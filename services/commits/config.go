@@ -10,6 +10,7 @@ import (
 	"github.com/millrace/millrace/commitlog/layout"
 	"github.com/millrace/millrace/internal/apikey"
 	"github.com/millrace/millrace/internal/knob"
+	"github.com/millrace/millrace/streams"
 )
 
 // Config of the commits edge. A zero field takes its default; a negative
@@ -18,7 +19,8 @@ type Config struct {
 	// Keys are the API keys and the worlds each may use.
 	Keys Keys
 	// MaxBodyBytes is the largest document body. Default 1 MiB; at most
-	// the backbone's largest message less 64 KiB for headers.
+	// the backbone's largest message less 64 KiB for headers, and Start
+	// lowers it to that (FitPayload).
 	MaxBodyBytes int
 	// Store is the bucket the compactor folds the log into: versions
 	// dropped from the stream are read from its history segments, and
@@ -39,6 +41,10 @@ type Config struct {
 	// expected version was still current (a false conflict of a replicated
 	// stream) is tried again. Default 8.
 	ConflictRetries int
+
+	// limitSetting names what set MaxBodyBytes when FitPayload lowered it,
+	// for refusals to name.
+	limitSetting string
 }
 
 // Defaults and limits.
@@ -73,6 +79,40 @@ func (c Config) withDefaults() Config {
 		c.ListWait = DefaultListWait
 	}
 	return c
+}
+
+// FitPayload returns c with MaxBodyBytes lowered to what the backbone's
+// largest message leaves room for (pl.Room), when that is less, and a
+// sentence for the operator saying so (empty when nothing changed): a NATS
+// cluster at the stock max_payload of 1 MiB takes bodies up to 960 KiB,
+// and a larger one is refused with a message naming pl's setting.
+func (c Config) FitPayload(pl streams.PayloadLimit) (Config, string, error) {
+	if pl.Bytes == 0 {
+		return c, "", nil
+	}
+	room := pl.Room()
+	if room < 1<<10 {
+		return c, "", fmt.Errorf("commits: %s leaves no room for document bodies beside 64 KiB of headers", pl.Setting)
+	}
+	asked := c.withDefaults().MaxBodyBytes
+	if asked <= room {
+		return c, "", nil
+	}
+	c.MaxBodyBytes, c.limitSetting = room, pl.Setting
+	return c, fmt.Sprintf("commit log body limit lowered from %d to %d bytes to fit %s: larger bodies are refused; raise max_payload on every NATS server (ops/nats/nats-server.conf) to accept them",
+		asked, room, pl.Setting), nil
+}
+
+// tooLarge is the refusal of a body over the limit, naming what to raise.
+func (c Config) tooLarge(size int) string {
+	raise := "raise MILLRACE_COMMITS_MAX_BODY_BYTES"
+	if c.limitSetting != "" {
+		raise = "the limit follows " + c.limitSetting + "; raise max_payload on the NATS servers"
+	}
+	if size < 0 {
+		return fmt.Sprintf("millrace: the body is larger than the limit of %d bytes (%s)", c.MaxBodyBytes, raise)
+	}
+	return fmt.Sprintf("millrace: the body is %d bytes, more than the limit of %d (%s)", size, c.MaxBodyBytes, raise)
 }
 
 // Validate reports what is wrong with c.

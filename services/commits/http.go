@@ -63,7 +63,7 @@ func (s *Server) httpPut(w http.ResponseWriter, r *http.Request) {
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			return nil, errTooLarge{s.cfg.MaxBodyBytes}
+			return nil, errTooLarge{s.cfg.tooLarge(-1)}
 		case err != nil:
 			return nil, status.Errorf(codes.Canceled, "millrace: reading the request body: %v", err)
 		}
@@ -112,11 +112,9 @@ func (s *Server) httpWrite(w http.ResponseWriter, r *http.Request) (write, error
 }
 
 // errTooLarge is a body over the limit: 413.
-type errTooLarge struct{ limit int }
+type errTooLarge struct{ msg string }
 
-func (e errTooLarge) Error() string {
-	return "millrace: the body is larger than the limit of " + strconv.Itoa(e.limit) + " bytes"
-}
+func (e errTooLarge) Error() string { return e.msg }
 
 func (s *Server) respondWrite(w http.ResponseWriter, res *commitspb.PutResponse, err error) {
 	if err != nil {

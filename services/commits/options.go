@@ -17,6 +17,7 @@ import (
 	"github.com/millrace/millrace/internal/supervise"
 	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/streams"
+	"github.com/millrace/millrace/subjects"
 )
 
 // Options are what a process sets to run the edge: the Config knobs, the
@@ -93,6 +94,17 @@ func Start(ctx context.Context, o Options, bb *streams.Backbone, bk *bucket.Buck
 	if err != nil {
 		return nil, err
 	}
+	st, err := bb.JS.Stream(ctx, subjects.StreamCommits)
+	if err != nil {
+		return nil, fmt.Errorf("commits: the %s stream: %w", subjects.StreamCommits, err)
+	}
+	cfg, lowered, err := cfg.FitPayload(bb.Payload(st))
+	if err != nil {
+		return nil, err
+	}
+	if lowered != "" {
+		log.Warn(lowered)
+	}
 	srv, err := New(ctx, cfg, bb.JS, NewMetrics(reg), log)
 	if err != nil {
 		return nil, err
@@ -104,7 +116,7 @@ func Start(ctx context.Context, o Options, bb *streams.Backbone, bk *bucket.Buck
 	}
 	// A Put carries the body and its request: room for headers beside the
 	// largest body.
-	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.Listen, TLS: tc, Options: append(opts, grpc.MaxRecvMsgSize(o.Config.MaxBodyBytes+64<<10))})
+	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.Listen, TLS: tc, Options: append(opts, grpc.MaxRecvMsgSize(max(o.Config.MaxBodyBytes, cfg.MaxBodyBytes)+streams.HeaderRoom))})
 	if err != nil {
 		srv.Close()
 		return nil, fmt.Errorf("commits listen: %w", err)

@@ -1,9 +1,11 @@
 package commits
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -11,9 +13,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/envflag/envflagtest"
@@ -83,5 +88,55 @@ func TestStart(t *testing.T) {
 	res, body := httpClient{t: t, srv: srv, key: key}.do("GET", "/v1/worlds/w/docs/d", "")
 	if res.StatusCode != http.StatusOK || body != "v" {
 		t.Fatalf("HTTP Get of the version put over gRPC: %d %q", res.StatusCode, body)
+	}
+}
+
+// TestStartFitsStockMaxPayload: against a server left at NATS's stock
+// max_payload of 1 MiB the edge starts with its body limit lowered (its
+// default of 1 MiB does not fit beside the headers), warns naming the
+// server's setting, and refuses a larger body over gRPC and HTTP with a
+// message that names it.
+func TestStartFitsStockMaxPayload(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ns := testenv.NATSWith(t, func(o *server.Options) { o.MaxPayload = 1 << 20 })
+	bb, err := streams.Open(ctx, streams.Config{URL: ns.ClientURL()}, t.Name(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bb.Close()
+	var logs bytes.Buffer
+	e, err := Start(ctx, parseOptions(t, "-commits-listen", "127.0.0.1:0", "-commits-api-keys", "*="+keyAll),
+		bb, nil, prometheus.NewRegistry(), nil, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatalf("the edge on a server at 1 MiB: %v", err)
+	}
+	for _, want := range []string{"level=WARN", "lowered from 1048576 to 983040 bytes", "max_payload (1048576 bytes)"} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("the log lacks %q:\n%s", want, logs.String())
+		}
+	}
+	go e.Serve(ctx)
+	defer e.Stop(context.Background())
+	conn, err := grpc.NewClient(e.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := commitspb.NewCommitsClient(conn)
+	if _, err := client.Put(as(keyAll), &commitspb.PutRequest{World: "w", Id: "fits", Body: bytes.Repeat([]byte("x"), 900<<10)}); err != nil {
+		t.Fatalf("a body of 900 KiB: %v", err)
+	}
+	_, err = client.Put(as(keyAll), &commitspb.PutRequest{World: "w", Id: "over", Body: bytes.Repeat([]byte("x"), 1000<<10)})
+	if msg := status.Convert(err).Message(); status.Code(err) != codes.InvalidArgument || !strings.Contains(msg, "limit of 983040") || !strings.Contains(msg, "max_payload") {
+		t.Fatalf("a body of 1000 KiB over gRPC: %v, want INVALID_ARGUMENT naming the limit and max_payload", err)
+	}
+	mux := http.NewServeMux()
+	e.Mount(mux)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	res, body := httpClient{t: t, srv: srv, key: keyAll}.do("PUT", "/v1/worlds/w/docs/over", strings.Repeat("x", 1000<<10))
+	if res.StatusCode != http.StatusRequestEntityTooLarge || !strings.Contains(body, "max_payload") {
+		t.Fatalf("a body of 1000 KiB over HTTP: %d %s, want 413 naming max_payload", res.StatusCode, body)
 	}
 }

@@ -200,7 +200,7 @@ func (s *Server) check(w write) error {
 		return status.Errorf(codes.InvalidArgument, "millrace: %v", err)
 	}
 	if len(w.body) > s.cfg.MaxBodyBytes {
-		return status.Errorf(codes.InvalidArgument, "millrace: the body is %d bytes, more than the limit of %d", len(w.body), s.cfg.MaxBodyBytes)
+		return status.Error(codes.InvalidArgument, s.cfg.tooLarge(len(w.body)))
 	}
 	if len(w.requestID) > maxRequestIDBytes {
 		return status.Errorf(codes.InvalidArgument, "millrace: the request id is %d bytes, more than %d", len(w.requestID), maxRequestIDBytes)
