@@ -212,24 +212,7 @@ func TestFleetGatewayKilled(t *testing.T) {
 	})
 
 	// Watch for any node ever marked unreachable from here on.
-	var (
-		worst     int
-		stopWatch = make(chan struct{})
-		watching  sync.WaitGroup
-	)
-	watching.Go(func() {
-		for {
-			select {
-			case <-stopWatch:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			var u int
-			if err := pool.QueryRow(context.Background(), "select count(*) from fleet_nodes where state = 'unreachable'").Scan(&u); err == nil {
-				worst = max(worst, u)
-			}
-		}
-	})
+	unreachable := watchUnreachable(pool)
 
 	gateway(t, dev, "gw-b", addrB)
 	killed := time.Now()
@@ -246,8 +229,7 @@ func TestFleetGatewayKilled(t *testing.T) {
 		pool.QueryRow(context.Background(), "select liveness_time from fleet_clock").Scan(&clock)
 		return clock.After(killed.Add(grace + 2*time.Second))
 	})
-	close(stopWatch)
-	watching.Wait()
+	worst := unreachable()
 	nodes.mu.Lock()
 	times := slices.Clone(nodes.rehome)
 	nodes.mu.Unlock()

@@ -102,7 +102,7 @@ func (o Options) LoadKeys(ctx context.Context, kf *keyfile.Metrics, log *slog.Lo
 // publisher, with its metrics registered in reg. An event limit above
 // what the backbone carries is lowered to fit, with a warning
 // (Config.FitPayload). It refuses, before listening, what cannot be
-// served: limits the backbone cannot carry, an
+// served: a backbone whose largest message leaves no room for events, an
 // edge without keys open to other hosts (CheckExposure), half a TLS pair
 // (an envflag.UsageError). The returned server serves once its Serve is
 // called. kf and log may be nil.
