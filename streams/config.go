@@ -74,6 +74,14 @@ type Config struct {
 	// holder crashed; a holder that cannot renew for 9/10 of it stops
 	// leading. Default 15s.
 	LeaseTTL time.Duration
+	// PublishTimeout bounds the wait for a stream's acknowledgement of an
+	// asynchronous publish (the edges' events): past it the edge answers
+	// UNAVAILABLE, which Bazel and the agents retry. A stream leader that
+	// lost its quorum takes every message and acknowledges none, so this
+	// is how long a client waits on a cluster that lost a majority. The
+	// election after a node's loss takes a few seconds, well inside it.
+	// Default 10s.
+	PublishTimeout time.Duration
 }
 
 // Defaults.
@@ -86,6 +94,7 @@ const (
 	DefaultDuplicateWindow  = 2 * time.Minute
 	DefaultDeadMaxAge       = 90 * 24 * time.Hour
 	DefaultFleetNodesMaxAge = 7 * 24 * time.Hour
+	DefaultPublishTimeout   = 10 * time.Second
 )
 
 // MinLeaseTTL is the shortest LeaseTTL: renewals go every TTL/3, and a
@@ -126,6 +135,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = DefaultLeaseTTL
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
 	}
 	return c
 }
@@ -178,5 +190,6 @@ func (c Config) notNegative() error {
 		knob.NotNegative("streams", "FleetResvMaxAge", c.FleetResvMaxAge, kept),
 		knob.NotNegative("streams", "FleetPlaceMaxAge", c.FleetPlaceMaxAge, kept),
 		knob.NotNegative("streams", "LeaseTTL", c.LeaseTTL, DefaultLeaseTTL),
+		knob.NotNegative("streams", "PublishTimeout", c.PublishTimeout, DefaultPublishTimeout),
 	)
 }

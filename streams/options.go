@@ -31,7 +31,7 @@ type Options struct {
 	// (Config.BESMaxAge); at least 1.
 	RetentionDays int
 	// DuplicateWindow and LeaseTTL are Config's.
-	DuplicateWindow, LeaseTTL time.Duration
+	DuplicateWindow, LeaseTTL, PublishTimeout time.Duration
 	// MaxPayload is the embedded server's largest message in bytes.
 	MaxPayload int
 }
@@ -48,6 +48,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	envflag.Duration(fs, &o.DuplicateWindow, "nats-duplicate-window", "MILLRACE_NATS_DUPLICATE_WINDOW", DefaultDuplicateWindow, "how long a resent event is recognised as a duplicate")
 	envflag.Size(fs, &o.MaxPayload, "nats-max-payload", "MILLRACE_NATS_MAX_PAYLOAD", DefaultMaxPayload, "embedded server: largest message in bytes")
 	envflag.Duration(fs, &o.LeaseTTL, "nats-lease-ttl", "MILLRACE_NATS_LEASE_TTL", DefaultLeaseTTL, "how long the lease of a consumer led through JetStream (the Kafka export, the compactor) outlives its holder: a standby takes over at most this long after a crash (the millrace_leases bucket's max age)")
+	envflag.Duration(fs, &o.PublishTimeout, "nats-publish-timeout", "MILLRACE_NATS_PUBLISH_TIMEOUT", DefaultPublishTimeout, "how long an edge waits for the backbone to acknowledge an event before answering UNAVAILABLE (which clients retry): a cluster that lost its quorum answers nothing")
 	envflag.String(fs, &o.CredsFile, "nats-creds", "MILLRACE_NATS_CREDS", "", "--nats-url: NATS credentials file (user JWT and seed, as nsc makes them)")
 	envflag.String(fs, &o.NKeySeedFile, "nats-nkey", "MILLRACE_NATS_NKEY", "", "--nats-url: file holding a user nkey seed (SU...); for dev's embedded server from another process: <nats-dir>/auth/service.nk")
 	envflag.String(fs, &o.TLSCA, "nats-tls-ca", "MILLRACE_NATS_TLS_CA", "", "--nats-url: PEM CA bundle the servers' certificates must chain to (turns TLS on)")
@@ -81,6 +82,7 @@ func (o Options) Config(serviceConsumers []string) (Config, error) {
 		DuplicateWindow: o.DuplicateWindow,
 		MaxPayload:      int32(o.MaxPayload),
 		LeaseTTL:        o.LeaseTTL,
+		PublishTimeout:  o.PublishTimeout,
 		Auth: ClientAuth{CredsFile: o.CredsFile, NKeySeedFile: o.NKeySeedFile,
 			TLSCA: o.TLSCA, TLSCert: o.TLSCert, TLSKey: o.TLSKey},
 		ServiceConsumers: serviceConsumers,

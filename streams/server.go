@@ -164,7 +164,7 @@ func Open(ctx context.Context, c Config, name string, m *Metrics) (*Backbone, er
 	b.Conn = nc
 	b.JS, err = jetstream.New(nc,
 		jetstream.WithPublishAsyncMaxPending(DefaultMaxPending),
-		jetstream.WithPublishAsyncTimeout(30*time.Second),
+		jetstream.WithPublishAsyncTimeout(c.PublishTimeout),
 	)
 	if err != nil {
 		b.Close()

@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,14 +15,19 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/schemas/bep"
 	commitspb "github.com/millrace/millrace/schemas/commits"
 	"github.com/millrace/millrace/subjects"
 )
@@ -293,4 +301,112 @@ func (w *counterWriters) check(t *testing.T) {
 		t.Fatalf("the counter reads %d after %d acknowledged increments (compare-and-set lost or doubled a write); resends were answered %v", c.N, w.done, w.errs)
 	}
 	t.Logf("commit log: %d increments, version %d; resends answered %v", c.N, d.Version, w.errs)
+}
+
+// TestNATSQuorumLoss: an edge on a three-node cluster that loses two nodes
+// (the stream's leader kept, so that it takes events and can acknowledge
+// none) answers a build's stream and a lifecycle event with UNAVAILABLE,
+// which Bazel retries, within its publish timeout instead of holding them;
+// without any node its /readyz says not ready; with the nodes back it is
+// ready and stores again.
+func TestNATSQuorumLoss(t *testing.T) {
+	cl := testenv.NATSProcesses(t, 3)
+	edge := &devProcess{t: t, args: []string{"serve", "bes"}, besAddr: freePort(t)}
+	web := freePort(t)
+	edge.env = append(os.Environ(), "MILLRACE_NATS_URL="+cl.URL(), "MILLRACE_NATS_REPLICAS=3",
+		"MILLRACE_BES_LISTEN="+edge.besAddr, "MILLRACE_HTTP_LISTEN="+web, "MILLRACE_NATS_PUBLISH_TIMEOUT=3s")
+	t.Cleanup(edge.kill)
+	edge.start()
+	ready := func() int {
+		res, err := http.Get("http://" + web + "/readyz")
+		if err != nil {
+			return 0
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	poll.Until(t, "the edge ready", func() bool { return ready() == http.StatusOK }, poll.Within(30*time.Second))
+	conn, err := grpc.NewClient(edge.besAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := buildpb.NewPublishBuildEventClient(conn)
+	if err := publishOne(t, client, "before"); err != nil {
+		t.Fatalf("a stream on the whole cluster: %v", err)
+	}
+
+	leader, err := cl.Leader(t.Context(), subjects.StreamBES)
+	if err != nil || leader < 0 {
+		t.Fatalf("the BES stream's leader: %d, %v", leader, err)
+	}
+	cl.Kill((leader + 1) % 3)
+	cl.Kill((leader + 2) % 3)
+	begin := time.Now()
+	err = publishOne(t, client, "no-quorum")
+	if took := time.Since(begin); status.Code(err) != codes.Unavailable {
+		t.Fatalf("a stream without quorum: %v after %s, want UNAVAILABLE", err, took)
+	} else {
+		t.Logf("without quorum the stream ended after %s: %v", took.Round(time.Millisecond), err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	_, err = client.PublishLifecycleEvent(ctx, &buildpb.PublishLifecycleEventRequest{ProjectId: "e2e", BuildEvent: &buildpb.OrderedBuildEvent{
+		StreamId: &buildpb.StreamId{BuildId: "no-quorum", Component: buildpb.StreamId_CONTROLLER}, SequenceNumber: 1,
+		Event: &buildpb.BuildEvent{EventTime: timestamppb.Now(), Event: &buildpb.BuildEvent_BuildEnqueued_{BuildEnqueued: &buildpb.BuildEvent_BuildEnqueued{}}}}})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("a lifecycle event without quorum: %v, want UNAVAILABLE", err)
+	}
+
+	cl.Kill(leader)
+	poll.Until(t, "the edge not ready without a NATS server", func() bool { return ready() == http.StatusServiceUnavailable },
+		poll.Within(30*time.Second))
+	cl.Start(0, 1, 2)
+	poll.Until(t, "the edge ready again", func() bool { return ready() == http.StatusOK }, poll.Within(60*time.Second))
+	poll.Until(t, "a stream stored again", func() bool { return publishOne(t, client, "after") == nil }, poll.Within(60*time.Second))
+}
+
+// publishOne sends a build's stream of one event and its end, as Bazel
+// would, and returns how the edge ended it (nil: every event acknowledged);
+// a stream the edge holds for more than 20 s fails the test.
+func publishOne(t *testing.T, client buildpb.PublishBuildEventClient, invocation string) error {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	st, err := client.PublishBuildToolEventStream(ctx)
+	if err != nil {
+		return err
+	}
+	id := &buildpb.StreamId{BuildId: "b-" + invocation, InvocationId: invocation, Component: buildpb.StreamId_TOOL}
+	ev, err := proto.Marshal(&bep.BuildEvent{
+		Id:      &bep.BuildEventId{Id: &bep.BuildEventId_Progress{Progress: &bep.BuildEventId_ProgressId{}}},
+		Payload: &bep.BuildEvent_Progress{Progress: &bep.Progress{Stdout: "hello"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seq, e := range []*buildpb.BuildEvent{
+		{EventTime: timestamppb.Now(), Event: &buildpb.BuildEvent_BazelEvent{BazelEvent: &anypb.Any{TypeUrl: bep.TypeURL, Value: ev}}},
+		{EventTime: timestamppb.Now(), Event: &buildpb.BuildEvent_ComponentStreamFinished{ComponentStreamFinished: &buildpb.BuildEvent_BuildComponentStreamFinished{
+			Type: buildpb.BuildEvent_BuildComponentStreamFinished_FINISHED}}},
+	} {
+		if err := st.Send(&buildpb.PublishBuildToolEventStreamRequest{ProjectId: "e2e",
+			OrderedBuildEvent: &buildpb.OrderedBuildEvent{StreamId: id, SequenceNumber: int64(seq + 1), Event: e}}); err != nil {
+			break // the edge ended the stream; Recv says how
+		}
+	}
+	st.CloseSend()
+	for acked := 0; ; acked++ {
+		if _, err := st.Recv(); err != nil {
+			if status.Code(err) == codes.DeadlineExceeded {
+				t.Fatalf("the edge held stream %s for 20 s without an answer", invocation)
+			}
+			if errors.Is(err, io.EOF) {
+				if acked != 2 {
+					return fmt.Errorf("stream %s ended after %d of 2 acks", invocation, acked)
+				}
+				return nil
+			}
+			return err
+		}
+	}
 }

@@ -187,11 +187,17 @@ func (c *ProcessCluster) start(i int) {
 	nd.cmd = e
 }
 
-// Start starts node i again on its store after Kill.
-func (c *ProcessCluster) Start(i int) {
+// Start starts nodes again on their stores after Kill, then waits until
+// each is healthy (a node alone is not: it waits for a quorum, so nodes
+// that must come back together start together).
+func (c *ProcessCluster) Start(nodes ...int) {
 	c.t.Helper()
-	c.start(i)
-	c.WaitHealthy(i)
+	for _, i := range nodes {
+		c.start(i)
+	}
+	for _, i := range nodes {
+		c.WaitHealthy(i)
+	}
 }
 
 // Kill ends node i with SIGKILL, as the loss of its host would, and waits
