@@ -15,8 +15,12 @@
 // replay, so the client spends its CPU on gRPC rather than on protobuf.
 //
 // Like Bazel, the client reads acks concurrently with sending (Bazel's gRPC
-// observer does), so the server's ack stream never stalls on flow control;
-// unlike Bazel it does not retry a failed stream: it counts the error and
+// observer does), so the server's ack stream never stalls on flow control,
+// and it retries as Bazel does (Config.Retries): a failed stream is resumed
+// on a new stream from its first unacknowledged event, a failed lifecycle
+// call sent again, after 1 s × 1.6^n; INVALID_ARGUMENT and
+// FAILED_PRECONDITION, a wrong ack and an early close are not retried.
+// What the retries did not get past is counted as an error, and the worker
 // goes on with its next invocation.
 //
 // Two modes: flat out (Config.Rate 0), where each of Config.Streams workers

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
@@ -77,6 +79,16 @@ type Config struct {
 	// Seed makes the phases and rates repeatable.
 	Seed uint64
 
+	// Retries is how many times a failed stream or lifecycle call is tried
+	// again, as Bazel 4 does: a stream resumes on a new stream from its
+	// first unacknowledged event, after Backoff × 1.6^n. Not retried, as
+	// by Bazel: INVALID_ARGUMENT, FAILED_PRECONDITION, a wrong ack, and a
+	// stream closed OK before every event was acknowledged. Default 4;
+	// negative: none (each failure is counted and the invocation given up).
+	Retries int
+	// Backoff is the first retry's wait. Default 1s, Bazel's.
+	Backoff time.Duration
+
 	// OnStreamDone, when set, is called as soon as a tool event stream has
 	// sent and had acknowledged every one of its events, before the
 	// finishing lifecycle events (from the worker's goroutine: it should be
@@ -105,6 +117,7 @@ func (c Config) Validate() error {
 		knob.NotNegative("replay", "Warmup", c.Warmup, "none"),
 		knob.NotNegative("replay", "WarmupEvents", c.WarmupEvents, "no bound"),
 		knob.NotNegative("replay", "Ramp", c.Ramp, "none"),
+		knob.NotNegative("replay", "Backoff", c.Backoff, time.Second),
 	}
 	if c.Ramp > 0 && (c.Rate == 0 || c.Warmup > 0) {
 		errs = append(errs, errors.New("replay: Ramp is for paced runs without a warm-up (a warm-up spreads the streams' starts itself)"))
@@ -137,6 +150,15 @@ func (c Config) withDefaults() Config {
 	if c.WarmupPhase == 0 {
 		c.WarmupPhase = 1
 	}
+	if c.Retries == 0 {
+		c.Retries = 4
+	}
+	if c.Retries < 0 {
+		c.Retries = 0
+	}
+	if c.Backoff == 0 {
+		c.Backoff = time.Second
+	}
 	return c
 }
 
@@ -159,9 +181,14 @@ type Result struct {
 	Truncated   int64
 	Failed      int64
 	// Errors by kind ("stream Unavailable", "ack mismatch", ...), and the
-	// first few messages.
+	// first few messages: failures the retries did not get past.
 	Errors       map[string]int64
 	ErrorSamples []string
+	// Retried are the failures that were tried again, by kind, and
+	// Resumed the streams that went on from their first unacknowledged
+	// event on a new stream.
+	Retried map[string]int64
+	Resumed int64
 	// Ack latencies of tool events sent in the window; of those sent during
 	// the warm-up; and of lifecycle calls in the window.
 	Ack       *Histogram
@@ -183,7 +210,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		cfg:   cfg,
 		stopC: make(chan struct{}),
 		res: &Result{
-			Errors: map[string]int64{}, Ack: new(Histogram), WarmupAck: new(Histogram), Lifecycle: new(Histogram),
+			Errors: map[string]int64{}, Retried: map[string]int64{}, Ack: new(Histogram), WarmupAck: new(Histogram), Lifecycle: new(Histogram),
 		},
 		codec: grpc.ForceCodecV2(newRawCodec()),
 	}
@@ -230,6 +257,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Invocations = r.invocations.Load()
 	res.Truncated = r.truncated.Load()
 	res.Failed = r.failed.Load()
+	res.Resumed = r.resumed.Load()
 	return res, ctx.Err()
 }
 
@@ -246,7 +274,7 @@ type runner struct {
 
 	next, claimed atomic.Int64
 	toolEvents, lifecycleEvents, sent, windowEvents,
-	invocations, truncated, failed atomic.Int64
+	invocations, truncated, failed, resumed atomic.Int64
 
 	mu  sync.Mutex // guards res.Errors and res.ErrorSamples
 	res *Result
@@ -274,6 +302,44 @@ func (r *runner) stopping() bool {
 		return false
 	}
 }
+
+// retry reports whether a failure of this kind is tried again after the
+// retry-th (from 0), and waits the backoff first; false when it is given
+// up, the run stops, or ctx ends.
+func (r *runner) retry(ctx context.Context, retry int, kind string, err error) bool {
+	if retry >= r.cfg.Retries || !retriable(err) || r.stopping() || ctx.Err() != nil {
+		return false
+	}
+	r.mu.Lock()
+	r.res.Retried[kind]++
+	r.mu.Unlock()
+	d := time.Duration(float64(r.cfg.Backoff) * math.Pow(1.6, float64(retry)))
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-r.stopC:
+		return false
+	}
+}
+
+// retriable: what Bazel 4 tries again. errNoRetry marks the client's own
+// verdicts that Bazel fails on (a wrong ack, an early close).
+func retriable(err error) bool {
+	if errors.Is(err, errNoRetry) {
+		return false
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.FailedPrecondition:
+		return false
+	}
+	return true
+}
+
+var errNoRetry = errors.New("not retried")
 
 func (r *runner) error(kind string, err error) {
 	r.mu.Lock()
@@ -415,7 +481,12 @@ func (r *runner) invocation(ctx context.Context, w *worker, s *Script) {
 
 func (r *runner) lifecycle(ctx context.Context, w *worker, req *buildpb.PublishLifecycleEventRequest) (time.Time, error) {
 	t0 := time.Now()
-	_, err := w.client.PublishLifecycleEvent(ctx, req)
+	var err error
+	for retry := 0; ; retry++ {
+		if _, err = w.client.PublishLifecycleEvent(ctx, req); err == nil || !r.retry(ctx, retry, "lifecycle "+status.Code(err).String(), err) {
+			break
+		}
+	}
 	t1 := time.Now()
 	if err != nil {
 		if ctx.Err() == nil {
@@ -432,20 +503,48 @@ func (r *runner) lifecycle(ctx context.Context, w *worker, req *buildpb.PublishL
 }
 
 // stream sends one invocation's tool events as Bazel does and reads the
-// acks as they come. complete is false when the run's stop cut the stream
-// short; at is when the last ack arrived.
+// acks as they come; a failed stream is resumed on a new one from its
+// first unacknowledged event (Config.Retries). complete is false when the
+// run's stop cut the stream short; at is when the last ack arrived.
 func (r *runner) stream(ctx context.Context, w *worker, ts *ToolStream, ids streamIDs) (complete bool, at time.Time, err error) {
+	st := &streamState{sentAt: make([]atomic.Int64, len(ts.Requests))}
+	for retry := 0; ; retry++ {
+		complete, kind, err := r.attempt(ctx, w, ts, ids, st)
+		if err == nil {
+			return complete, st.last, nil
+		}
+		if !r.retry(ctx, retry, kind, err) {
+			if ctx.Err() == nil {
+				r.error(kind, err)
+			}
+			return false, st.last, err
+		}
+		r.resumed.Add(1)
+	}
+}
+
+// streamState is what one invocation's stream has done over its attempts.
+type streamState struct {
+	// sentAt[i] is when event i was first handed to gRPC (a resent event's
+	// ack latency counts from there, as its build waited that long).
+	sentAt []atomic.Int64
+	// sent events went out at least once; acked is the first
+	// unacknowledged one.
+	sent, acked int
+	last        time.Time
+}
+
+// attempt is one PublishBuildToolEventStream: the events from st.acked on,
+// those already sent once resent at once and the rest paced. kind names a
+// failure for the counts.
+func (r *runner) attempt(ctx context.Context, w *worker, ts *ToolStream, ids streamIDs, st *streamState) (complete bool, kind string, err error) {
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	cs, err := w.client.PublishBuildToolEventStream(sctx, r.codec)
 	if err != nil {
-		if ctx.Err() == nil {
-			r.error("stream "+status.Code(err).String(), err)
-		}
-		return false, time.Time{}, err
+		return false, "stream " + status.Code(err).String(), err
 	}
-	n := len(ts.Requests)
-	sentAt := make([]atomic.Int64, n)
+	n, from := len(ts.Requests), st.acked
 
 	type recvResult struct {
 		acked int
@@ -467,16 +566,16 @@ func (r *runner) stream(ctx context.Context, w *worker, ts *ToolStream, ids stre
 				break
 			}
 			now := time.Now()
-			i := res.acked
+			i := from + res.acked
 			if i >= n || ack.GetSequenceNumber() != ts.Requests[i].GetOrderedBuildEvent().GetSequenceNumber() ||
 				ack.GetStreamId().GetInvocationId() != ids.sid.InvocationId || ack.GetStreamId().GetBuildId() != ids.sid.BuildId {
-				res.err = fmt.Errorf("invocation %s: ack #%d is for %s/%s sequence %d", ids.sid.InvocationId, i+1,
+				res.err = fmt.Errorf("%w: invocation %s: ack #%d is for %s/%s sequence %d", errNoRetry, ids.sid.InvocationId, i+1,
 					ack.GetStreamId().GetBuildId(), ack.GetStreamId().GetInvocationId(), ack.GetSequenceNumber())
 				res.kind = "ack mismatch"
 				cancel()
 				break
 			}
-			sent := time.Unix(0, sentAt[i].Load())
+			sent := time.Unix(0, st.sentAt[i].Load())
 			if sent.Before(r.measureFrom) {
 				r.res.WarmupAck.Record(now.Sub(sent))
 			} else {
@@ -490,33 +589,34 @@ func (r *runner) stream(ctx context.Context, w *worker, ts *ToolStream, ids stre
 		recvDone <- res
 	}()
 
-	sent := 0
-	for i := range n {
-		if !w.pace.wait(sctx) {
-			break
+	sent := from
+	for i := from; i < n; i++ {
+		if i >= st.sent {
+			if !w.pace.wait(sctx) {
+				break
+			}
+			st.sentAt[i].Store(time.Now().UnixNano())
+			st.sent++
+			r.sent.Add(1)
 		}
-		b := ts.request(i, ids)
-		sentAt[i].Store(time.Now().UnixNano())
-		if err := cs.SendMsg(frame(b)); err != nil {
+		if err := cs.SendMsg(frame(ts.request(i, ids))); err != nil {
 			break // the stream ended; RecvMsg has the status
 		}
-		sent++
+		sent = i + 1
 	}
-	r.sent.Add(int64(sent))
 	cs.CloseSend()
 	res := <-recvDone
+	st.acked = from + res.acked
+	if res.acked > 0 {
+		st.last = res.last
+	}
 	switch {
 	case res.err != nil:
-		if ctx.Err() == nil {
-			r.error(res.kind, res.err)
-		}
-		return false, res.last, res.err
-	case res.acked != sent:
-		err := fmt.Errorf("invocation %s: the server closed the stream OK after %d acks for %d events", ids.sid.InvocationId, res.acked, sent)
-		r.error("early close", err)
-		return false, res.last, err
+		return false, res.kind, res.err
+	case st.acked != sent:
+		return false, "early close", fmt.Errorf("%w: invocation %s: the server closed the stream OK after %d acks for %d events", errNoRetry, ids.sid.InvocationId, st.acked, sent)
 	}
-	return sent == n, res.last, nil
+	return sent == n, "", nil
 }
 
 // pacer spaces one worker's events.

@@ -2,15 +2,22 @@ package replay
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
 	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/emptypb"
 
 	"github.com/millrace/millrace/loadtest/besrecord"
 )
@@ -216,5 +223,122 @@ func TestHistogram(t *testing.T) {
 		if v > bucketHigh(i) || (i > 0 && v <= bucketHigh(i-1)) {
 			t.Fatalf("value %d in bucket %d [%d, %d]", v, i, bucketHigh(i-1)+1, bucketHigh(i))
 		}
+	}
+}
+
+// breakingServer acknowledges events as a BES server does but ends the
+// first stream of every invocation with UNAVAILABLE after three acks, and
+// the first lifecycle call with UNAVAILABLE too; a later stream of an
+// invocation that does not start at its first unacknowledged event, or an
+// event out of order, is refused with FAILED_PRECONDITION.
+type breakingServer struct {
+	buildpb.UnimplementedPublishBuildEventServer
+	mu         sync.Mutex
+	lifecycles int
+	acked      map[string]int64 // invocation -> last acknowledged sequence
+	resumedAt  []int64          // first sequence of each resumed stream
+	refuse     codes.Code       // when set, every first stream ends with it instead
+}
+
+func (s *breakingServer) PublishLifecycleEvent(context.Context, *buildpb.PublishLifecycleEventRequest) (*emptypb.Empty, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.lifecycles++; s.lifecycles == 1 {
+		return nil, status.Error(codes.Unavailable, "first lifecycle call refused")
+	}
+	return &emptypb.Empty{}, nil
+}
+
+func (s *breakingServer) PublishBuildToolEventStream(st buildpb.PublishBuildEvent_PublishBuildToolEventStreamServer) error {
+	first, resumed := true, false
+	acks := 0
+	for {
+		req, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		obe := req.GetOrderedBuildEvent()
+		inv, seq := obe.GetStreamId().GetInvocationId(), obe.GetSequenceNumber()
+		s.mu.Lock()
+		last, known := s.acked[inv]
+		if first && known {
+			s.resumedAt = append(s.resumedAt, seq)
+			resumed = true
+		}
+		s.mu.Unlock()
+		if seq != last+1 {
+			return status.Errorf(codes.FailedPrecondition, "invocation %s: sequence %d after %d", inv, seq, last)
+		}
+		if !resumed && acks == 3 {
+			if s.refuse != codes.OK {
+				return status.Error(s.refuse, "refused")
+			}
+			return status.Error(codes.Unavailable, "stream broken")
+		}
+		first = false
+		if err := st.Send(&buildpb.PublishBuildToolEventStreamResponse{StreamId: obe.GetStreamId(), SequenceNumber: seq}); err != nil {
+			return err
+		}
+		acks++
+		s.mu.Lock()
+		s.acked[inv] = seq
+		s.mu.Unlock()
+	}
+}
+
+func serveBreaking(t *testing.T, s *breakingServer) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	buildpb.RegisterPublishBuildEventServer(g, s)
+	go g.Serve(l)
+	t.Cleanup(g.Stop)
+	return l.Addr().String()
+}
+
+// TestRunResumes: a broken stream is resumed, as Bazel resumes it, on a new
+// stream from its first unacknowledged event after a backoff, and a
+// refused lifecycle call is tried again; the invocations complete and only
+// the retries count what happened. A refusal Bazel does not retry
+// (FAILED_PRECONDITION) fails the invocation.
+func TestRunResumes(t *testing.T) {
+	s := &breakingServer{acked: map[string]int64{}}
+	scripts, _ := Scripts(recording(2, 10))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := Run(ctx, Config{Target: serveBreaking(t, s), Scripts: scripts, Streams: 2, Events: 24 * 2, Backoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Errors) != 0 || res.Failed != 0 || res.Invocations != 4 {
+		t.Fatalf("invocations %d, failed %d, errors %v %v; want 4 complete", res.Invocations, res.Failed, res.Errors, res.ErrorSamples)
+	}
+	if res.Resumed != 4 || res.Retried["stream Unavailable"] != 4 || res.Retried["lifecycle Unavailable"] != 1 {
+		t.Fatalf("resumed %d, retried %v; want 4 streams resumed and one lifecycle call retried", res.Resumed, res.Retried)
+	}
+	if res.ToolEvents != 40 || res.ToolEventsSent != 40 {
+		t.Fatalf("%d tool events acknowledged of %d sent, want 40 each (resends are not new events)", res.ToolEvents, res.ToolEventsSent)
+	}
+	s.mu.Lock()
+	for _, seq := range s.resumedAt {
+		if seq != 4 {
+			t.Errorf("a stream resumed at sequence %d, want 4 (after the 3 acknowledged)", seq)
+		}
+	}
+	s.mu.Unlock()
+
+	refusing := &breakingServer{acked: map[string]int64{}, refuse: codes.FailedPrecondition, lifecycles: 1}
+	res, err = Run(ctx, Config{Target: serveBreaking(t, refusing), Scripts: scripts, Events: 1, Backoff: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Failed != 1 || res.Resumed != 0 || res.Errors["stream FailedPrecondition"] != 1 {
+		t.Fatalf("a FAILED_PRECONDITION stream: failed %d, resumed %d, errors %v; want it failed, not retried", res.Failed, res.Resumed, res.Errors)
 	}
 }

@@ -71,6 +71,11 @@ type runReport struct {
 
 	Errors       map[string]int64 `json:"errors"`
 	ErrorSamples []string         `json:"error_samples,omitempty"`
+	// Retried are the failures the client tried again as Bazel does, by
+	// kind; StreamsResumed the streams that went on from their first
+	// unacknowledged event (replay.Result).
+	Retried        map[string]int64 `json:"retried,omitempty"`
+	StreamsResumed int64            `json:"streams_resumed,omitempty"`
 
 	AckLatency       *replay.Summary `json:"ack_latency,omitempty"`
 	WarmupAckLatency *replay.Summary `json:"warmup_ack_latency,omitempty"`

@@ -545,6 +545,8 @@ func fillRun(name string, res *replay.Result, streams int, nats string, syncSett
 		Failed:           res.Failed,
 		Errors:           res.Errors,
 		ErrorSamples:     res.ErrorSamples,
+		Retried:          res.Retried,
+		StreamsResumed:   res.Resumed,
 		AckLatency:       summaryPtr(res.Ack),
 		LifecycleLatency: summaryPtr(res.Lifecycle),
 	}
