@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/internal/poll"
+	"github.com/millrace/millrace/internal/testenv"
+	"github.com/millrace/millrace/loadtest/balancer"
+	"github.com/millrace/millrace/loadtest/besrecord"
+	"github.com/millrace/millrace/loadtest/replay"
+)
+
+// besEdge starts `millrace serve bes` on addr, on dev's backbone, with a
+// shutdown that cuts open streams after 2 s (the default waits 20 s for
+// builds that may run for an hour; either way their clients resume).
+func besEdge(t *testing.T, dev *devProcess, addr string) *devProcess {
+	t.Helper()
+	e := &devProcess{t: t, args: []string{"serve", "bes"}, besAddr: addr}
+	e.env = append(os.Environ(),
+		"MILLRACE_NATS_URL="+dev.natsURL,
+		"MILLRACE_NATS_NKEY="+dev.natsNKey,
+		"MILLRACE_BES_LISTEN="+addr,
+		"MILLRACE_HTTP_LISTEN=127.0.0.1:0",
+		"MILLRACE_SHUTDOWN_TIMEOUT=2s",
+	)
+	t.Cleanup(e.kill)
+	e.start()
+	return e
+}
+
+// TestRollingRestartOfEdges: two BES edges behind a TCP balancer, real
+// Bazel and paced builds from the load generator (which resumes as Bazel
+// does) going through it; the edges are restarted one after the other
+// (SIGTERM, then started again) while the builds run. Bazel finishes as it
+// would have and its projection matches its JSON; every build of the load
+// generator completes, and the events it had acknowledged are projected
+// once each.
+func TestRollingRestartOfEdges(t *testing.T) {
+	needBazel(t)
+	db := testenv.Database(t)
+	dev := newDev(t, db)
+	dev.start()
+	addrA, addrB := freePort(t), freePort(t)
+	edges := []*devProcess{besEdge(t, dev, addrA), besEdge(t, dev, addrB)}
+	bal, err := balancer.Start("127.0.0.1:0", addrA, addrB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bal.Close()
+
+	recs, err := besrecord.Read(filepath.Join("..", "..", "loadtest", "fixtures", "bazel-build-10.besrec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripts, _ := replay.Scripts(recs)
+	const builds, streams = 16, 8
+	type outcome struct {
+		res *replay.Result
+		err error
+	}
+	loadDone := make(chan outcome, 1)
+	go func() {
+		// 25 events a second per stream: each build takes a few seconds,
+		// so that every restart finds builds under way.
+		res, err := replay.Run(context.Background(), replay.Config{Target: bal.Addr(), Scripts: scripts[:1], Streams: streams,
+			Projects: []string{"load"}, Rate: 25 * streams, Events: int64(builds * scripts[0].Events()), Seed: 3})
+		loadDone <- outcome{res, err}
+	}()
+	run := newBazelRun(t, 10, bal.Addr())
+	wait := run.start(t)
+
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	poll.Until(t, "the builds' first events projected", func() bool { return lastSeen(pool, run.project, run.invocationID) >= 1 },
+		poll.Within(2*time.Minute), poll.Every(10*time.Millisecond))
+	atRestart := lastSeen(pool, run.project, run.invocationID)
+	for i, e := range edges {
+		began := time.Now()
+		e.stop()
+		e.start()
+		t.Logf("edge %d restarted in %s", i+1, time.Since(began).Round(time.Millisecond))
+	}
+
+	code, out := wait()
+	run.checkExit(t, code, out, " through a rolling restart of the edges", edges[0].output()+edges[1].output())
+	run.checkProjection(t, db)
+	if final := lastSeen(pool, run.project, run.invocationID); final <= atRestart {
+		t.Errorf("Bazel sent nothing after the first restart began (%d events before, %d in all)", atRestart, final)
+	}
+	o := <-loadDone
+	if o.err != nil {
+		t.Fatal(o.err)
+	}
+	res := o.res
+	if len(res.Errors) > 0 || res.Failed > 0 || res.Invocations != builds {
+		t.Fatalf("the load generator: %d of %d builds complete, %d failed, errors %v %v", res.Invocations, builds, res.Failed, res.Errors, res.ErrorSamples)
+	}
+	if res.Resumed == 0 {
+		t.Fatalf("no stream of the load generator was broken by the restarts (retried %v): the restart was not tested", res.Retried)
+	}
+	ack := res.Ack.Summary()
+	t.Logf("load generator: %d builds, %d streams resumed, retried %v; ack p50 %.1f ms, p99 %.1f ms, max %.1f ms",
+		res.Invocations, res.Resumed, res.Retried, ack.P50MS, ack.P99MS, ack.MaxMS)
+	var finished, events int64
+	waitUntil(t, "the load generator's builds projected", func() bool {
+		err := pool.QueryRow(context.Background(),
+			"select count(*) filter (where status <> 'running'), coalesce(sum(event_count), 0) from invocations where project = 'load'").Scan(&finished, &events)
+		return err == nil && finished == builds
+	})
+	if events != res.ToolEvents {
+		t.Fatalf("the projection holds %d tool events of the load generator's builds; it had %d acknowledged", events, res.ToolEvents)
+	}
+	served, failed := bal.Served()
+	t.Logf("balancer: connections %v, %d found no edge up", served, failed)
+	dev.stop()
+}
