@@ -2,8 +2,10 @@ package main
 
 import (
 	"context"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/loadtest/balancer"
 	"github.com/millrace/millrace/loadtest/besrecord"
+	"github.com/millrace/millrace/loadtest/fleetsim"
 	"github.com/millrace/millrace/loadtest/replay"
 )
 
@@ -122,4 +125,63 @@ func TestRollingRestartOfEdges(t *testing.T) {
 	served, failed := bal.Served()
 	t.Logf("balancer: connections %v, %d found no edge up", served, failed)
 	dev.stop()
+}
+
+// TestRollingRestartOfGateways: nodes of the fleet simulator on two
+// gateways with reservations being placed, bound and cancelled; the
+// gateways are restarted one after the other (SIGTERM, then started
+// again). Nodes re-home to the gateway that is up, no node is marked
+// unreachable, and no node is told to bind a GPU it holds for another
+// allocation (binds.conflicts).
+func TestRollingRestartOfGateways(t *testing.T) {
+	db := testenv.Database(t)
+	const grace = 10 * time.Second
+	dev := fleetDev(t, db, "MILLRACE_PLACER_UNBIND_RETRY=1s", "MILLRACE_FLEET_UNREACHABLE_AFTER="+grace.String())
+	b, err := os.ReadFile(filepath.Join(dev.fleetDir, "api-keys"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, key, _ := strings.Cut(strings.TrimSpace(string(b)), "=")
+	addrA, addrB := freePort(t), freePort(t)
+	gws := []*devProcess{gateway(t, dev, "gw-a", addrA), gateway(t, dev, "gw-b", addrB)}
+	cfg := fleetsim.Config{
+		Gateways: []string{addrA, addrB}, ServerName: "localhost",
+		Nodes: 24, NodePrefix: "roll-", Pool: "roll", GPUsPerNode: 4,
+		CACert: filepath.Join(dev.fleetDir, "ca", "ca.crt"), CAKey: filepath.Join(dev.fleetDir, "ca", "ca.key"),
+		Duration: 20 * time.Second, Ramp: time.Second, Settle: 5 * time.Second,
+		ReservationsAddr: dev.resvAddr, APIKey: key, ReservationRate: 15, ReservationHold: 2 * time.Second,
+		DatabaseURL: db, UnreachableAfter: grace, ProgressEvery: -1, Seed: 11,
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := make(chan struct{})
+	go func() {
+		defer close(restarted)
+		for _, g := range gws {
+			time.Sleep(4 * time.Second) // where in the load each restart falls; nothing waits on it
+			g.stop()
+			g.start()
+		}
+	}()
+	rep, err := fleetsim.Run(context.Background(), cfg, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-restarted
+	traceConflicts(t, db, rep.Binds.ConflictSamples)
+	t.Logf("binds %d, conflicts %d, unbinds %d; re-homes %d (p50 %.0f ms, p99 %.0f ms); unreachable marks %d",
+		rep.Binds.Received, rep.Binds.Conflicts, rep.Binds.Unbinds, rep.Rehome.Count, rep.Rehome.P50MS, rep.Rehome.P99MS, rep.Liveness.UnreachableMarks)
+	switch {
+	case rep.Binds.Received == 0:
+		t.Fatal("no binds: the reservations were not placed")
+	case rep.Rehome.Count == 0:
+		t.Fatal("no node re-homed: the restarts were not felt")
+	case rep.Binds.Conflicts != 0:
+		t.Fatalf("%d Binds met a GPU held for another allocation", rep.Binds.Conflicts)
+	case rep.Liveness.UnreachableMarks != 0:
+		t.Fatalf("%d nodes were marked unreachable while the gateways restarted", rep.Liveness.UnreachableMarks)
+	case rep.DoubleBookings != nil && rep.DoubleBookings.Total != 0:
+		t.Fatalf("double bookings at the end: %+v", *rep.DoubleBookings)
+	}
 }
