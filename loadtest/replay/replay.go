@@ -89,6 +89,12 @@ type Config struct {
 	// Backoff is the first retry's wait. Default 1s, Bazel's.
 	Backoff time.Duration
 
+	// SeriesStep, above 0, also keeps the tool events' ack latencies per
+	// step of the time they were first sent (Result.AckSeries), so that a
+	// run can tell what clients saw while something happened to the
+	// server (a rolling restart).
+	SeriesStep time.Duration
+
 	// OnStreamDone, when set, is called as soon as a tool event stream has
 	// sent and had acknowledged every one of its events, before the
 	// finishing lifecycle events (from the worker's goroutine: it should be
@@ -118,6 +124,7 @@ func (c Config) Validate() error {
 		knob.NotNegative("replay", "WarmupEvents", c.WarmupEvents, "no bound"),
 		knob.NotNegative("replay", "Ramp", c.Ramp, "none"),
 		knob.NotNegative("replay", "Backoff", c.Backoff, time.Second),
+		knob.NotNegative("replay", "SeriesStep", c.SeriesStep, "none"),
 	}
 	if c.Ramp > 0 && (c.Rate == 0 || c.Warmup > 0) {
 		errs = append(errs, errors.New("replay: Ramp is for paced runs without a warm-up (a warm-up spreads the streams' starts itself)"))
@@ -189,6 +196,10 @@ type Result struct {
 	// event on a new stream.
 	Retried map[string]int64
 	Resumed int64
+	// AckSeries[i] holds the ack latencies of tool events first sent
+	// between Elapsed i×SeriesStep and (i+1)×SeriesStep from the start
+	// (Config.SeriesStep; nil without).
+	AckSeries []*Histogram
 	// Ack latencies of tool events sent in the window; of those sent during
 	// the warm-up; and of lifecycle calls in the window.
 	Ack       *Histogram
@@ -258,6 +269,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res.Truncated = r.truncated.Load()
 	res.Failed = r.failed.Load()
 	res.Resumed = r.resumed.Load()
+	res.AckSeries = r.series
 	return res, ctx.Err()
 }
 
@@ -276,8 +288,9 @@ type runner struct {
 	toolEvents, lifecycleEvents, sent, windowEvents,
 	invocations, truncated, failed, resumed atomic.Int64
 
-	mu  sync.Mutex // guards res.Errors and res.ErrorSamples
-	res *Result
+	mu     sync.Mutex // guards res.Errors, res.ErrorSamples, res.Retried and series
+	res    *Result
+	series []*Histogram
 }
 
 func (r *runner) close() {
@@ -301,6 +314,37 @@ func (r *runner) stopping() bool {
 	default:
 		return false
 	}
+}
+
+// recordSeries adds an ack latency to the step of its send time.
+func (r *runner) recordSeries(sent time.Time, d time.Duration) {
+	if r.cfg.SeriesStep <= 0 {
+		return
+	}
+	i := max(0, int(sent.Sub(r.start)/r.cfg.SeriesStep))
+	r.mu.Lock()
+	for len(r.series) <= i {
+		r.series = append(r.series, new(Histogram))
+	}
+	h := r.series[i]
+	r.mu.Unlock()
+	h.Record(d)
+}
+
+// Between merges the steps of a series (Result.AckSeries, steps of step)
+// that overlap from..to, durations since the run's start.
+func Between(series []*Histogram, step, from, to time.Duration) *Histogram {
+	h := new(Histogram)
+	if step <= 0 {
+		return h
+	}
+	for i, s := range series {
+		at := time.Duration(i) * step
+		if at+step > from && at <= to {
+			h.Merge(s)
+		}
+	}
+	return h
 }
 
 // retry reports whether a failure of this kind is tried again after the
@@ -576,6 +620,7 @@ func (r *runner) attempt(ctx context.Context, w *worker, ts *ToolStream, ids str
 				break
 			}
 			sent := time.Unix(0, st.sentAt[i].Load())
+			r.recordSeries(sent, now.Sub(sent))
 			if sent.Before(r.measureFrom) {
 				r.res.WarmupAck.Record(now.Sub(sent))
 			} else {

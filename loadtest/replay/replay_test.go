@@ -342,3 +342,29 @@ func TestRunResumes(t *testing.T) {
 		t.Fatalf("a FAILED_PRECONDITION stream: failed %d, resumed %d, errors %v; want it failed, not retried", res.Failed, res.Resumed, res.Errors)
 	}
 }
+
+// TestRunSeries: with SeriesStep the acks are also kept by when their
+// events were sent, every ack in one step or another.
+func TestRunSeries(t *testing.T) {
+	rec, err := besrecord.Start("127.0.0.1:0", filepath.Join(t.TempDir(), "series.besrec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rec.Close()
+	scripts, _ := Scripts(recording(2, 40))
+	res, err := Run(context.Background(), Config{Target: rec.Addr(), Scripts: scripts, Streams: 2, Rate: 200, Events: 4 * 44,
+		SeriesStep: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.AckSeries) < 3 {
+		t.Fatalf("%d steps of 100 ms in a run of %s", len(res.AckSeries), res.Elapsed)
+	}
+	all := Between(res.AckSeries, 100*time.Millisecond, 0, res.Elapsed)
+	if all.Count() != uint64(res.ToolEvents) {
+		t.Fatalf("the series holds %d acks, the run %d", all.Count(), res.ToolEvents)
+	}
+	if first := Between(res.AckSeries, 100*time.Millisecond, 0, 50*time.Millisecond); first.Count() != res.AckSeries[0].Count() {
+		t.Fatalf("the first 50 ms: %d acks, want the first step's %d", first.Count(), res.AckSeries[0].Count())
+	}
+}

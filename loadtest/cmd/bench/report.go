@@ -38,9 +38,11 @@ type scenarioReport struct {
 	// Million is the million-events scenario's figures.
 	Million *millionReport `json:"million,omitempty"`
 	// Pages are the console-pages scenario's figures.
-	Pages  *pagesReport `json:"pages,omitempty"`
-	Checks []check      `json:"checks"`
-	Error  string       `json:"error,omitempty"`
+	Pages *pagesReport `json:"pages,omitempty"`
+	// Rolling is the edges-rolling scenario's figures.
+	Rolling *rollingReport `json:"rolling,omitempty"`
+	Checks  []check        `json:"checks"`
+	Error   string         `json:"error,omitempty"`
 	// Skipped says why a scenario did not run (e.g. bazel-real without
 	// Bazel); it has no checks then, and is not a failure.
 	Skipped string `json:"skipped,omitempty"`
@@ -194,6 +196,11 @@ func atLeast(name string, v, target float64, unit, note string) check {
 
 func atMost(name string, v, target float64, unit, note string) check {
 	return check{Name: name, Value: roundFigure(v, 2), Unit: unit, Target: fmt.Sprintf("<= %s", num(target)), Pass: v <= target, Note: note}
+}
+
+// exactly is a check that v is target: a count that must come out even.
+func exactly(name string, v, target float64, unit, note string) check {
+	return check{Name: name, Value: v, Unit: unit, Target: fmt.Sprintf("= %s", num(target)), Pass: v == target, Note: note}
 }
 
 func below(name string, v, target float64, unit, note string) check {

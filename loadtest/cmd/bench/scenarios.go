@@ -202,6 +202,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.millionScenario(ctx, rep)
 	case scConsolePages:
 		err = b.pagesScenario(ctx, rep)
+	case scEdgesRolling:
+		err = b.rollingScenario(ctx, rep)
 	}
 	if err != nil {
 		rep.Error = err.Error()
@@ -350,6 +352,11 @@ type edge struct {
 	bes     string
 	natsURL string
 	metrics string // its /metrics URL
+	// ready, env and dir start it again as it was (restartEdge); starts
+	// counts its processes, each with a log of its own in dir.
+	ready, dir, name string
+	env              []string
+	starts           int
 }
 
 // startEdge starts the edge; natsURL empty embeds JetStream in it. extra
@@ -381,15 +388,32 @@ func (b *bench) startEdge(ctx context.Context, dir, natsURL string, extra ...str
 		env = append(env, natsEnv(natsURL)...)
 	}
 	env = append(append(env, b.edgeEnv...), extra...)
-	p, err := startProc("edge", b.cfg.bin, []string{"serve", "bes"}, env, filepath.Join(dir, "edge.log"))
+	e := &edge{bes: bes, natsURL: natsURL, metrics: "http://" + web + "/metrics", ready: "http://" + web + "/readyz",
+		dir: dir, name: "edge", env: env}
+	if err := b.restartEdge(ctx, e); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// restartEdge starts e's process (again) on its addresses and waits until
+// it is ready.
+func (b *bench) restartEdge(ctx context.Context, e *edge) error {
+	e.starts++
+	log := filepath.Join(e.dir, e.name+".log")
+	if e.starts > 1 {
+		log = filepath.Join(e.dir, fmt.Sprintf("%s-%d.log", e.name, e.starts))
+	}
+	p, err := startProc(e.name, b.cfg.bin, []string{"serve", "bes"}, e.env, log)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if err := waitReady(ctx, p, "http://"+web+"/readyz", readyTimeout); err != nil {
+	if err := waitReady(ctx, p, e.ready, readyTimeout); err != nil {
 		p.stop(stopGrace)
-		return nil, err
+		return err
 	}
-	return &edge{p: p, bes: bes, natsURL: natsURL, metrics: "http://" + web + "/metrics"}, nil
+	e.p = p
+	return nil
 }
 
 // startNATSD starts JetStream in its own process.
