@@ -71,4 +71,5 @@ require (
 	golang.org/x/tools v0.51.0 // indirect
 	google.golang.org/api v0.304.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20261019180522-ce908d29299b // indirect
+	k8s.io/apimachinery v0.37.2 // indirect
 )
