@@ -15,6 +15,12 @@ const (
 	SystemNKeyEnv  = "NATS_SYSTEM_NKEY"
 )
 
+// AccountsDescription is the help of the command that prints WriteAccounts.
+const AccountsDescription = "Prints the accounts block that ops/nats/nats-server.conf includes (ops/nats/accounts.conf): millrace's account\n" +
+	"with JetStream, its service user and the read-only reader kept off the durable consumers millrace uses\n" +
+	"(a compactor durable of your own: set MILLRACE_COMPACTOR_DURABLE). The users' nkeys are read by the\n" +
+	"NATS server from its environment: $" + ServiceNKeyEnv + ", $" + ReaderNKeyEnv + ", $" + SystemNKeyEnv + "."
+
 // AccountName is the NATS account millrace's streams live in on an
 // external cluster.
 const AccountName = "MILLRACE"

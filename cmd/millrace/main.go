@@ -39,6 +39,8 @@ var commands = []command{
 	streamsApplyCommand(),
 	streamsInfoCommand(),
 	streamsAccountsCommand(),
+	streamsBackupCommand(),
+	streamsRestoreCommand(),
 	streamsPurgeBESCommand(),
 	replayBuildsCommand(),
 	replayFleetCommand(),

@@ -36,10 +36,13 @@ import (
 // (streams.Runner.ReplayReported) and the version (internal/cli). It
 // went from 2,000 to 2,060 when the console got a command of its own
 // (serve console: flags and wiring, about 60 lines; the console's views
-// of the backbone and the bucket are console/backbone's).
+// of the backbone and the bucket are console/backbone's), and from 2,060
+// to 2,130 when the backbone got its operator's commands (streams
+// accounts, backup and restore: flags and wiring, about 60 lines; their
+// help, output and work are in streams).
 const (
 	maxFuncLines = 60
-	maxLines     = 2060
+	maxLines     = 2130
 )
 
 func TestCommandsStayThin(t *testing.T) {

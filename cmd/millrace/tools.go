@@ -73,14 +73,74 @@ func streamsAccountsCommand() command {
 	return command{
 		Name:    "streams accounts",
 		Summary: "print the NATS accounts configuration of an external cluster",
-		Long: "Prints the accounts block that ops/nats/nats-server.conf includes (ops/nats/accounts.conf): millrace's account\n" +
-			"with JetStream, its service user and the read-only reader kept off the durable consumers millrace uses\n" +
-			"(a compactor durable of your own: set MILLRACE_COMPACTOR_DURABLE). The users' nkeys are read by the\n" +
-			"NATS server from its environment: $" + streams.ServiceNKeyEnv + ", $" + streams.ReaderNKeyEnv + ", $" + streams.SystemNKeyEnv + ".",
+		Long:    streams.AccountsDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			return func(ctx context.Context, args []string) error {
 				return streams.WriteAccounts(os.Stdout, streams.Config{ServiceConsumers: serviceConsumers()})
 			}
+		},
+	}
+}
+
+func streamsBackupCommand() command {
+	return command{
+		Name:    "streams backup",
+		Summary: "snapshot every stream, with its consumers, into a directory",
+		Long:    streams.BackupDescription,
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo  logs.Options
+				ro  resources.Options
+				out string
+			)
+			lo.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Backbone)
+			fs.StringVar(&out, "out", "", "directory to write the backup into (made; must not hold one)")
+			return once("streams backup", &lo, func(ctx context.Context, log *slog.Logger) error {
+				if out == "" {
+					return envflag.Usage("streams backup needs --out")
+				}
+				return tool(ctx, &ro, log, func(r *resources.Opened) error {
+					var names []string
+					for _, s := range streams.StreamSpecs(r.Streams) {
+						names = append(names, s.Name)
+					}
+					m, err := streams.Backup(ctx, r.BB.Conn, out, names, streams.PrintProgress(os.Stderr, "backed up"))
+					m.Write(os.Stdout, "backed up")
+					return err
+				})
+			})
+		},
+	}
+}
+
+func streamsRestoreCommand() command {
+	return command{
+		Name:    "streams restore",
+		Summary: "restore the streams of a backup onto a fresh backbone",
+		Long:    streams.RestoreDescription,
+		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var (
+				lo   logs.Options
+				ro   resources.Options
+				from string
+			)
+			lo.RegisterFlags(fs)
+			ro.RegisterFlags(fs, resources.Backbone)
+			fs.StringVar(&from, "from", "", "directory of the backup (streams backup --out)")
+			return once("streams restore", &lo, func(ctx context.Context, log *slog.Logger) error {
+				if from == "" {
+					return envflag.Usage("streams restore needs --from")
+				}
+				return tool(ctx, &ro, log, func(r *resources.Opened) error {
+					m, err := streams.Restore(ctx, r.BB.Conn, r.BB.JS, from, streams.PrintProgress(os.Stderr, "restored"))
+					if err != nil {
+						return err
+					}
+					m.Write(os.Stdout, "restored")
+					return streams.Apply(ctx, r.BB.JS, streams.StreamSpecs(r.Streams))
+				})
+			})
 		},
 	}
 }
