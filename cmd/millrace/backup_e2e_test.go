@@ -26,7 +26,6 @@ func envOf(d *devProcess, key string) string {
 	return ""
 }
 
-
 // commitsClient calls dev's commits API with its development key.
 func commitsClient(t *testing.T, dev *devProcess) (commitspb.CommitsClient, context.Context) {
 	t.Helper()
