@@ -31,7 +31,7 @@ const (
 )
 
 var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scGRPCFloor, scPaced1000, scPaced5000,
-	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction, scMillionEvents, scConsolePages, scEdgesRolling)
+	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction, scMillionEvents, scConsolePages, scEdgesRolling, scPartitionLayout)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string
@@ -73,6 +73,7 @@ type config struct {
 	ab        abConfig
 	million   millionConfig
 	rolling   rollingConfig
+	partition partitionConfig
 }
 
 func main() {
@@ -116,6 +117,7 @@ func main() {
 	c.ab.register(flag.CommandLine)
 	c.million.register(flag.CommandLine)
 	c.rolling.register(flag.CommandLine)
+	c.partition.register(flag.CommandLine)
 	flag.Parse()
 	if err := c.parseLists(scenarios, streams); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
@@ -150,7 +152,7 @@ func (c *config) parseLists(scenarios, streams string) error {
 		}
 		c.streams = append(c.streams, n)
 	}
-	if err := errors.Join(c.checkNegatives(), c.paced5000.validate(), c.memory.validate(), c.idle.validate(), c.bazel.validate(), c.storage.validate(), c.rolling.validate()); err != nil {
+	if err := errors.Join(c.checkNegatives(), c.paced5000.validate(), c.memory.validate(), c.idle.validate(), c.bazel.validate(), c.storage.validate(), c.rolling.validate(), c.partition.validate()); err != nil {
 		return err
 	}
 	return c.ab.validate(c.bin)
@@ -230,7 +232,7 @@ func setup(ctx context.Context, c config) (b *bench, cleanup func(), err error) 
 			fmt.Printf("bench: state and logs kept in %s\n", b.tmp)
 		}
 	}
-	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || c.scenarios[scMillionEvents] || c.scenarios[scEdgesRolling] || anyOf(c.scenarios, commitsScenarios)) {
+	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || c.scenarios[scMillionEvents] || c.scenarios[scEdgesRolling] || c.scenarios[scPartitionLayout] || anyOf(c.scenarios, commitsScenarios)) {
 		if b.natsd, err = buildNATSD(ctx, b.tmp); err != nil {
 			removeTmp()
 			return nil, nil, err

@@ -41,8 +41,10 @@ type scenarioReport struct {
 	Pages *pagesReport `json:"pages,omitempty"`
 	// Rolling is the edges-rolling scenario's figures.
 	Rolling *rollingReport `json:"rolling,omitempty"`
-	Checks  []check        `json:"checks"`
-	Error   string         `json:"error,omitempty"`
+	// Partition is the partition-layout scenario's figures.
+	Partition *partitionReport `json:"partition,omitempty"`
+	Checks    []check          `json:"checks"`
+	Error     string           `json:"error,omitempty"`
 	// Skipped says why a scenario did not run (e.g. bazel-real without
 	// Bazel); it has no checks then, and is not a failure.
 	Skipped string `json:"skipped,omitempty"`

@@ -204,6 +204,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.pagesScenario(ctx, rep)
 	case scEdgesRolling:
 		err = b.rollingScenario(ctx, rep)
+	case scPartitionLayout:
+		err = b.partitionScenario(ctx, rep)
 	}
 	if err != nil {
 		rep.Error = err.Error()
