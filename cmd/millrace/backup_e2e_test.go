@@ -26,8 +26,8 @@ func envOf(d *devProcess, key string) string {
 	return ""
 }
 
-// commitsClient calls dev's commits API with its development key.
-func commitsClient(t *testing.T, dev *devProcess) (commitspb.CommitsClient, context.Context) {
+// devCommitsKey is the development key of dev's commits API (every world).
+func devCommitsKey(t *testing.T, dev *devProcess) string {
 	t.Helper()
 	keyFile := filepath.Join(dev.fleetDir, "commits-api-keys")
 	waitUntil(t, "the development commits key", func() bool {
@@ -39,6 +39,13 @@ func commitsClient(t *testing.T, dev *devProcess) (commitspb.CommitsClient, cont
 		t.Fatal(err)
 	}
 	_, key, _ := strings.Cut(strings.TrimSpace(string(b)), "=")
+	return key
+}
+
+// commitsClient calls dev's commits API with its development key.
+func commitsClient(t *testing.T, dev *devProcess) (commitspb.CommitsClient, context.Context) {
+	t.Helper()
+	key := devCommitsKey(t, dev)
 	conn, err := grpc.NewClient(dev.commitsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -55,17 +54,7 @@ func TestNATSNodeLoss(t *testing.T) {
 		t.Errorf("dev on a stock cluster did not warn that the event limit follows max_payload:\n%s", out)
 	}
 
-	keyFile := filepath.Join(dev.fleetDir, "commits-api-keys")
-	waitUntil(t, "the development commits key", func() bool {
-		b, err := os.ReadFile(keyFile)
-		return err == nil && strings.HasSuffix(string(b), "\n")
-	})
-	b, err := os.ReadFile(keyFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, key, _ := strings.Cut(strings.TrimSpace(string(b)), "=")
-	writers, stopWriters := startCounterWriters(t, t.Context(), dev.commitsAddr, key, 2)
+	writers, stopWriters := startCounterWriters(t, t.Context(), dev.commitsAddr, devCommitsKey(t, dev), 2)
 	defer stopWriters()
 	fleetPool := testPool(t, db)
 	const nodes = 50
