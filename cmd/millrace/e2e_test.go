@@ -91,6 +91,7 @@ var (
 // devProcess is `millrace dev` running in its own process.
 type devProcess struct {
 	t       *testing.T
+	bin     string // the millrace binary; empty: this tree's (binary)
 	args    []string
 	env     []string
 	natsURL string
@@ -156,7 +157,11 @@ func newDev(t *testing.T, databaseURL string) *devProcess {
 func (d *devProcess) start() time.Duration {
 	d.t.Helper()
 	d.mu.Lock()
-	d.cmd = exec.Command(binary(d.t), d.args...)
+	bin := d.bin
+	if bin == "" {
+		bin = binary(d.t)
+	}
+	d.cmd = exec.Command(bin, d.args...)
 	d.cmd.Env = d.env
 	d.log = &syncBuffer{}
 	d.cmd.Stdout, d.cmd.Stderr = d.log, d.log
