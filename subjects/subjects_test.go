@@ -111,3 +111,21 @@ func TestFamilies(t *testing.T) {
 		t.Error("project a's filter takes project a.b's subjects")
 	}
 }
+
+// Partition is FNV-1a of the tokens modulo n, 0 for fewer than two
+// partitions, and the same for the same tokens.
+func TestPartition(t *testing.T) {
+	if p := subjects.Partition(0, "a"); p != 0 {
+		t.Errorf("Partition(0) = %d", p)
+	}
+	if p := subjects.Partition(1, "a", "b"); p != 0 {
+		t.Errorf("Partition(1) = %d", p)
+	}
+	// fnv32a("ab") = 0x4d2505ca; mod 7 = 1294271946 % 7.
+	if p, want := subjects.Partition(7, "a", "b"), int(uint32(0x4d2505ca)%7); p != want {
+		t.Errorf("Partition(7, a, b) = %d, want %d", p, want)
+	}
+	if subjects.BESPartition(16, "p", "inv") != subjects.BESPartition(16, "p", "inv") {
+		t.Error("not deterministic")
+	}
+}
