@@ -28,9 +28,11 @@ const (
 	scProjectorLive = "projector-live"
 	scPaced1000     = "paced-1000"
 	scPaced5000     = "paced-5000"
+	// scPaced1000Apart is paced-1000 with JetStream in its own process.
+	scPaced1000Apart = "paced-1000-nats-apart"
 )
 
-var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scGRPCFloor, scPaced1000, scPaced5000,
+var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scGRPCFloor, scPaced1000, scPaced1000Apart, scPaced5000,
 	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction, scMillionEvents, scConsolePages, scEdgesRolling, scPartitionLayout)
 
 type config struct {
@@ -232,7 +234,7 @@ func setup(ctx context.Context, c config) (b *bench, cleanup func(), err error) 
 			fmt.Printf("bench: state and logs kept in %s\n", b.tmp)
 		}
 	}
-	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || c.scenarios[scMillionEvents] || c.scenarios[scEdgesRolling] || c.scenarios[scPartitionLayout] || anyOf(c.scenarios, commitsScenarios)) {
+	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || c.scenarios[scMillionEvents] || c.scenarios[scEdgesRolling] || c.scenarios[scPartitionLayout] || c.scenarios[scPaced1000Apart] || anyOf(c.scenarios, commitsScenarios)) {
 		if b.natsd, err = buildNATSD(ctx, b.tmp); err != nil {
 			removeTmp()
 			return nil, nil, err

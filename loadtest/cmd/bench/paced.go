@@ -62,6 +62,9 @@ type pacedSpec struct {
 	warmupPhase    float64
 	warmupEvents   int      // replay.Config.WarmupEvents (0: no bound)
 	edgeEnv        []string // added to the edge's environment
+	// natsApart runs JetStream in its own process (natsd), so that the
+	// edge's CPU is its own: paced-1000-nats-apart.
+	natsApart bool
 }
 
 // edgeLimitsEnv lifts the edge's stream limits for n streams where its
@@ -153,7 +156,16 @@ func (b *bench) pacedRun(ctx context.Context, scenario string, sp pacedSpec) (ru
 	if err := b.migrate(ctx, dbURL); err != nil {
 		return runReport{}, err
 	}
-	e, err := b.startEdge(ctx, dir, "", sp.edgeEnv...)
+	natsURL, nats := "", natsEmbedded
+	var natsd *proc
+	if sp.natsApart {
+		if natsd, natsURL, err = b.startNATSD(ctx, dir); err != nil {
+			return runReport{}, err
+		}
+		defer natsd.stop(stopGrace)
+		nats = natsApart
+	}
+	e, err := b.startEdge(ctx, dir, natsURL, sp.edgeEnv...)
 	if err != nil {
 		return runReport{}, err
 	}
@@ -183,6 +195,9 @@ func (b *bench) pacedRun(ctx context.Context, scenario string, sp pacedSpec) (ru
 	lagConn, conn := conns[0], conns[1]
 
 	procs := map[string]*proc{"edge": e.p, "projector": proj}
+	if natsd != nil {
+		procs["natsd"] = natsd
+	}
 	var quiet float64
 	if b.cfg.quietWait > 0 {
 		quiet = waitQuiet(ctx, b.cfg.quietWait)
@@ -277,7 +292,7 @@ func (b *bench) pacedRun(ctx context.Context, scenario string, sp pacedSpec) (ru
 	stopLag()
 	<-lagDone
 
-	run := fillRun(fmt.Sprintf("%d streams paced", n), res, n, natsEmbedded, b.cfg.natsSync)
+	run := fillRun(fmt.Sprintf("%d streams paced", n), res, n, nats, b.cfg.natsSync)
 	run.Mode = "paced"
 	run.TargetEventsPerS = rate
 	run.WarmupAckLatency = summaryPtr(res.WarmupAck)
@@ -290,6 +305,9 @@ func (b *bench) pacedRun(ctx context.Context, scenario string, sp pacedSpec) (ru
 		"projector":           projFig["projector"],
 		"postgres_all":        projFig["postgres_all"],
 		"postgres_attributed": projFig["postgres_attributed"],
+	}
+	if natsd != nil {
+		run.CPU["natsd"] = edgeFig["natsd"]
 	}
 	run.Machine = machine
 	run.Machine.Load1Start = ws.snap.loadavg()

@@ -176,7 +176,7 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 			b.printRun(run)
 			rep.Checks = append(rep.Checks, b.projectorChecks(name, run, drainWALTarget)...)
 		}
-	case scProjectorLive, scPaced1000, scPaced5000:
+	case scProjectorLive, scPaced1000, scPaced1000Apart, scPaced5000:
 		err = b.liveScenario(ctx, name, rep)
 	case scEdgeMemory:
 		err = b.memoryScenario(ctx, rep)
@@ -227,10 +227,13 @@ func (b *bench) liveScenario(ctx context.Context, name string, rep *scenarioRepo
 	sp := pacedSpec{streams: c.liveStreams, rate: c.liveRate, warmup: c.liveWarmup, window: c.liveDuration, warmupPhase: c.warmupPhase}
 	rep.Description = "paced replay into `millrace serve bes` (embedded JetStream) while `millrace project builds` runs; projection lag"
 	switch name {
-	case scPaced1000:
+	case scPaced1000, scPaced1000Apart:
 		sp = pacedSpec{streams: c.pacedStreams, rate: c.pacedRate, warmup: c.warmup, window: c.duration, warmupPhase: c.warmupPhase,
-			edgeEnv: edgeLimitsEnv(c.pacedStreams)}
+			edgeEnv: edgeLimitsEnv(c.pacedStreams), natsApart: name == scPaced1000Apart}
 		rep.Description = "many slow streams, as 1,000 concurrent CI builds: `millrace serve bes` + `millrace project builds`; ack latency and projection lag"
+		if sp.natsApart {
+			rep.Description = "paced-1000 with JetStream in its own process (natsd), so that the edge's CPU is its own: `millrace serve bes --nats-url` + `millrace project builds`"
+		}
 	case scPaced5000:
 		p := c.paced5000
 		sp = pacedSpec{streams: p.streams, rate: p.rate, warmup: p.warmup, window: p.duration, warmupPhase: p.warmupPhase,
