@@ -99,8 +99,10 @@ func TestFollow(t *testing.T) {
 	got := make(chan string, 100)
 	done := make(chan error, 1)
 	// After the fourth message of want: the fifth is the first handed over.
+	// Read before the goroutine starts: publish appends to seqs meanwhile.
+	after := seqs[3]
 	go func() {
-		done <- streams.SubjectReader{Stream: s}.Follow(fctx, want, seqs[3], func(seq uint64, data []byte) error {
+		done <- streams.SubjectReader{Stream: s}.Follow(fctx, want, after, func(seq uint64, data []byte) error {
 			got <- fmt.Sprintf("%d:%s", seq, data)
 			return nil
 		})
