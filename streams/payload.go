@@ -52,3 +52,21 @@ func (pl PayloadLimit) Room() int {
 	}
 	return int(pl.Bytes - HeaderRoom)
 }
+
+// Fit is what an edge's own limit (limit bytes of body or event) becomes
+// under pl: limit itself when pl leaves room for it or nothing is known,
+// else pl.Room(), with lowered true. A pl that leaves less than 1 KiB
+// beside HeaderRoom is an error: nothing useful would fit.
+func (pl PayloadLimit) Fit(limit int) (fitted int, lowered bool, err error) {
+	if pl.Bytes == 0 {
+		return limit, false, nil
+	}
+	room := pl.Room()
+	if room < 1<<10 {
+		return limit, false, fmt.Errorf("%s leaves no room beside %d KiB of headers", pl.Setting, HeaderRoom>>10)
+	}
+	if limit <= room {
+		return limit, false, nil
+	}
+	return room, true, nil
+}

@@ -19,12 +19,13 @@ import (
 	"github.com/millrace/millrace/loadtest/replay"
 )
 
-// besEdge starts `millrace serve bes` on addr, on dev's backbone, with a
-// shutdown that cuts open streams after 2 s (the default waits 20 s for
-// builds that may run for an hour; either way their clients resume).
-func besEdge(t *testing.T, dev *devProcess, addr string) *devProcess {
+// besEdgeProcess prepares `millrace serve bes` (bin: empty for this
+// tree's binary) on addr, on dev's backbone, with a shutdown that cuts open
+// streams after 2 s (the default waits 20 s for builds that may run for an
+// hour; either way their clients resume).
+func besEdgeProcess(t *testing.T, dev *devProcess, addr, bin string) *devProcess {
 	t.Helper()
-	e := &devProcess{t: t, args: []string{"serve", "bes"}, besAddr: addr}
+	e := &devProcess{t: t, bin: bin, args: []string{"serve", "bes"}, besAddr: addr}
 	e.env = append(os.Environ(),
 		"MILLRACE_NATS_URL="+dev.natsURL,
 		"MILLRACE_NATS_NKEY="+dev.natsNKey,
@@ -33,8 +34,66 @@ func besEdge(t *testing.T, dev *devProcess, addr string) *devProcess {
 		"MILLRACE_SHUTDOWN_TIMEOUT=2s",
 	)
 	t.Cleanup(e.kill)
+	return e
+}
+
+// besEdge starts this tree's `millrace serve bes` on addr (besEdgeProcess).
+func besEdge(t *testing.T, dev *devProcess, addr string) *devProcess {
+	t.Helper()
+	e := besEdgeProcess(t, dev, addr, "")
 	e.start()
 	return e
+}
+
+// pacedBuilds runs the load generator in the background against target:
+// builds of the 10-target fixture over streams streams at 25 events/s
+// each (a build takes a few seconds, so that a restart finds builds under
+// way), filed under project; wait returns its result.
+func pacedBuilds(t *testing.T, target, project string, builds, streams int, seed uint64) (wait func() *replay.Result) {
+	t.Helper()
+	recs, err := besrecord.Read(filepath.Join("..", "..", "loadtest", "fixtures", "bazel-build-10.besrec"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	scripts, _ := replay.Scripts(recs)
+	type outcome struct {
+		res *replay.Result
+		err error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		res, err := replay.Run(context.Background(), replay.Config{Target: target, Scripts: scripts[:1], Streams: streams,
+			Projects: []string{project}, Rate: float64(25 * streams), Events: int64(builds * scripts[0].Events()), Seed: seed})
+		done <- outcome{res, err}
+	}()
+	return func() *replay.Result {
+		t.Helper()
+		o := <-done
+		if o.err != nil {
+			t.Fatal(o.err)
+		}
+		return o.res
+	}
+}
+
+// checkBuildsProjected: every one of the load generator's builds
+// completed, and the projection holds each tool event it had acknowledged
+// once (the sum of event_count over project's invocations).
+func checkBuildsProjected(t *testing.T, db, project string, builds int, res *replay.Result) {
+	t.Helper()
+	if len(res.Errors) > 0 || res.Failed > 0 || res.Invocations != int64(builds) {
+		t.Fatalf("the load generator: %d of %d builds complete, %d failed, errors %v %v", res.Invocations, builds, res.Failed, res.Errors, res.ErrorSamples)
+	}
+	pool := testPool(t, db)
+	var finished, events int64
+	waitUntil(t, "the load generator's builds projected", func() bool {
+		err := pool.QueryRow(context.Background(),
+			"select count(*) filter (where status <> 'running'), coalesce(sum(event_count), 0) from invocations where project = $1", project).Scan(&finished, &events)
+		return err == nil && finished == int64(builds)
+	})
+	if events != res.ToolEvents {
+		t.Fatalf("the projection holds %d tool events of the load generator's builds; it had %d acknowledged", events, res.ToolEvents)
+	}
 }
 
 // TestRollingRestartOfEdges: two BES edges behind a TCP balancer, real
@@ -57,24 +116,8 @@ func TestRollingRestartOfEdges(t *testing.T) {
 	}
 	defer bal.Close()
 
-	recs, err := besrecord.Read(filepath.Join("..", "..", "loadtest", "fixtures", "bazel-build-10.besrec"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	scripts, _ := replay.Scripts(recs)
 	const builds, streams = 16, 8
-	type outcome struct {
-		res *replay.Result
-		err error
-	}
-	loadDone := make(chan outcome, 1)
-	go func() {
-		// 25 events a second per stream: each build takes a few seconds,
-		// so that every restart finds builds under way.
-		res, err := replay.Run(context.Background(), replay.Config{Target: bal.Addr(), Scripts: scripts[:1], Streams: streams,
-			Projects: []string{"load"}, Rate: 25 * streams, Events: int64(builds * scripts[0].Events()), Seed: 3})
-		loadDone <- outcome{res, err}
-	}()
+	waitLoad := pacedBuilds(t, bal.Addr(), "load", builds, streams, 3)
 	run := newBazelRun(t, 10, bal.Addr())
 	wait := run.start(t)
 
@@ -99,29 +142,14 @@ func TestRollingRestartOfEdges(t *testing.T) {
 	if final := lastSeen(pool, run.project, run.invocationID); final <= atRestart {
 		t.Errorf("Bazel sent nothing after the first restart began (%d events before, %d in all)", atRestart, final)
 	}
-	o := <-loadDone
-	if o.err != nil {
-		t.Fatal(o.err)
-	}
-	res := o.res
-	if len(res.Errors) > 0 || res.Failed > 0 || res.Invocations != builds {
-		t.Fatalf("the load generator: %d of %d builds complete, %d failed, errors %v %v", res.Invocations, builds, res.Failed, res.Errors, res.ErrorSamples)
-	}
+	res := waitLoad()
+	checkBuildsProjected(t, db, "load", builds, res)
 	if res.Resumed == 0 {
 		t.Fatalf("no stream of the load generator was broken by the restarts (retried %v): the restart was not tested", res.Retried)
 	}
 	ack := res.Ack.Summary()
 	t.Logf("load generator: %d builds, %d streams resumed, retried %v; ack p50 %.1f ms, p99 %.1f ms, max %.1f ms",
 		res.Invocations, res.Resumed, res.Retried, ack.P50MS, ack.P99MS, ack.MaxMS)
-	var finished, events int64
-	waitUntil(t, "the load generator's builds projected", func() bool {
-		err := pool.QueryRow(context.Background(),
-			"select count(*) filter (where status <> 'running'), coalesce(sum(event_count), 0) from invocations where project = 'load'").Scan(&finished, &events)
-		return err == nil && finished == builds
-	})
-	if events != res.ToolEvents {
-		t.Fatalf("the projection holds %d tool events of the load generator's builds; it had %d acknowledged", events, res.ToolEvents)
-	}
 	served, failed := bal.Served()
 	t.Logf("balancer: connections %v, %d found no edge up", served, failed)
 	dev.stop()

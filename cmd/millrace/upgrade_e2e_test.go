@@ -1,8 +1,6 @@
 package main
 
 import (
-	"context"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -11,8 +9,6 @@ import (
 	"github.com/millrace/millrace/internal/poll"
 	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/loadtest/balancer"
-	"github.com/millrace/millrace/loadtest/besrecord"
-	"github.com/millrace/millrace/loadtest/replay"
 )
 
 // previousRelease is the revision an upgrade starts from: the main of
@@ -54,10 +50,7 @@ func TestUpgradeSideBySide(t *testing.T) {
 	dev := newDev(t, db)
 	dev.start()
 	addrOld, addrNew := freePort(t), freePort(t)
-	oldEdge := &devProcess{t: t, bin: old, args: []string{"serve", "bes"}, besAddr: addrOld}
-	oldEdge.env = append(os.Environ(), "MILLRACE_NATS_URL="+dev.natsURL, "MILLRACE_NATS_NKEY="+dev.natsNKey,
-		"MILLRACE_BES_LISTEN="+addrOld, "MILLRACE_HTTP_LISTEN=127.0.0.1:0", "MILLRACE_SHUTDOWN_TIMEOUT=2s")
-	t.Cleanup(oldEdge.kill)
+	oldEdge := besEdgeProcess(t, dev, addrOld, old)
 	oldEdge.start()
 	besEdge(t, dev, addrNew)
 	bal, err := balancer.Start("127.0.0.1:0", addrOld, addrNew)
@@ -66,21 +59,8 @@ func TestUpgradeSideBySide(t *testing.T) {
 	}
 	defer bal.Close()
 
-	recs, err := besrecord.Read(filepath.Join("..", "..", "loadtest", "fixtures", "bazel-build-10.besrec"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	scripts, _ := replay.Scripts(recs)
 	const builds, streams = 12, 6
-	done := make(chan *replay.Result, 1)
-	go func() {
-		res, err := replay.Run(context.Background(), replay.Config{Target: bal.Addr(), Scripts: scripts[:1], Streams: streams,
-			Projects: []string{"upgrade"}, Rate: 25 * streams, Events: int64(builds * scripts[0].Events()), Seed: 5})
-		if err != nil {
-			t.Error(err)
-		}
-		done <- res
-	}()
+	waitLoad := pacedBuilds(t, bal.Addr(), "upgrade", builds, streams, 5)
 	poll.Until(t, "builds on both versions' edges", func() bool {
 		served, _ := bal.Served()
 		return served[addrOld] > 0 && served[addrNew] > 0
@@ -88,23 +68,8 @@ func TestUpgradeSideBySide(t *testing.T) {
 	oldEdge.stop()
 	oldEdge.bin = ""
 	oldEdge.start()
-	res := <-done
-	if res == nil {
-		t.Fatal("the load generator failed")
-	}
-	if len(res.Errors) > 0 || res.Failed > 0 || res.Invocations != builds {
-		t.Fatalf("%d of %d builds complete, %d failed, errors %v %v", res.Invocations, builds, res.Failed, res.Errors, res.ErrorSamples)
-	}
-	pool := testPool(t, db)
-	var finished, events int64
-	waitUntil(t, "the builds projected", func() bool {
-		err := pool.QueryRow(context.Background(),
-			"select count(*) filter (where status <> 'running'), coalesce(sum(event_count), 0) from invocations where project = 'upgrade'").Scan(&finished, &events)
-		return err == nil && finished == builds
-	})
-	if events != res.ToolEvents {
-		t.Fatalf("the projection holds %d tool events; %d were acknowledged", events, res.ToolEvents)
-	}
+	res := waitLoad()
+	checkBuildsProjected(t, db, "upgrade", builds, res)
 	t.Logf("%d builds through an edge of %s and one of this tree, the old one upgraded midway; %d streams resumed", builds, previousRelease, res.Resumed)
 	dev.stop()
 }

@@ -160,18 +160,15 @@ func (c Config) Validate(maxPayload int64) error {
 // with a message that names pl's setting, which is the one to raise. An
 // event limit of the edge's own below pl is kept as it is.
 func (c Config) FitPayload(pl streams.PayloadLimit) (Config, string, error) {
-	if pl.Bytes == 0 {
-		return c, "", nil
+	asked := c.withDefaults().MaxEventBytes
+	room, lowered, err := pl.Fit(asked)
+	if err != nil || !lowered {
+		if err != nil {
+			err = fmt.Errorf("bes: build events: %w", err)
+		}
+		return c, "", err
 	}
-	room := pl.Room()
-	if room < 1<<10 {
-		return c, "", fmt.Errorf("bes: %s leaves no room for build events beside 64 KiB of headers", pl.Setting)
-	}
-	d := c.withDefaults()
-	if d.MaxEventBytes <= room {
-		return c, "", nil
-	}
-	c.asked, c.MaxEventBytes, c.limitSetting = d.MaxEventBytes, room, pl.Setting
+	c.asked, c.MaxEventBytes, c.limitSetting = asked, room, pl.Setting
 	return c, fmt.Sprintf("BES event limit lowered from %d to %d bytes to fit %s: larger events are refused; raise max_payload on every NATS server (ops/nats/nats-server.conf) to accept them",
 		c.asked, room, pl.Setting), nil
 }

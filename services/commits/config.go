@@ -87,16 +87,13 @@ func (c Config) withDefaults() Config {
 // cluster at the stock max_payload of 1 MiB takes bodies up to 960 KiB,
 // and a larger one is refused with a message naming pl's setting.
 func (c Config) FitPayload(pl streams.PayloadLimit) (Config, string, error) {
-	if pl.Bytes == 0 {
-		return c, "", nil
-	}
-	room := pl.Room()
-	if room < 1<<10 {
-		return c, "", fmt.Errorf("commits: %s leaves no room for document bodies beside 64 KiB of headers", pl.Setting)
-	}
 	asked := c.withDefaults().MaxBodyBytes
-	if asked <= room {
-		return c, "", nil
+	room, lowered, err := pl.Fit(asked)
+	if err != nil || !lowered {
+		if err != nil {
+			err = fmt.Errorf("commits: document bodies: %w", err)
+		}
+		return c, "", err
 	}
 	c.MaxBodyBytes, c.limitSetting = room, pl.Setting
 	return c, fmt.Sprintf("commit log body limit lowered from %d to %d bytes to fit %s: larger bodies are refused; raise max_payload on every NATS server (ops/nats/nats-server.conf) to accept them",
