@@ -37,6 +37,9 @@ const (
 
 // Config tunes the archiver.
 type Config struct {
+	// Layout is how the backbone keeps build events (set by the caller,
+	// not a flag: the backbone's).
+	Layout subjects.BESLayout
 	// After is how long a finished build's last event must be stored
 	// before it is archived, so that late events (Bazel's retries, the
 	// lifecycle's end) are in. Zero: DefaultAfter; negative: never archive.
@@ -120,10 +123,13 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 }
 
 // Source reads the messages of one subject of the BES stream, in stream
-// order, each message's fields as arguments (streams.SubjectReader; the
+// order, each message's fields as arguments (streams.BuildEvents; the
 // fields rather than a type so that neither package imports the other).
+// Subject is where a build's events are: the backbone's layout of them
+// (subjects.BESLayout) is the Source's.
 type Source interface {
 	Read(ctx context.Context, subject string, fn func(seq uint64, at time.Time, subject string, header map[string][]string, data []byte) error) error
+	Subject(project, invocation string) string
 }
 
 // read calls fn with each message of subject as a Message.
@@ -463,7 +469,7 @@ func (a *Archiver) archive(ctx context.Context, b pending, dict *Dict) (reason s
 	if prev.outputSeq != nil {
 		first = uint64(prev.firstSeq)
 	}
-	st, stored, reason, err := a.write(ctx, key, from, first, subjects.BES(b.project, b.id), dict)
+	st, stored, reason, err := a.write(ctx, key, from, first, a.src.Subject(b.project, b.id), dict)
 	if err != nil {
 		return reason, err
 	}

@@ -9,13 +9,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/subjects"
 )
 
-// Eraser erases every message of the BES stream on a subject filter and
-// returns how many: streams.EraseSubjects, a secure delete that
-// overwrites their bytes.
-type Eraser func(ctx context.Context, filter string) (uint64, error)
+// Eraser erases the raw events of project's build id, or with id "" of
+// every build of project, and returns how many messages it erased:
+// streams.BuildEvents.Erase, a secure delete that overwrites their bytes.
+type Eraser func(ctx context.Context, project, id string) (uint64, error)
 
 // Deleted is what Delete removed.
 type Deleted struct {
@@ -44,15 +43,15 @@ func Delete(ctx context.Context, pool *pgxpool.Pool, store Deleter, erase Eraser
 			progress(fmt.Sprintf(format, a...))
 		}
 	}
-	filter := subjects.BESProjectFilter(project)
+	what := "project " + project
 	if id != "" {
-		filter = subjects.BES(project, id)
+		what = "build " + project + "/" + id
 	}
 	var err error
-	if d.Messages, err = erase(ctx, filter); err != nil {
-		return d, fmt.Errorf("archive: delete: erase %s: %w", filter, err)
+	if d.Messages, err = erase(ctx, project, id); err != nil {
+		return d, fmt.Errorf("archive: delete: erase the raw events of %s: %w", what, err)
 	}
-	say("erased %d messages on %s", d.Messages, filter)
+	say("erased %d messages of %s", d.Messages, what)
 	rows, err := pool.Query(ctx, `select object_key from archived_builds
 		where project = $1 and ($2 = '' or invocation_id = $2) and object_key <> ''`, project, id)
 	if err != nil {

@@ -80,7 +80,11 @@ func newDeleteEnv(t *testing.T) *env {
 }
 
 func (e *env) eraser() archive.Eraser {
-	return func(ctx context.Context, filter string) (uint64, error) {
+	return func(ctx context.Context, project, id string) (uint64, error) {
+		filter := subjects.BESProjectFilter(project)
+		if id != "" {
+			filter = subjects.BES(project, id)
+		}
 		return streams.EraseSubjects(ctx, e.src.Stream, filter, nil)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/bucket"
-	"github.com/millrace/millrace/subjects"
 )
 
 // Deleter removes an object from the bucket (*bucket.Bucket): an object
@@ -84,7 +83,7 @@ func (r *RawExpirer) ExpireRaw(ctx context.Context, project string, before time.
 			return i, fmt.Errorf("archive: raw retention of %s/%s: %w", project, b.id, err)
 		}
 		if r.trim != nil {
-			if _, err := r.trim.Trim(ctx, subjects.BES(project, b.id), uint64(b.last)); err != nil {
+			if _, err := r.trim.Trim(ctx, r.trim.Subject(project, b.id), uint64(b.last)); err != nil {
 				return i, fmt.Errorf("archive: raw retention of %s/%s: %w", project, b.id, err)
 			}
 		}

@@ -30,12 +30,12 @@ import (
 type mover struct{}
 
 func (mover) MoveOutput(ctx context.Context, tx pgx.Tx, b archive.OutputBuild, msgs archive.Messages) (archive.OutputMoved, error) {
-	r, err := builds.MoveOutput(ctx, tx, b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
+	r, err := builds.MoveOutput(ctx, tx, builds.ConsumerName, b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
 	return archive.OutputMoved{Moved: r.Moved, Pending: r.Pending, Bytes: r.Bytes, Differs: r.Differs}, err
 }
 
 func (mover) RestoreOutput(ctx context.Context, tx pgx.Tx, b archive.OutputBuild, msgs archive.Messages) error {
-	return builds.RestoreOutput(ctx, tx, b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
+	return builds.RestoreOutput(ctx, tx, builds.ConsumerName, b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
 }
 
 // output is everything a reader gets of a build's console output.

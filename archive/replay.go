@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
@@ -47,6 +48,17 @@ type ReplayOptions struct {
 	// Progress, when set, is called after each archived build with the
 	// builds read so far and their total.
 	Progress func(done, total int)
+	// Layout and Partition: with partitioned build events, the plan is
+	// the replay of partition Partition alone (its stream is tail's, its
+	// builds those Layout puts there); the other partitions' builds are
+	// neither reset nor read.
+	Layout    subjects.BESLayout
+	Partition int
+}
+
+// owns reports whether a build is the replay's.
+func (o ReplayOptions) owns(project, id string) bool {
+	return !o.Layout.Partitioned() || o.Layout.Partition(project, id) == o.Partition
 }
 
 // Gap is a build the replay cannot rebuild and must not lose: its rows
@@ -105,6 +117,8 @@ func PlanReplay(ctx context.Context, pool *pgxpool.Pool, store BuildStore, tail 
 	if err != nil {
 		return projection.ReplayPlan{}, planned, err
 	}
+	kept = slices.DeleteFunc(kept, func(b BuildID) bool { return !opts.owns(b.Project, b.ID) })
+	gaps = slices.DeleteFunc(gaps, func(g Gap) bool { return !opts.owns(g.Project, g.ID) })
 	planned.Kept, planned.Gaps = len(kept), gaps
 	if len(gaps) > 0 {
 		return projection.ReplayPlan{}, planned, gapError(gaps)
@@ -113,6 +127,7 @@ func PlanReplay(ctx context.Context, pool *pgxpool.Pool, store BuildStore, tail 
 	if err != nil {
 		return projection.ReplayPlan{}, planned, err
 	}
+	objs = slices.DeleteFunc(objs, func(o archivedObject) bool { return !opts.owns(o.project, o.id) })
 	planned.Archived = len(objs)
 	if err := checkObjects(ctx, store, objs); err != nil {
 		return projection.ReplayPlan{}, planned, err
@@ -120,11 +135,11 @@ func PlanReplay(ctx context.Context, pool *pgxpool.Pool, store BuildStore, tail 
 	skip := map[string]uint64{}
 	for _, o := range objs {
 		if !tail.empty() && o.lastSeq >= tail.FirstSeq {
-			skip[subjects.BES(o.project, o.id)] = o.lastSeq
+			skip[opts.Layout.Subject(o.project, o.id)] = o.lastSeq
 		}
 	}
 	for _, k := range kept {
-		skip[subjects.BES(k.Project, k.ID)] = math.MaxUint64
+		skip[opts.Layout.Subject(k.Project, k.ID)] = math.MaxUint64
 	}
 	plan := projection.ReplayPlan{
 		Reset: func(ctx context.Context, tx pgx.Tx) error {
@@ -134,6 +149,9 @@ func PlanReplay(ctx context.Context, pool *pgxpool.Pool, store BuildStore, tail 
 			// The replay folds every archived build's console output into
 			// pages again: what moved into the objects is in PostgreSQL
 			// once more, until the archiver moves it again (output.go).
+			if opts.Layout.Partitioned() {
+				return forgetMovedOutput(ctx, tx, objs)
+			}
 			_, err := tx.Exec(ctx, `update archived_builds set output_seq = null, output_stdout_bytes = null,
     output_stderr_bytes = null, output_error = null
 where output_seq is not null or output_error is not null`)
@@ -148,6 +166,20 @@ where output_seq is not null or output_error is not null`)
 		},
 	}
 	return plan, planned, nil
+}
+
+// forgetMovedOutput is the plan's forgetting of moved console output for
+// a partition's replay: of its own archived builds alone.
+func forgetMovedOutput(ctx context.Context, tx pgx.Tx, objs []archivedObject) error {
+	projects, ids := make([]string, len(objs)), make([]string, len(objs))
+	for i, o := range objs {
+		projects[i], ids[i] = o.project, o.id
+	}
+	_, err := tx.Exec(ctx, `update archived_builds a set output_seq = null, output_stdout_bytes = null,
+    output_stderr_bytes = null, output_error = null
+from unnest($1::text[], $2::text[]) as b(project, id)
+where a.project = b.project and a.invocation_id = b.id and (a.output_seq is not null or a.output_error is not null)`, projects, ids)
+	return err
 }
 
 // notInArchive sorts the builds with rows that the archive does not hold

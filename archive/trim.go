@@ -14,7 +14,6 @@ import (
 
 	"github.com/millrace/millrace/bucket"
 	"github.com/millrace/millrace/internal/envflag"
-	"github.com/millrace/millrace/subjects"
 )
 
 // The stream is the recent tail of the archive: once a build is archived,
@@ -39,6 +38,8 @@ type Trimmer interface {
 	// Trim removes subject's messages at or below seq and returns how
 	// many left.
 	Trim(ctx context.Context, subject string, seq uint64) (uint64, error)
+	// Subject is where a build's events are (as Source's).
+	Subject(project, invocation string) string
 }
 
 func registerTrimFlags(fs *flag.FlagSet, c *Config) {
@@ -230,7 +231,7 @@ where object_key <> '' and verify_error is null and (trimmed_seq is null or trim
 // rewrites the build takes its first messages from the object), then the
 // stream's messages go. A trim that fails puts the row back.
 func (a *Archiver) trimOne(ctx context.Context, b untrimmed, holders []string) (done bool, missing []string, reason string, err error) {
-	subject := subjects.BES(b.project, b.id)
+	subject := a.trim.Subject(b.project, b.id)
 	tx, err := a.pool.Begin(ctx)
 	if err != nil {
 		return false, nil, ReasonDatabase, fmt.Errorf("archive: trim %s of project %s: %w", b.id, b.project, err)

@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/millrace/millrace/schemas/envelope"
-	"github.com/millrace/millrace/subjects"
 )
 
 // VerifyOptions choose the builds Verify reads.
@@ -139,7 +138,7 @@ func verifyOne(ctx context.Context, store BuildStore, dicts *Dicts, src Source, 
 		return 0, err
 	}
 	errStop := errors.New("stop")
-	err = read(ctx, src, subjects.BES(f.Project, f.Invocation), func(sm *Message) error {
+	err = read(ctx, src, src.Subject(f.Project, f.Invocation), func(sm *Message) error {
 		if sm.Sequence > want.LastSeq {
 			return errStop // late events, after the object: the archiver rewrites it
 		}

@@ -141,7 +141,7 @@ func buildPage(w http.ResponseWriter, r *http.Request, p *pgxpool.Pool, src Sour
 		return
 	}
 	if b.Status == "running" && src.Live != nil {
-		if v.After, err = builds.Position(ctx, tx); err != nil {
+		if v.After, err = builds.Position(ctx, tx, builds.PositionOf(src.Layout, project, id)); err != nil {
 			renderError(w, http.StatusInternalServerError, "Build", err)
 			return
 		}

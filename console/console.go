@@ -32,6 +32,7 @@ import (
 
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/projectors/builds"
+	"github.com/millrace/millrace/subjects"
 )
 
 // Sources are what the console reads, and its limits.
@@ -47,6 +48,10 @@ type Sources struct {
 	// Live follows the BES stream for the pages of running builds
 	// (live.go); nil: such pages do not update themselves.
 	Live Follower
+	// Layout is how the backbone keeps build events: a running build's
+	// page follows its events from its partition's position
+	// (builds.PositionOf).
+	Layout subjects.BESLayout
 	// CommitLog reads the commit log for its page; nil: the process
 	// serves none.
 	CommitLog CommitLog

@@ -18,7 +18,6 @@ import (
 
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/schemas/bep"
-	"github.com/millrace/millrace/subjects"
 )
 
 // A running build's page follows the build while Bazel sends it: live.js
@@ -41,11 +40,12 @@ import (
 // projector's sweep decides); the page then reloads once, and shows the
 // build as stored.
 
-// Follower follows one subject of the BES stream (streams.SubjectReader's
-// Follow): fn gets each message stored on subject after the stream
-// sequence after, as it arrives, until ctx ends.
+// Follower follows one build's events (streams.BuildEvents' Follow of the
+// build's subject, in whichever stream the backbone keeps it): fn gets
+// each message stored after the stream sequence after, as it arrives,
+// until ctx ends.
 type Follower interface {
-	Follow(ctx context.Context, subject string, after uint64, fn func(seq uint64, data []byte) error) error
+	Follow(ctx context.Context, project, invocation string, after uint64, fn func(seq uint64, data []byte) error) error
 }
 
 const (
@@ -109,7 +109,7 @@ func liveEvents(src Sources, slots chan struct{}) handler {
 		msgs := make(chan msg, 64)
 		followed := make(chan error, 1)
 		go func() {
-			followed <- src.Live.Follow(ctx, subjects.BES(project, id), after, func(seq uint64, data []byte) error {
+			followed <- src.Live.Follow(ctx, project, id, after, func(seq uint64, data []byte) error {
 				select {
 				case msgs <- msg{seq, data}:
 					return nil
@@ -514,7 +514,7 @@ func listEvents(src Sources, slots chan struct{}) handler {
 					return
 				}
 			}
-			now, err := builds.Position(ctx, p)
+			now, err := builds.Positions(ctx, p)
 			if err != nil || (!first && now == pos) {
 				out.comment()
 				if out.err != nil {

@@ -52,7 +52,8 @@ func (f *fakeStream) add(subject string, seq uint64, data []byte) {
 	f.grew = make(chan struct{})
 }
 
-func (f *fakeStream) Follow(ctx context.Context, subject string, after uint64, fn func(uint64, []byte) error) error {
+func (f *fakeStream) Follow(ctx context.Context, project, invocation string, after uint64, fn func(uint64, []byte) error) error {
+	subject := subjects.BES(project, invocation)
 	f.mu.Lock()
 	f.follows = append(f.follows, fmt.Sprint(subject, " ", after))
 	f.open++

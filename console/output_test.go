@@ -94,7 +94,7 @@ func TestConsoleArchivedOutput(t *testing.T) {
 	}
 	last := b.Messages[len(b.Messages)-1].Sequence
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		res, err := builds.MoveOutput(ctx, tx, project, id, 0, [2]int64{}, func(fn func(projection.Message) error) error {
+		res, err := builds.MoveOutput(ctx, tx, builds.ConsumerName, project, id, 0, [2]int64{}, func(fn func(projection.Message) error) error {
 			return objects.Messages(ctx, key, fn)
 		})
 		if err != nil || !res.Moved {

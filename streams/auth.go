@@ -6,11 +6,14 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
+
+	"github.com/millrace/millrace/subjects"
 )
 
 // Authentication to the backbone.
@@ -162,10 +165,27 @@ func ReaderPermissions(c Config) *server.Permissions {
 				"$JS.API.CONSUMER.MSG.NEXT.*.*", "$JS.API.CONSUMER.DELETE.*.*",
 				"$JS.ACK.>", "$JS.FC.>",
 			},
-			Deny: readerDenies(c.ServiceConsumers),
+			Deny: readerDenies(partitionDurables(c.BESLayout(), c.ServiceConsumers)),
 		},
 		Subscribe: &server.SubjectPermission{Allow: subs},
 	}
+}
+
+// partitionDurables adds to consumers each one's durable of every
+// partition (subjects.BESLayout.Durable), when build events are
+// partitioned: the callers name consumers as in one stream, and a name
+// with no partitioned durable is kept off for nothing.
+func partitionDurables(l subjects.BESLayout, consumers []string) []string {
+	if !l.Partitioned() {
+		return consumers
+	}
+	out := slices.Clone(consumers)
+	for _, d := range consumers {
+		for p := range l.N() {
+			out = append(out, l.Durable(d, p))
+		}
+	}
+	return out
 }
 
 // readerDenies keep the reader off the services' own consumers: with the

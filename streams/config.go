@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/millrace/millrace/internal/knob"
+	"github.com/millrace/millrace/subjects"
 )
 
 // Config says where the backbone is and how its streams are kept.
@@ -50,8 +51,15 @@ type Config struct {
 	// BESMaxAge is how long raw build events are kept (RETENTION_RAW_DAYS).
 	// Default 30 days.
 	BESMaxAge time.Duration
-	// BESMaxBytes caps the BES stream's size; 0 = unlimited.
+	// BESMaxBytes caps the BES stream's size (each partition's stream's,
+	// when partitioned); 0 = unlimited.
 	BESMaxBytes int64
+	// BESPartitions spreads build events over that many streams, BES_0 to
+	// BES_<n-1>, each read by its own durable consumer, so that several
+	// builds projectors share the work (subjects.BESLayout). 0 or 1: the one
+	// stream BES. Every process of a backbone must have the same; it is
+	// chosen when the backbone is made (CheckLayout refuses another).
+	BESPartitions int
 	// DuplicateWindow is how long a Nats-Msg-Id makes a resend a no-op.
 	// Default 2m; Bazel's retries span about 9 s.
 	DuplicateWindow time.Duration
@@ -96,6 +104,16 @@ const (
 	DefaultFleetNodesMaxAge = 7 * 24 * time.Hour
 	DefaultPublishTimeout   = 10 * time.Second
 )
+
+// MaxBESPartitions bounds BESPartitions: each partition is a stream, a
+// durable consumer and a lease, and far fewer serve the load one builds
+// projector cannot (docs/capacity.md).
+const MaxBESPartitions = 64
+
+// BESLayout is how build events lie on this backbone.
+func (c Config) BESLayout() subjects.BESLayout {
+	return subjects.BESLayout{Partitions: c.BESPartitions}
+}
 
 // MinLeaseTTL is the shortest LeaseTTL: renewals go every TTL/3, and a
 // holder stops leading a tenth of a TTL before the entry could lapse.
@@ -168,6 +186,9 @@ func (c Config) Validate() error {
 	} else if c.Auth != (ClientAuth{}) {
 		errs = append(errs, errors.New("nats credentials and TLS options are for an external cluster (--nats-url); the embedded server uses its own identities"))
 	}
+	if c.BESPartitions > MaxBESPartitions {
+		errs = append(errs, fmt.Errorf("BES partitions %d: at most %d", c.BESPartitions, MaxBESPartitions))
+	}
 	if c.LeaseTTL < MinLeaseTTL {
 		errs = append(errs, fmt.Errorf("lease TTL %s is below %s", c.LeaseTTL, MinLeaseTTL))
 	}
@@ -184,6 +205,7 @@ func (c Config) notNegative() error {
 		knob.NotNegative("streams", "Replicas", c.Replicas, 1),
 		knob.NotNegative("streams", "BESMaxAge", c.BESMaxAge, DefaultBESMaxAge),
 		knob.NotNegative("streams", "BESMaxBytes", c.BESMaxBytes, "unlimited"),
+		knob.NotNegative("streams", "BESPartitions", c.BESPartitions, 1),
 		knob.NotNegative("streams", "DuplicateWindow", c.DuplicateWindow, DefaultDuplicateWindow),
 		knob.NotNegative("streams", "DeadMaxAge", c.DeadMaxAge, DefaultDeadMaxAge),
 		knob.NotNegative("streams", "FleetNodesMaxAge", c.FleetNodesMaxAge, DefaultFleetNodesMaxAge),

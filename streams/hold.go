@@ -78,6 +78,12 @@ func TrimSubject(ctx context.Context, stream jetstream.Stream, subject string, s
 // (archive.Trimmer), which takes no NATS type.
 type SubjectTrimmer struct{ Stream jetstream.Stream }
 
+// Subject is where a build's events are in the one-stream layout
+// (archive.Trimmer; BuildEvents for partitioned ones).
+func (SubjectTrimmer) Subject(project, invocation string) string {
+	return subjects.BES(project, invocation)
+}
+
 // Floor is HoldFloor over subject with every durable consumer of the
 // stream holding too.
 func (t SubjectTrimmer) Floor(ctx context.Context, subject string, holders []string) (uint64, []string, error) {

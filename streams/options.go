@@ -34,6 +34,8 @@ type Options struct {
 	DuplicateWindow, LeaseTTL, PublishTimeout time.Duration
 	// MaxPayload is the embedded server's largest message in bytes.
 	MaxPayload int
+	// BESPartitions is Config's.
+	BESPartitions int
 }
 
 // RegisterFlags registers the backbone's flags on fs, each with its
@@ -47,6 +49,7 @@ func (o *Options) RegisterFlags(fs *flag.FlagSet) {
 	RegisterRetentionRawDays(fs, &o.RetentionDays)
 	envflag.Duration(fs, &o.DuplicateWindow, "nats-duplicate-window", "MILLRACE_NATS_DUPLICATE_WINDOW", DefaultDuplicateWindow, "how long a resent event is recognised as a duplicate")
 	envflag.Size(fs, &o.MaxPayload, "nats-max-payload", "MILLRACE_NATS_MAX_PAYLOAD", DefaultMaxPayload, "embedded server: largest message in bytes")
+	envflag.Int(fs, &o.BESPartitions, "bes-partitions", "MILLRACE_BES_PARTITIONS", 1, "build events are spread over this many streams (BES_0...), each projected by its own consumer, so that several builds projectors share the work; the same in every process, chosen when the backbone is made")
 	envflag.Duration(fs, &o.LeaseTTL, "nats-lease-ttl", "MILLRACE_NATS_LEASE_TTL", DefaultLeaseTTL, "how long the lease of a consumer led through JetStream (the Kafka export, the compactor) outlives its holder: a standby takes over at most this long after a crash (the millrace_leases bucket's max age)")
 	envflag.Duration(fs, &o.PublishTimeout, "nats-publish-timeout", "MILLRACE_NATS_PUBLISH_TIMEOUT", DefaultPublishTimeout, "how long an edge waits for the backbone to acknowledge an event before answering UNAVAILABLE (which clients retry): a cluster that lost its quorum answers nothing")
 	envflag.String(fs, &o.CredsFile, "nats-creds", "MILLRACE_NATS_CREDS", "", "--nats-url: NATS credentials file (user JWT and seed, as nsc makes them)")
@@ -83,6 +86,7 @@ func (o Options) Config(serviceConsumers []string) (Config, error) {
 		MaxPayload:      int32(o.MaxPayload),
 		LeaseTTL:        o.LeaseTTL,
 		PublishTimeout:  o.PublishTimeout,
+		BESPartitions:   o.BESPartitions,
 		Auth: ClientAuth{CredsFile: o.CredsFile, NKeySeedFile: o.NKeySeedFile,
 			TLSCA: o.TLSCA, TLSCert: o.TLSCert, TLSKey: o.TLSKey},
 		ServiceConsumers: serviceConsumers,

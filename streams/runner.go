@@ -1,6 +1,7 @@
 package streams
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -28,6 +29,10 @@ type RunnerConfig struct {
 	// the stream's subjects (docs/design.md, "Measured facts").
 	Stream string
 	Filter string
+	// Name is the consumer's: its durable, lease, committed position and
+	// metrics. Default the projector's Name; a partition's runner has the
+	// partition's (subjects.BESLayout.Durable).
+	Name string
 	// Batch is the most messages fetched and applied in one transaction.
 	// Default 1000.
 	Batch int
@@ -167,8 +172,9 @@ func NewRunner(js jetstream.JetStream, pool *pgxpool.Pool, p projection.Projecto
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	r := &Runner{js: js, pool: pool, p: p, cfg: cfg, mset: m, m: m.Consumer(p.Name(), KindProjection), name: p.Name(),
-		log: cfg.Logger.With("consumer", p.Name()), lease: ConsumerLease(pool, p.Name())}
+	name := cmp.Or(cfg.Name, p.Name())
+	r := &Runner{js: js, pool: pool, p: p, cfg: cfg, mset: m, m: m.Consumer(name, KindProjection), name: name,
+		log: cfg.Logger.With("consumer", name), lease: ConsumerLease(pool, name)}
 	r.loop = Loop{Name: r.name, Kind: KindProjection, Lease: r.lease, StandbyEvery: cfg.StandbyEvery, Metrics: r.m, Logger: r.log,
 		Retry: retry.Backoff{Min: cfg.RetryMin, Max: cfg.RetryMax}}
 	return r, nil

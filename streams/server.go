@@ -12,6 +12,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/subjects"
 )
 
 // StartEmbedded runs a JetStream server in this process with its file store
@@ -118,9 +120,12 @@ type Backbone struct {
 	// ServiceSeedFile is the embedded server's service identity, for
 	// other millrace processes on this host (--nats-nkey).
 	ServiceSeedFile string
-	server          *server.Server
-	publisher       *Publisher
-	closeOnce       sync.Once
+	// Layout is how build events lie on this backbone: where an edge
+	// publishes a build's events and where its readers find them.
+	Layout    subjects.BESLayout
+	server    *server.Server
+	publisher *Publisher
+	closeOnce sync.Once
 }
 
 // Open starts the embedded server when c.URL is empty (or connects to
@@ -130,7 +135,7 @@ func Open(ctx context.Context, c Config, name string, m *Metrics) (*Backbone, er
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	b := &Backbone{URL: c.URL}
+	b := &Backbone{URL: c.URL, Layout: c.BESLayout()}
 	auth := c.Auth
 	if c.URL == "" {
 		ns, ids, err := startEmbedded(c)
@@ -167,6 +172,10 @@ func Open(ctx context.Context, c Config, name string, m *Metrics) (*Backbone, er
 		jetstream.WithPublishAsyncTimeout(c.PublishTimeout),
 	)
 	if err != nil {
+		b.Close()
+		return nil, err
+	}
+	if err := CheckLayout(ctx, b.JS, b.Layout); err != nil {
 		b.Close()
 		return nil, err
 	}

@@ -3,6 +3,8 @@ package streams
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -13,20 +15,7 @@ import (
 // StreamSpecs are the streams millrace needs; Apply creates or updates them.
 func StreamSpecs(c Config) []jetstream.StreamConfig {
 	c = c.WithDefaults()
-	return []jetstream.StreamConfig{
-		{
-			Name:        subjects.StreamBES,
-			Description: "Bazel build events, one message per event, subject bes.<project>.<invocation>",
-			Subjects:    []string{subjects.BESFilter},
-			Retention:   jetstream.LimitsPolicy,
-			Storage:     jetstream.FileStorage,
-			Replicas:    c.Replicas,
-			MaxAge:      c.BESMaxAge,
-			MaxBytes:    orUnlimited(c.BESMaxBytes),
-			MaxMsgSize:  c.MaxPayload,
-			Discard:     jetstream.DiscardOld,
-			Duplicates:  c.DuplicateWindow,
-		},
+	return append(besSpecs(c), []jetstream.StreamConfig{
 		{
 			Name:        subjects.StreamDead,
 			Description: "Messages a projector could not apply, with the reason in Millrace-Dead-Reason",
@@ -91,7 +80,34 @@ func StreamSpecs(c Config) []jetstream.StreamConfig {
 			Discard:     jetstream.DiscardNew,
 			Duplicates:  c.DuplicateWindow,
 		},
+	}...)
+}
+
+// besSpecs are the build events' streams: BES, or one a partition
+// (subjects.BESLayout).
+func besSpecs(c Config) []jetstream.StreamConfig {
+	l := c.BESLayout()
+	out := make([]jetstream.StreamConfig, l.N())
+	for p := range out {
+		desc := "Bazel build events, one message per event, subject bes.<project>.<invocation>"
+		if l.Partitioned() {
+			desc = fmt.Sprintf("Bazel build events of partition %d of %d, one message per event, subject bes.%d.<project>.<invocation>", p, l.N(), p)
+		}
+		out[p] = jetstream.StreamConfig{
+			Name:        l.Stream(p),
+			Description: desc,
+			Subjects:    []string{l.Filter(p)},
+			Retention:   jetstream.LimitsPolicy,
+			Storage:     jetstream.FileStorage,
+			Replicas:    c.Replicas,
+			MaxAge:      c.BESMaxAge,
+			MaxBytes:    orUnlimited(c.BESMaxBytes),
+			MaxMsgSize:  c.MaxPayload,
+			Discard:     jetstream.DiscardOld,
+			Duplicates:  c.DuplicateWindow,
+		}
 	}
+	return out
 }
 
 func orUnlimited(n int64) int64 {
@@ -128,4 +144,38 @@ func ConsumerSpec(name, filter string, batch int, ackWait time.Duration) jetstre
 		MaxAckPending: max(4*batch, 10000),
 		ReplayPolicy:  jetstream.ReplayInstantPolicy,
 	}
+}
+
+// CheckLayout refuses a layout of build events other than the one the
+// backbone's streams were made with: an edge of another layout would
+// publish where no reader looks (or where no stream takes it), and a
+// projector would read only some of the builds. A backbone without
+// build-event streams takes any layout.
+func CheckLayout(ctx context.Context, js jetstream.JetStream, l subjects.BESLayout) error {
+	var found []string
+	names := js.StreamNames(ctx)
+	for name := range names.Name() {
+		if name == subjects.StreamBES || strings.HasPrefix(name, subjects.StreamBES+"_") {
+			found = append(found, name)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return fmt.Errorf("list the streams: %w", err)
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	want := l.Streams()
+	slices.Sort(found)
+	sorted := slices.Clone(want)
+	slices.Sort(sorted)
+	if slices.Equal(found, sorted) {
+		return nil
+	}
+	have := "the one stream " + subjects.StreamBES
+	if len(found) > 1 || found[0] != subjects.StreamBES {
+		have = fmt.Sprintf("%d partition streams (%s)", len(found), strings.Join(found, ", "))
+	}
+	return fmt.Errorf("the backbone holds build events in %s, and this process was started with --bes-partitions %d (%s): every process of a backbone needs the partitions it was made with, and changing them is not supported (docs/design.md, \"Partitions\")",
+		have, l.N(), strings.Join(want, ", "))
 }

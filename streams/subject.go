@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/millrace/millrace/subjects"
 )
 
 // StoredMsg is one stored message of a subject as ReadSubject hands it
@@ -41,6 +43,13 @@ type SubjectReader struct{ Stream jetstream.Stream }
 func (b *Backbone) Reader(ctx context.Context, name string) (SubjectReader, error) {
 	s, err := b.Stream(ctx, name)
 	return SubjectReader{Stream: s}, err
+}
+
+// Subject is where a build's events are in the one-stream layout, BES's
+// (archive.Source): for a backbone of partitioned build events, read
+// through BuildEvents.
+func (SubjectReader) Subject(project, invocation string) string {
+	return subjects.BES(project, invocation)
 }
 
 // Read is ReadSubject with the message's fields as arguments.

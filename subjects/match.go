@@ -69,6 +69,32 @@ func Within(filter, pattern string) bool {
 	return len(f) == len(p)
 }
 
+// Intersect is the pattern of the subjects both patterns match; false
+// when none does.
+func Intersect(a, b string) (string, bool) {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	out := make([]string, 0, max(len(at), len(bt)))
+	for i := 0; ; i++ {
+		switch {
+		case i == len(at) || i == len(bt):
+			if len(at) != len(bt) {
+				return "", false
+			}
+			return strings.Join(out, "."), true
+		case at[i] == ">":
+			return strings.Join(append(out, bt[i:]...), "."), true
+		case bt[i] == ">":
+			return strings.Join(append(out, at[i:]...), "."), true
+		case at[i] == "*":
+			out = append(out, bt[i])
+		case bt[i] == "*" || at[i] == bt[i]:
+			out = append(out, at[i])
+		default:
+			return "", false
+		}
+	}
+}
+
 // Overlap reports whether some subject matches both patterns.
 func Overlap(a, b string) bool {
 	at, bt := strings.Split(a, "."), strings.Split(b, ".")

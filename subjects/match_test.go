@@ -125,3 +125,29 @@ func FuzzMatch(f *testing.F) {
 		}
 	})
 }
+
+func TestIntersect(t *testing.T) {
+	for _, c := range []struct {
+		a, b, want string
+		ok         bool
+	}{
+		{"bes.>", "bes.2.>", "bes.2.>", true},
+		{"bes.*.acme.>", "bes.2.>", "bes.2.acme.>", true},
+		{"bes.1.>", "bes.2.>", "", false},
+		{"bes.*.*", "bes.2.>", "bes.2.*", true},
+		{"a.b", "a.*", "a.b", true},
+		{"a.b", "a.b.c", "", false},
+		{">", "x.*", "x.*", true},
+	} {
+		got, ok := subjects.Intersect(c.a, c.b)
+		if got != c.want || ok != c.ok {
+			t.Errorf("subjects.Intersect(%q, %q) = %q, %v; want %q, %v", c.a, c.b, got, ok, c.want, c.ok)
+		}
+		if ok != subjects.Overlap(c.a, c.b) {
+			t.Errorf("subjects.Intersect(%q, %q) says %v, Overlap says %v", c.a, c.b, ok, !ok)
+		}
+		if r, _ := subjects.Intersect(c.b, c.a); r != got {
+			t.Errorf("subjects.Intersect(%q, %q) = %q, the other way %q", c.a, c.b, got, r)
+		}
+	}
+}

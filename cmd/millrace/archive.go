@@ -28,29 +28,31 @@ func (p *process) archiver(c archive.Config) supervise.Component {
 	c.Logger = p.log.With("component", "archiver")
 	m := archive.NewMetrics(p.t.reg)
 	return p.consumer("archiver", func(ctx context.Context, pool *pgxpool.Pool) error {
-		src, err := p.bb.Reader(ctx, subjects.StreamBES)
+		src, err := p.bb.BuildEvents(ctx)
 		if err != nil {
 			return err
 		}
+		c.Layout = p.bb.Layout
 		a, err := archive.New(c, pool, p.bk, src, m)
 		if err != nil {
 			return err
 		}
-		return a.TrimWith(streams.SubjectTrimmer{Stream: src.Stream}).MoveOutputWith(outputMover{}).Run(ctx)
+		return a.TrimWith(src).MoveOutputWith(outputMover{p.bb.Layout}).Run(ctx)
 	})
 }
 
 // outputMover is builds.MoveOutput and RestoreOutput as the archive calls
-// them (neither package imports the other).
-type outputMover struct{}
+// them (neither package imports the other), each build's output moved
+// under its partition's position (builds.PositionOf).
+type outputMover struct{ layout subjects.BESLayout }
 
-func (outputMover) MoveOutput(ctx context.Context, tx pgx.Tx, b archive.OutputBuild, msgs archive.Messages) (archive.OutputMoved, error) {
-	r, err := builds.MoveOutput(ctx, tx, b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
+func (m outputMover) MoveOutput(ctx context.Context, tx pgx.Tx, b archive.OutputBuild, msgs archive.Messages) (archive.OutputMoved, error) {
+	r, err := builds.MoveOutput(ctx, tx, builds.PositionOf(m.layout, b.Project, b.ID), b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
 	return archive.OutputMoved{Moved: r.Moved, Pending: r.Pending, Bytes: r.Bytes, Differs: r.Differs}, err
 }
 
-func (outputMover) RestoreOutput(ctx context.Context, tx pgx.Tx, b archive.OutputBuild, msgs archive.Messages) error {
-	return builds.RestoreOutput(ctx, tx, b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
+func (m outputMover) RestoreOutput(ctx context.Context, tx pgx.Tx, b archive.OutputBuild, msgs archive.Messages) error {
+	return builds.RestoreOutput(ctx, tx, builds.PositionOf(m.layout, b.Project, b.ID), b.Project, b.ID, b.Through, b.Moved, builds.Messages(msgs))
 }
 
 func zstdTrainCommand() command {
@@ -107,13 +109,16 @@ func trainingBuilds(ctx context.Context, bb *streams.Backbone, files []string, n
 	if len(files) > 0 {
 		return archive.FromRecordings(files)
 	}
-	src, err := bb.Reader(ctx, subjects.StreamBES)
+	src, err := bb.BuildEvents(ctx)
 	if err != nil {
 		return nil, err
 	}
 	// More than two messages: an invocation, not a build's two lifecycle
 	// events.
-	subs, err := streams.SampleSubjects(ctx, src.Stream, subjects.BESFilter, n, 2)
+	subs, err := src.Sample(ctx, n, 2)
+	if err != nil {
+		return nil, err
+	}
 	for _, s := range subs {
 		b, err := archive.ReadBuild(ctx, src, s, 16<<20)
 		if err != nil {
@@ -150,7 +155,7 @@ func archiveVerifyCommand() command {
 
 // verifyArchive runs archive.Verify and prints its findings.
 func verifyArchive(ctx context.Context, r *resources.Opened, vo archive.VerifyOptions, asJSON bool) error {
-	src, err := r.BB.Reader(ctx, subjects.StreamBES)
+	src, err := r.BB.BuildEvents(ctx)
 	if err != nil {
 		return err
 	}

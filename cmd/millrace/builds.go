@@ -32,10 +32,11 @@ import (
 
 // projectorOptions tune the builds projector and its consumer.
 type projectorOptions struct {
-	rc streams.RunnerConfig
-	c  builds.Config
-	rt builds.RetentionConfig
-	ex builds.ExpireConfig
+	rc    streams.RunnerConfig
+	group streams.GroupConfig
+	c     builds.Config
+	rt    builds.RetentionConfig
+	ex    builds.ExpireConfig
 }
 
 // The builds projector's batches. A batch writes a row of each build it
@@ -54,6 +55,7 @@ func (o *projectorOptions) register(fs *flag.FlagSet) {
 	envflag.Int(fs, &o.rc.Batch, "builds-batch", "MILLRACE_BUILDS_BATCH", defaultBuildsBatch, "most events applied in one transaction")
 	envflag.Duration(fs, &o.rc.MaxWait, "builds-max-wait", "MILLRACE_BUILDS_MAX_WAIT", defaultBuildsMaxWait, "how long events may gather before a batch takes them (adds to the projection's lag)")
 	envflag.Duration(fs, &o.rc.AckWait, "builds-ack-wait", "MILLRACE_BUILDS_ACK_WAIT", 60*time.Second, "JetStream's redelivery timeout for unacknowledged events")
+	envflag.Duration(fs, &o.group.HeartbeatEvery, "builds-group-heartbeat", "MILLRACE_BUILDS_GROUP_HEARTBEAT", streams.DefaultGroupHeartbeat, "with --bes-partitions above 1: how often an instance renews its membership of the builds projectors' group and reads the others' (a joining or leaving instance's partitions move within about two of these); one that died gives its partitions up five of these after its last")
 	o.c.RegisterFlags(fs)
 	o.rt.RegisterFlags(fs)
 	o.ex.RegisterFlags(fs)
@@ -74,11 +76,11 @@ func (o *projectorOptions) retention(p *process, rawDays int, withRaw bool) (sup
 	return p.consumer("retention", func(ctx context.Context, pool *pgxpool.Pool) error {
 		var raw builds.RawExpirer
 		if withRaw {
-			src, err := p.bb.Reader(ctx, subjects.StreamBES)
+			src, err := p.bb.BuildEvents(ctx)
 			if err != nil {
 				return err
 			}
-			raw = archive.NewRawExpirer(pool, p.bk, streams.SubjectTrimmer{Stream: src.Stream}).RestoreOutputWith(outputMover{}, p.bk)
+			raw = archive.NewRawExpirer(pool, p.bk, src).RestoreOutputWith(outputMover{p.bb.Layout}, p.bk)
 		}
 		x, err := builds.NewExpirer(cfg, def, pool, raw, m)
 		if err != nil {
@@ -92,6 +94,19 @@ func (o *projectorOptions) runnerConfig(log *slog.Logger) streams.RunnerConfig {
 	c := o.rc
 	c.Stream, c.Filter, c.Logger = subjects.StreamBES, subjects.BESFilter, log.With("component", "projector")
 	return c
+}
+
+// buildsProjector runs the builds projector: its one runner, or, when
+// build events are partitioned, this instance's share of the partitions
+// (streams.Backbone.RunByPartition).
+func (p *process) buildsProjector(proj *builds.Projector, o *projectorOptions) supervise.Component {
+	return p.consumer(builds.ConsumerName, func(ctx context.Context, pool *pgxpool.Pool) error {
+		gc := o.group
+		gc.Group, gc.Logger = builds.ConsumerName, p.log.With("component", "projector")
+		return p.bb.RunByPartition(ctx, pool, o.runnerConfig(p.log), gc, p.t.sm, func(part int) projection.Projector {
+			return proj.ForPartition(p.bb.Layout, part)
+		})
+	})
 }
 
 func (o *projectorOptions) projector() (*builds.Projector, error) {
@@ -143,7 +158,7 @@ func projectBuildsCommand() command {
 			ac.RegisterFlags(fs)
 			return po.run("project builds", "millrace-project-builds", func(p *process) (_, _ []supervise.Component, _ error) {
 				proj, err := bo.projector()
-				cs := []supervise.Component{p.database(do), p.projector(proj, bo.runnerConfig(p.log))}
+				cs := []supervise.Component{p.database(do), p.buildsProjector(proj, &bo)}
 				if !ac.Off() { // --archive-after negative: no archiver, no bucket
 					cs = append(cs, p.openBucket(ko), p.archiver(ac))
 				}
@@ -176,28 +191,53 @@ func replayBuildsCommand() command {
 		Long:    builds.ReplayDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
 			var (
-				lo logs.Options
-				ro resources.Options
-				po projectorOptions
+				lo   logs.Options
+				ro   resources.Options
+				po   projectorOptions
+				part int
 			)
 			lo.RegisterFlags(fs)
 			ro.RegisterFlags(fs, resources.Backbone|resources.Migrated|resources.Bucket)
 			po.register(fs)
+			fs.IntVar(&part, "partition", -1, "with --bes-partitions above 1: replay this partition alone (-1: every partition, one after the other); the projectors go on with the others")
 			return once("replay builds", &lo, func(ctx context.Context, log *slog.Logger) error {
-				return ro.Run(ctx, "millrace-replay", serviceConsumers(), log, func(r *resources.Opened) error { return replayBuilds(ctx, r, po, log) })
+				return ro.Run(ctx, "millrace-replay", serviceConsumers(), log, func(r *resources.Opened) error { return replayBuilds(ctx, r, po, part, log) })
 			})
 		},
 	}
 }
 
-// replayBuilds plans the replay (archive.PlanReplay), says what it will
-// do, and replays.
-func replayBuilds(ctx context.Context, r *resources.Opened, po projectorOptions, log *slog.Logger) error {
+// replayBuilds replays the builds projection, each partition of build
+// events in turn or partition part alone (streams.ReplayByPartition:
+// the partitions it replays paused, the projectors running on with the
+// others; in the one-stream layout the projector must be stopped), then
+// moves the console output into the archive again.
+func replayBuilds(ctx context.Context, r *resources.Opened, po projectorOptions, part int, log *slog.Logger) error {
 	proj, err := po.projector()
 	if err != nil {
 		return err
 	}
-	st, err := r.BB.Stream(ctx, subjects.StreamBES)
+	host, _ := os.Hostname()
+	err = streams.ReplayByPartition(ctx, r.Pool, r.BB.Layout, builds.ConsumerName, part, fmt.Sprintf("replay builds on %s, process %d", host, os.Getpid()),
+		func(part int) error {
+			return replayPartition(ctx, r, po, proj.ForPartition(r.BB.Layout, part), part, log)
+		})
+	if err != nil {
+		return err
+	}
+	return moveOutputAgain(ctx, r, log)
+}
+
+// replayPartition plans the replay of partition part by its projector pp
+// (the whole projection in the one-stream layout: archive.PlanReplay),
+// says what it will do, and replays.
+func replayPartition(ctx context.Context, r *resources.Opened, po projectorOptions, pp *builds.Projector, part int, log *slog.Logger) error {
+	l, rc, label := r.BB.Layout, po.runnerConfig(log), "replay builds"
+	rc.Stream, rc.Filter = l.Stream(part), l.Filter(part)
+	if l.Partitioned() {
+		label = fmt.Sprintf("replay builds, partition %d of %d", part, l.N())
+	}
+	st, err := r.BB.Stream(ctx, rc.Stream)
 	if err != nil {
 		return err
 	}
@@ -207,34 +247,32 @@ func replayBuilds(ctx context.Context, r *resources.Opened, po projectorOptions,
 		for i, k := range keep {
 			ks[i] = builds.Key(k)
 		}
-		return proj.ResetExcept(ctx, tx, ks)
+		return pp.ResetExcept(ctx, tx, ks)
 	}
 	plan, planned, err := archive.PlanReplay(ctx, r.Pool, r.Bucket, archive.StreamTail{FirstSeq: s.FirstSeq, FirstTime: s.FirstTime, LastSeq: s.LastSeq},
-		reset, archive.ReplayOptions{RawKept: r.Streams.BESMaxAge, Progress: archive.ProgressLine(os.Stderr, "replay builds", "archived builds")})
+		reset, archive.ReplayOptions{RawKept: r.Streams.BESMaxAge, Progress: archive.ProgressLine(os.Stderr, label, "archived builds"),
+			Layout: l, Partition: part})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(os.Stderr, "replay builds: %d builds from the archive, then the stream; %d kept as they are (raw events past --retention-raw-days)\n",
-		planned.Archived, planned.Kept)
-	if err := replayStream(ctx, r.BB, r.Pool, proj, po.runnerConfig(log), plan, "replay builds", "events"); err != nil {
-		return err
-	}
-	return moveOutputAgain(ctx, r, log)
+	fmt.Fprintf(os.Stderr, "%s: %d builds from the archive, then the stream; %d kept as they are (raw events past --retention-raw-days)\n",
+		label, planned.Archived, planned.Kept)
+	return replayStream(ctx, r.BB, r.Pool, pp, rc, plan, label, "events")
 }
 
 // moveOutputAgain moves the console output that the replay folded into
 // pages into the archive again, so that the replay ends where the live run
 // was.
 func moveOutputAgain(ctx context.Context, r *resources.Opened, log *slog.Logger) error {
-	src, err := r.BB.Reader(ctx, subjects.StreamBES)
+	src, err := r.BB.BuildEvents(ctx)
 	if err != nil {
 		return err
 	}
-	a, err := archive.New(archive.Config{Logger: log}, r.Pool, r.Bucket, src, nil)
+	a, err := archive.New(archive.Config{Logger: log, Layout: r.BB.Layout}, r.Pool, r.Bucket, src, nil)
 	if err != nil {
 		return err
 	}
-	n, err := a.MoveOutputWith(outputMover{}).MoveAllOutputs(ctx)
+	n, err := a.MoveOutputWith(outputMover{r.BB.Layout}).MoveAllOutputs(ctx)
 	fmt.Fprintf(os.Stderr, "replay builds: the console output of %d archived builds moved into the archive again\n", n)
 	return err
 }

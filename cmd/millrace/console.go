@@ -31,6 +31,7 @@ func (p *process) console(src console.Sources, keys bes.Options, compactor strin
 	src.Live = backbone.Follower{Backbone: bb}
 	src.CommitLog = backbone.CommitLog{Backbone: bb, Bucket: func() *bucket.Bucket { return p.bk }, Compactor: compactor}
 	src.Stopping = p.stopping
+	src.Layout = p.layout // the flags': the backbone refuses another
 	console.Register(p.mux, src)
 	o.ProjectKeys = func(ctx context.Context) (*apikey.Table[string], error) {
 		k, err := keys.LoadKeys(ctx, p.t.kf, p.log)

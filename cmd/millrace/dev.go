@@ -116,7 +116,7 @@ func (o *devOptions) components(p *process) (before, after []supervise.Component
 	resvAPI, resvGRPC := p.reservations(o.resv)
 	p.console(o.console, o.bes, o.compactor.fold.Durable(), &o.proc.http)
 	before = []supervise.Component{p.database(o.db), p.openBucket(o.bucket), resvAPI,
-		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.projector(buildsProj, o.projector.runnerConfig(p.log)), compactor, p.archiver(o.archive), retention}
+		p.projector(fleetProj, o.fleetProj.runnerConfig(p.log)), p.placer(placerCfg, o.placer), p.buildsProjector(buildsProj, &o.projector), compactor, p.archiver(o.archive), retention}
 	// The Kafka export, when brokers are named: it needs the backbone only.
 	if o.kafka.Brokers != "" {
 		k, err := p.kafka(o.kafka)

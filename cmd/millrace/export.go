@@ -15,7 +15,8 @@ import (
 // checked now, before anything starts.
 func (p *process) kafka(o kafka.Options) (supervise.Component, error) {
 	log := p.log.With("component", "kafka-export")
-	cfg, filters, err := o.Config(streams.StreamOf, streams.Names(), log)
+	streamsOf := func(filter string) (map[string]string, bool) { return streams.StreamsOf(p.layout, filter) }
+	cfg, filters, err := o.Config(streamsOf, streams.NamesIn(p.layout), log)
 	if err != nil {
 		return supervise.Component{}, err
 	}

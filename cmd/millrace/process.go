@@ -23,6 +23,7 @@ import (
 	"github.com/millrace/millrace/internal/web"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 // procOptions are the flags of every command that runs until a signal.
@@ -57,7 +58,10 @@ type process struct {
 	mux   *http.ServeMux
 	begin time.Time
 	bb    *streams.Backbone
-	bk    *bucket.Bucket
+	// layout is how the backbone keeps build events, as the flags say
+	// (bb.Layout once it is open, which refuses another).
+	layout subjects.BESLayout
+	bk     *bucket.Bucket
 	// db is the database, connected in the background; hasDB says the
 	// process has one (readiness waits for it).
 	db    database.Late
@@ -87,7 +91,8 @@ func (o *procOptions) run(cmd, client string, components func(p *process) (befor
 		if err != nil {
 			return err
 		}
-		p := &process{log: log, t: newTelemetry(), mux: http.NewServeMux(), begin: time.Now(), stopping: make(chan struct{})}
+		p := &process{log: log, t: newTelemetry(), mux: http.NewServeMux(), begin: time.Now(), stopping: make(chan struct{}),
+			layout: subjects.BESLayout{Partitions: o.nats.BESPartitions}}
 		before, after, err := components(p)
 		if err != nil {
 			return err

@@ -13,7 +13,6 @@ import (
 	"github.com/millrace/millrace/internal/resources"
 	"github.com/millrace/millrace/projectors/builds"
 	"github.com/millrace/millrace/streams"
-	"github.com/millrace/millrace/subjects"
 )
 
 // Per-project data: projects retention, builds delete.
@@ -98,12 +97,12 @@ func buildsDeleteCommand() command {
 // deleteBuilds deletes project's build id, or with id "" the project
 // (archive.Delete), with a project's progress on stderr.
 func deleteBuilds(ctx context.Context, r *resources.Opened, project, id string, asJSON bool) error {
-	s, err := r.BB.Stream(ctx, subjects.StreamBES)
+	src, err := r.BB.BuildEvents(ctx)
 	if err != nil {
 		return err
 	}
-	erase := func(ctx context.Context, filter string) (uint64, error) {
-		return streams.EraseSubjects(ctx, s, filter, nil)
+	erase := func(ctx context.Context, project, id string) (uint64, error) {
+		return src.Erase(ctx, project, id, nil)
 	}
 	progress := func(s string) { fmt.Fprintln(os.Stderr, "builds delete: "+s) }
 	if id != "" {

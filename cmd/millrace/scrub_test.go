@@ -157,7 +157,7 @@ func TestStreamsPurgeBESCommand(t *testing.T) {
 		t.Fatalf("no project: %s", errOut)
 	}
 	out, _ := millrace(t, env, false, "streams", "purge-bes", "--project", "alpha")
-	if !strings.Contains(out, "holds 3 messages on bes.alpha.> (2 invocations); run again with --yes") || count("alpha") != 3 {
+	if !strings.Contains(out, "BES holds 3 messages of project alpha (2 invocations); run again with --yes") || count("alpha") != 3 {
 		t.Fatalf("without --yes: %q, %d left", out, count("alpha"))
 	}
 	out, _ = millrace(t, env, false, "streams", "purge-bes", "--project", "alpha", "--yes")

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 
 	"github.com/millrace/millrace/internal/cli"
 	"github.com/millrace/millrace/internal/database"
@@ -15,7 +16,6 @@ import (
 	"github.com/millrace/millrace/internal/resources"
 	"github.com/millrace/millrace/migrations"
 	"github.com/millrace/millrace/streams"
-	"github.com/millrace/millrace/subjects"
 )
 
 func migrateCommand() command {
@@ -210,27 +210,27 @@ progress on standard error. Without --yes it only counts the messages.`,
 // purgeBES erases the project's raw events (streams.EraseSubjects), or
 // with yes unset counts them.
 func purgeBES(ctx context.Context, bb *streams.Backbone, project string, yes bool) error {
-	s, err := bb.Stream(ctx, subjects.StreamBES)
+	src, err := bb.BuildEvents(ctx)
 	if err != nil {
 		return err
 	}
-	filter := subjects.BESProjectFilter(project)
-	n, invocations, err := streams.CountSubjects(ctx, s, filter)
+	where := strings.Join(bb.Layout.Streams(), ", ")
+	n, invocations, err := src.Count(ctx, project)
 	switch {
 	case err != nil:
 		return err
 	case !yes:
-		fmt.Printf("streams purge-bes: %s holds %d messages on %s (%d invocations); run again with --yes to delete them\n",
-			subjects.StreamBES, n, filter, invocations)
+		fmt.Printf("streams purge-bes: %s holds %d messages of project %s (%d invocations); run again with --yes to delete them\n",
+			where, n, project, invocations)
 		return nil
 	}
-	erased, err := streams.EraseSubjects(ctx, s, filter, func(erased, total uint64) {
+	erased, err := src.Erase(ctx, project, "", func(erased, total uint64) {
 		fmt.Fprintf(os.Stderr, "streams purge-bes: erased %d of %d messages\n", erased, max(n, total))
 	})
 	if err != nil {
-		return fmt.Errorf("erase %s (%d messages erased): %w", filter, erased, err)
+		return fmt.Errorf("erase the raw events of project %s (%d messages erased): %w", project, erased, err)
 	}
-	fmt.Printf("streams purge-bes: deleted %d messages on %s (%d invocations), their bytes overwritten\n", erased, filter, invocations)
+	fmt.Printf("streams purge-bes: deleted %d messages of project %s (%d invocations), their bytes overwritten\n", erased, project, invocations)
 	return nil
 }
 

@@ -26,8 +26,8 @@ import (
 	"github.com/millrace/millrace/subjects"
 )
 
-// Follower follows subjects of the BES stream for the console's live
-// pages (console.Follower).
+// Follower follows builds' events for the console's live pages
+// (console.Follower), wherever the backbone's layout keeps them.
 type Follower struct {
 	Backbone func() *streams.Backbone
 }
@@ -36,12 +36,13 @@ var _ console.Follower = Follower{}
 
 // Follow calls fn with each message of subject after sequence after
 // until ctx ends or fn fails.
-func (f Follower) Follow(ctx context.Context, subject string, after uint64, fn func(seq uint64, data []byte) error) error {
-	r, err := f.Backbone().Reader(ctx, subjects.StreamBES)
+func (f Follower) Follow(ctx context.Context, project, invocation string, after uint64, fn func(seq uint64, data []byte) error) error {
+	bb := f.Backbone()
+	r, err := bb.Reader(ctx, bb.Layout.StreamOf(project, invocation))
 	if err != nil {
 		return err
 	}
-	return r.Follow(ctx, subject, after, fn)
+	return r.Follow(ctx, bb.Layout.Subject(project, invocation), after, fn)
 }
 
 // CommitLog reads the commit log for the console's page
@@ -129,7 +130,7 @@ func world(ctx context.Context, bk *bucket.Bucket, s jetstream.Stream, name stri
 // per stream, that exist on the server.
 func (v CommitLog) Consumers(ctx context.Context) ([]console.ConsumerLag, error) {
 	want := []console.ConsumerLag{{Kind: "compactor", Stream: subjects.StreamCommits, Consumer: v.Compactor}}
-	for _, name := range streams.Names() {
+	for _, name := range streams.NamesIn(v.Backbone().Layout) {
 		want = append(want, console.ConsumerLag{Kind: "export", Stream: name, Consumer: kafka.Durable(name)})
 	}
 	var out []console.ConsumerLag

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -13,6 +14,7 @@ import (
 	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/schemas/envelope"
 	"github.com/millrace/millrace/streams/projection"
+	"github.com/millrace/millrace/subjects"
 )
 
 // ConsumerName is the projector's durable consumer name and position key.
@@ -56,6 +58,10 @@ func (c Config) withDefaults() Config {
 type Projector struct {
 	cfg   Config
 	cache cache
+	// layout and part: the one partition of build events this projector
+	// applies (ForPartition); every build when layout is not partitioned.
+	layout subjects.BESLayout
+	part   int
 }
 
 var (
@@ -73,8 +79,28 @@ func New(cfg Config) (*Projector, error) {
 	return &Projector{cfg: cfg.withDefaults()}, nil
 }
 
-// Name is the durable consumer name.
-func (p *Projector) Name() string { return ConsumerName }
+// Name is the durable consumer name: ConsumerName, or its partition's
+// (ForPartition).
+func (p *Projector) Name() string { return p.layout.Durable(ConsumerName, p.part) }
+
+// ForPartition is a projector of partition part of layout's build events
+// alone, for the runner of that partition (several instances of the
+// builds projector share the partitions: streams.Group). The rows of a
+// build are its partition's alone, and its runner applies them; what a
+// projector does beyond its batch keeps to its partition too: its sweep
+// abandons and folds only its own builds (another partition's runner
+// holds those in its cache), and its reset (a replay of the partition)
+// empties only its own. The rollups and test history that builds of
+// several partitions share are kept as differences per build, so each
+// partition adds and takes away only what its builds count.
+func (p *Projector) ForPartition(layout subjects.BESLayout, part int) *Projector {
+	return &Projector{cfg: p.cfg, layout: layout, part: part}
+}
+
+// owns reports whether the build is this projector's to sweep and reset.
+func (p *Projector) owns(k invKey) bool {
+	return !p.layout.Partitioned() || p.layout.Partition(k.project, k.id) == p.part
+}
 
 // DefaultProject is the project of a message whose Millrace-Project header
 // is empty. The BES edge always names one (its own default for clients
@@ -111,6 +137,7 @@ func (p *Projector) Apply(ctx context.Context, tx pgx.Tx, batch []projection.Mes
 		return nil
 	}
 	s := newState()
+	s.layout, s.part = p.layout, p.part
 	for i := range evs {
 		s.add(&evs[i])
 	}
@@ -199,20 +226,7 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	if _, err := tx.Exec(ctx, sqlKeyedPlans); err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
 	}
-	rows, err := tx.Query(ctx, sqlAbandon, cutoff)
-	if err != nil {
-		return fmt.Errorf("builds: sweep: %w", err)
-	}
-	var (
-		abandoned []invKey
-		keys      []int64
-		k         invKey
-		key       int64
-	)
-	_, err = pgx.ForEachRow(rows, []any{&k.project, &k.id, &key}, func() error {
-		abandoned, keys = append(abandoned, k), append(keys, key)
-		return nil
-	})
+	abandoned, keys, err := p.abandon(ctx, tx, cutoff)
 	if err != nil {
 		return fmt.Errorf("builds: sweep: %w", err)
 	}
@@ -223,7 +237,7 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	// Of what the cache holds, the sweep changes only the status of the
 	// invocations it abandons: the next batch that names them reads them.
 	p.cache.dropAll(abandoned)
-	rows, err = tx.Query(ctx, sqlIdleOutput, cutoff)
+	rows, err := tx.Query(ctx, sqlIdleOutput, cutoff)
 	if err != nil {
 		return fmt.Errorf("builds: sweep output: %w", err)
 	}
@@ -231,6 +245,7 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 	if err != nil {
 		return fmt.Errorf("builds: sweep output: %w", err)
 	}
+	idle = slices.DeleteFunc(idle, func(k invKey) bool { return !p.owns(k) })
 	if len(idle) > 0 {
 		fin := make(map[invKey]*inv, len(idle))
 		for _, k := range idle {
@@ -250,6 +265,47 @@ func (p *Projector) Sweep(ctx context.Context, tx pgx.Tx, now time.Time) error {
 		}
 	}
 	return nil
+}
+
+// abandon marks the running invocations without an event since cutoff
+// abandoned, and returns them with their build keys. A partition's
+// projector first reads which they are and takes its own (the partition
+// is a hash the database does not compute).
+func (p *Projector) abandon(ctx context.Context, tx pgx.Tx, cutoff time.Time) ([]invKey, []int64, error) {
+	var (
+		abandoned []invKey
+		keys      []int64
+		k         invKey
+		key       int64
+	)
+	collect := func(rows pgx.Rows, err error) ([]invKey, []int64, error) {
+		if err != nil {
+			return nil, nil, err
+		}
+		_, err = pgx.ForEachRow(rows, []any{&k.project, &k.id, &key}, func() error {
+			abandoned, keys = append(abandoned, k), append(keys, key)
+			return nil
+		})
+		return abandoned, keys, err
+	}
+	if !p.layout.Partitioned() {
+		return collect(tx.Query(ctx, sqlAbandon, cutoff))
+	}
+	rows, err := tx.Query(ctx, sqlAbandonCandidates, cutoff)
+	if err != nil {
+		return nil, nil, err
+	}
+	var mine []int64
+	_, err = pgx.ForEachRow(rows, []any{&k.project, &k.id, &key}, func() error {
+		if p.owns(k) {
+			mine = append(mine, key)
+		}
+		return nil
+	})
+	if err != nil || len(mine) == 0 {
+		return nil, nil, err
+	}
+	return collect(tx.Query(ctx, sqlAbandonThese, mine))
 }
 
 // scanKey reads a (project, invocation id) row.

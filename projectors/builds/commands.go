@@ -15,7 +15,11 @@ import (
 // ProjectDescription is the help of `millrace project builds`.
 const ProjectDescription = `Consumes the BES stream into PostgreSQL: invocations, targets, tests, metrics,
 build output and hourly rollups. Several instances may run: one applies, the
-others stand by (a PostgreSQL advisory lock decides). Beside it, the archiver
+others stand by (a PostgreSQL advisory lock decides). With --bes-partitions
+above 1 they share the work: each partition of build events has its own
+consumer, position and lock, and the instances spread the partitions among
+them, taking over those of one that leaves or dies (--builds-group-heartbeat).
+Beside it, the archiver
 moves the raw events of finished builds to the bucket (--bucket-url), one
 object per build, --archive-after their last event (archive/README.md).`
 
@@ -26,7 +30,12 @@ what the live projector built. A build whose raw events are gone, past
 --retention-raw-days, keeps its rows as they are. When the stream has lost events
 of a build the archive lacks, it refuses before emptying anything and names the
 builds. Stop the builds projector first (replay refuses to run while it holds its
-lock); start it again afterwards.`
+lock); start it again afterwards.
+
+With --bes-partitions above 1, it replays each partition in turn, or with
+--partition P that one alone, and the projectors need not stop: the partitions
+it replays are paused (consumer_paused), the instances running them let them
+go, the others go on, and each resumes once replayed.`
 
 // ShowDescription is the help of `millrace builds show`.
 const ShowDescription = `Reads the database directly; no server needs to run.

@@ -32,25 +32,32 @@ func DeleteBuilds(ctx context.Context, tx pgx.Tx, project string, ids []string) 
 	if err := tx.QueryRow(ctx, `select count(*) from invocations where project = $1 and id = any($2)`, project, ids).Scan(&n); err != nil {
 		return 0, fmt.Errorf("builds: delete: %w", err)
 	}
-	if _, err := tx.Exec(ctx, sqlForget, project, ids); err != nil {
+	if err := forget(ctx, tx, project, ids, "archived_builds"); err != nil {
 		return 0, fmt.Errorf("builds: delete: %w", err)
 	}
+	return n, nil
+}
+
+// forget deletes project's builds ids, their rows in the extra tables
+// (by invocation_id) and what they count in the rollups and the test
+// history.
+func forget(ctx context.Context, tx pgx.Tx, project string, ids []string, extra ...string) error {
+	if _, err := tx.Exec(ctx, sqlForget, project, ids); err != nil {
+		return err
+	}
 	if _, err := tx.Exec(ctx, sqlForgetTests, project, ids); err != nil {
-		return 0, fmt.Errorf("builds: delete: %w", err)
+		return err
 	}
 	// Below zero: the build's rollup row had gone by its own retention (an
 	// hour's row may go before the rows of a build that ran long), and the
 	// subtraction made a row of nothing but the build taken away.
 	if _, err := tx.Exec(ctx, `delete from hourly_rollups where project = $1 and builds <= 0`, project); err != nil {
-		return 0, fmt.Errorf("builds: delete: %w", err)
+		return err
 	}
 	if _, err := tx.Exec(ctx, `delete from test_daily where project = $1 and runs <= 0`, project); err != nil {
-		return 0, fmt.Errorf("builds: delete: %w", err)
+		return err
 	}
-	if err := deleteBuilds(ctx, tx, project, ids, "archived_builds"); err != nil {
-		return 0, fmt.Errorf("builds: delete: %w", err)
-	}
-	return n, nil
+	return deleteBuilds(ctx, tx, project, ids, extra...)
 }
 
 // DeleteRows deletes project's build id on request (DeleteBuilds), or

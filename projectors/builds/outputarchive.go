@@ -128,7 +128,7 @@ type OutputMove struct {
 // later ones is what the build's pages (or its build_output row) hold,
 // byte for byte and cut into the same pages; then it deletes those rows.
 // The caller records what it returns (archived_builds), in tx.
-func MoveOutput(ctx context.Context, tx pgx.Tx, project, invocationID string, through uint64, moved [2]int64, msgs Messages) (OutputMove, error) {
+func MoveOutput(ctx context.Context, tx pgx.Tx, consumer, project, invocationID string, through uint64, moved [2]int64, msgs Messages) (OutputMove, error) {
 	k := invKey{project, invocationID}
 	var (
 		prefix [2]int64 // the output of the messages up to through
@@ -151,7 +151,7 @@ func MoveOutput(ctx context.Context, tx pgx.Tx, project, invocationID string, th
 		return OutputMove{Differs: fmt.Sprintf("the object's messages up to %d fold to %d and %d bytes of output, %d and %d were moved",
 			through, prefix[0], prefix[1], moved[0], moved[1])}, nil
 	}
-	pending, differs, err := lockOutput(ctx, tx, k, maxSeq)
+	pending, differs, err := lockOutput(ctx, tx, consumer, k, maxSeq)
 	if err != nil || pending || differs != "" {
 		return OutputMove{Pending: pending, Differs: differs}, err
 	}
@@ -174,13 +174,14 @@ func MoveOutput(ctx context.Context, tx pgx.Tx, project, invocationID string, th
 	return OutputMove{Moved: true, Bytes: [2]int64{prefix[0] + after[0].n, prefix[1] + after[1].n}}, nil
 }
 
-// lockOutput locks the projector's position for tx, then says whether the
-// build's output rows are what the projector folded of exactly the
-// object's events (highest tool sequence maxSeq), all of it folded.
-func lockOutput(ctx context.Context, tx pgx.Tx, k invKey, maxSeq int64) (pending bool, differs string, err error) {
+// lockOutput locks the projector's position (consumer's: the build's
+// partition's, PositionOf) for tx, then says whether the build's output
+// rows are what the projector folded of exactly the object's events
+// (highest tool sequence maxSeq), all of it folded.
+func lockOutput(ctx context.Context, tx pgx.Tx, consumer string, k invKey, maxSeq int64) (pending bool, differs string, err error) {
 	// for share: archivers moving several builds do not wait for each
 	// other, a batch (for update) waits for them and they for it.
-	_, err = tx.Exec(ctx, `select 1 from consumer_positions where consumer = $1 for share`, ConsumerName)
+	_, err = tx.Exec(ctx, `select 1 from consumer_positions where consumer = $1 for share`, consumer)
 	if err != nil {
 		return false, "", fmt.Errorf("builds: lock the projector's position: %w", err)
 	}
@@ -292,7 +293,7 @@ func (s *streamSum) equal(o *streamSum) bool { return s.n == o.n && bytes.Equal(
 // build has now (a late event's fragment), cut into pages again, in tx
 // with the projector's position locked as MoveOutput does. The caller
 // records that the output is in PostgreSQL again (archived_builds), in tx.
-func RestoreOutput(ctx context.Context, tx pgx.Tx, project, invocationID string, through uint64, moved [2]int64, msgs Messages) error {
+func RestoreOutput(ctx context.Context, tx pgx.Tx, consumer, project, invocationID string, through uint64, moved [2]int64, msgs Messages) error {
 	k := invKey{project, invocationID}
 	var out pageRows
 	ws := [2]*pageWriter{{key: k, stream: StreamStdout, out: &out}, {key: k, stream: StreamStderr, out: &out}}
@@ -310,7 +311,7 @@ func RestoreOutput(ctx context.Context, tx pgx.Tx, project, invocationID string,
 		return fmt.Errorf("builds: restore output of %s in project %s: the object's messages up to %d fold to %d and %d bytes, %d and %d were moved",
 			invocationID, project, through, got[0], got[1], moved[0], moved[1])
 	}
-	if _, err := tx.Exec(ctx, `select 1 from consumer_positions where consumer = $1 for share`, ConsumerName); err != nil {
+	if _, err := tx.Exec(ctx, `select 1 from consumer_positions where consumer = $1 for share`, consumer); err != nil {
 		return fmt.Errorf("builds: lock the projector's position: %w", err)
 	}
 	// The fragment's pages, read before they are replaced.

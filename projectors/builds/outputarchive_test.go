@@ -101,7 +101,7 @@ func move(t *testing.T, pool *pgxpool.Pool, a *memArchive, key, id string, throu
 	var res OutputMove
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		var err error
-		if res, err = MoveOutput(ctx, tx, "acme", id, through, moved, a.walk(key)); err != nil || !res.Moved {
+		if res, err = MoveOutput(ctx, tx, ConsumerName, "acme", id, through, moved, a.walk(key)); err != nil || !res.Moved {
 			return err
 		}
 		_, err = tx.Exec(ctx, `insert into archived_builds (invocation_id, project, object_key, dict_id, events, first_seq, last_seq,
@@ -233,7 +233,7 @@ func TestOutputFromTheArchive(t *testing.T) {
 	res = move(t, pool, a, key, "inv-big", 0, [2]int64{})
 	applyAll(t, pool, p, s.msgs[mark:], 10)
 	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		return RestoreOutput(ctx, tx, "acme", "inv-big", s.msgs[mark-1].seq, res.Bytes, a.walk(key))
+		return RestoreOutput(ctx, tx, ConsumerName, "acme", "inv-big", s.msgs[mark-1].seq, res.Bytes, a.walk(key))
 	}); err != nil {
 		t.Fatal(err)
 	}

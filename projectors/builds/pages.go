@@ -10,6 +10,8 @@ import (
 	"strconv"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/millrace/millrace/subjects"
 )
 
 // Paged reads: a build of a million events has hundreds of thousands of
@@ -431,14 +433,35 @@ func (e *errWriter) write(b []byte) {
 	}
 }
 
-// Position is the highest BES stream sequence the projector has applied
+// Positions is the sum of the builds projector's positions, of every
+// partition: it changes whenever one of them moves (a page of builds
+// reads again when it does).
+func Positions(ctx context.Context, db Querier) (uint64, error) {
+	var sum int64
+	err := db.QueryRow(ctx, `select coalesce(sum(stream_seq), 0)::int8 from consumer_positions
+		where consumer = $1 or consumer like $1 || '\_%'`, ConsumerName).Scan(&sum)
+	if err != nil {
+		return 0, fmt.Errorf("builds: the projector's positions: %w", err)
+	}
+	return uint64(sum), nil
+}
+
+// PositionOf names the position that orders a build's events: the builds
+// projector's (ConsumerName), or with partitioned build events its
+// partition's (subjects.BESLayout.Durable).
+func PositionOf(l subjects.BESLayout, project, invocation string) string {
+	return l.Durable(ConsumerName, l.Partition(project, invocation))
+}
+
+// Position is the highest BES stream sequence the projector (consumer's
+// position: PositionOf) has applied
 // (0: none yet). Read in the snapshot that a page reads a build's rows in
 // (a repeatable-read transaction), it is where the stream goes on from
 // what the page shows: a live page follows the build's subject from the
 // next sequence, and sees every event once.
-func Position(ctx context.Context, db Querier) (uint64, error) {
+func Position(ctx context.Context, db Querier, consumer string) (uint64, error) {
 	var seq int64
-	err := db.QueryRow(ctx, `select stream_seq from consumer_positions where consumer = $1`, ConsumerName).Scan(&seq)
+	err := db.QueryRow(ctx, `select stream_seq from consumer_positions where consumer = $1`, consumer).Scan(&seq)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return 0, nil
 	}

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/millrace/millrace/subjects"
 )
 
 // Build keys and partitions (migrations/016_builds_compact.sql).
@@ -44,6 +46,24 @@ var partitionedTables = []string{"targets", "tests", "build_failures", "target_c
 func buildKey(at time.Time, seq uint64) int64 {
 	day := max(at.Unix(), 0) / 86400
 	return day<<keySeqBits | int64(seq&keySeqMask)
+}
+
+// partBits are the bits of a partitioned build's key below its
+// sequence, which hold its partition of build events (at most 64:
+// streams.MaxBESPartitions).
+const partBits = 6
+
+// partitionKey is the key of a build of partition part of layout, as
+// buildKey. Partitions number their messages each in its own stream, so
+// two builds of a day may start at the same sequence in two partitions:
+// a partitioned build's key is its sequence and then its partition, and
+// keys stay unique, and the same on a replay, while sequences stay below
+// 2^40. One partition's keys are buildKey's, as before partitions.
+func partitionKey(layout subjects.BESLayout, part int, at time.Time, seq uint64) int64 {
+	if !layout.Partitioned() {
+		return buildKey(at, seq)
+	}
+	return buildKey(at, seq<<partBits|uint64(part))
 }
 
 // keyWeek is the partition (7-day span since 1970-01-01) of a build key.

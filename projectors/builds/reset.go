@@ -3,6 +3,7 @@ package builds
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -44,7 +45,11 @@ func byBuildKey(table string) bool { return rowTables[table] == "build_key" }
 // rows it was counted from no longer show: those rows are gone.
 func (p *Projector) ResetExcept(ctx context.Context, tx pgx.Tx, keep []Key) error {
 	p.cache.forget()
-	if err := p.resetExcept(ctx, tx, keep); err != nil {
+	reset := p.resetExcept
+	if p.layout.Partitioned() {
+		reset = p.resetPartition
+	}
+	if err := reset(ctx, tx, keep); err != nil {
 		return fmt.Errorf("builds: reset: %w", err)
 	}
 	return nil
@@ -118,3 +123,41 @@ with delta as (
       and not exists (select 1 from builds_keep k where k.project = i.project and k.id = i.id)
 )
 ` + sqlRollupDelta
+
+// resetPartition is ResetExcept for a partition's projector: it deletes
+// its own builds but those in keep, each as DeleteBuilds would (their
+// rows, and what they count in the rollups and the test history) but for
+// its archived_builds row, which the replay reads. It names the builds it
+// deletes rather than those it keeps, as resetExcept does: the other
+// partitions' runners go on meanwhile, and a build one of them adds after
+// this reset read the table must stay.
+func (p *Projector) resetPartition(ctx context.Context, tx pgx.Tx, keep []Key) error {
+	kept := make(map[invKey]bool, len(keep))
+	for _, k := range keep {
+		kept[invKey{k.Project, k.ID}] = true
+	}
+	rows, err := tx.Query(ctx, `select project, id from invocations`)
+	if err != nil {
+		return err
+	}
+	mine := map[string][]string{}
+	var k invKey
+	_, err = pgx.ForEachRow(rows, []any{&k.project, &k.id}, func() error {
+		if p.owns(k) && !kept[k] {
+			mine[k.project] = append(mine[k.project], k.id)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	const batch = 1000
+	for project, ids := range mine {
+		for chunk := range slices.Chunk(ids, batch) {
+			if err := forget(ctx, tx, project, chunk); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/millrace/millrace/schemas/bep"
+	"github.com/millrace/millrace/subjects"
 )
 
 // The merge rules below are the ones the SQL in write.go applies when a
@@ -28,6 +29,10 @@ type state struct {
 	// for some of the batch's target and test rows.
 	cache     *cache
 	rowsKnown bool
+
+	// layout and part are the projector's partition (buildKey).
+	layout subjects.BESLayout
+	part   int
 }
 
 // invKey is a build's identity: Bazel lets any client choose its

@@ -292,6 +292,19 @@ update invocations set status = 'abandoned', finished_at = last_event_at
 where status = 'running' and last_event_bucket < $1 and last_event_at < $1
 returning project, id, build_key`
 
+// sqlAbandonCandidates and sqlAbandonThese are sqlAbandon in two steps
+// for a partition's projector: which invocations are to be abandoned, and
+// then those of them its partition holds (ForPartition).
+const (
+	sqlAbandonCandidates = `
+select project, id, build_key from invocations
+where status = 'running' and last_event_bucket < $1 and last_event_at < $1`
+	sqlAbandonThese = `
+update invocations set status = 'abandoned', finished_at = last_event_at
+where build_key = any($1) and status = 'running'
+returning project, id, build_key`
+)
+
 // sqlIdleOutput finds output chunks of invocations that will get no
 // finalizing event: abandoned ones, and finished ones whose tool stream
 // never reported its end.
@@ -450,7 +463,7 @@ func (s *state) write(ctx context.Context, tx pgx.Tx) error {
 	var fresh []*inv
 	for _, id := range s.ids {
 		if v := s.invs[id]; v.write && !v.stored {
-			v.buildKey = buildKey(v.firstAt, v.firstSeq)
+			v.buildKey = partitionKey(s.layout, s.part, v.firstAt, v.firstSeq)
 			fresh = append(fresh, v)
 		}
 	}

@@ -71,11 +71,11 @@ func (o *Options) RegisterRouteFlags(fs *flag.FlagSet) {
 }
 
 // Config checks the options and makes the exporter's configuration, and
-// the filters of each stream to export (ByStream, with its streamOf and
+// the filters of each stream to export (ByStream, with its streamsOf and
 // names: this package sees no streams). A mistake in the flags is an
 // envflag.UsageError; log receives the exporter's messages, and a warning
 // now if SASL goes without TLS.
-func (o Options) Config(streamOf func(filter string) (string, bool), names []string, log *slog.Logger) (Config, map[string][]string, error) {
+func (o Options) Config(streamsOf func(filter string) (map[string]string, bool), names []string, log *slog.Logger) (Config, map[string][]string, error) {
 	cfg := o.c
 	if cfg.Brokers = envflag.SplitList(o.Brokers); len(cfg.Brokers) == 0 {
 		return cfg, nil, envflag.Usage("--kafka-brokers (MILLRACE_KAFKA_BROKERS) names no broker")
@@ -84,7 +84,7 @@ func (o Options) Config(streamOf func(filter string) (string, bool), names []str
 	if err != nil {
 		return cfg, nil, envflag.Usage(err.Error())
 	}
-	filters, err := ByStream(routes, streamOf, names)
+	filters, err := ByStream(routes, streamsOf, names)
 	if err != nil {
 		return cfg, nil, envflag.Usage(err.Error())
 	}

@@ -72,7 +72,7 @@ func TestOptionsConfig(t *testing.T) {
 		{[]string{"--kafka-brokers", "k1:9092", "--kafka-max-in-flight", "0"}, "max in flight, max buffered records and batch max bytes are positive"},
 	} {
 		o := parseOptions(t, c.args...)
-		if _, _, err := o.Config(streams.StreamOf, streams.Names(), nil); !errors.As(err, new(envflag.UsageError)) || !strings.Contains(err.Error(), c.want) {
+		if _, _, err := o.Config(oneStream, streams.Names(), nil); !errors.As(err, new(envflag.UsageError)) || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%q: %v; want a usage error with %q", c.args, err, c.want)
 		}
 	}
@@ -81,7 +81,7 @@ func TestOptionsConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := parseOptions(t, "--kafka-brokers", "k1:9092, k2:9092", "--kafka-routes", "bes.> -> b, commits.> -> c", "--kafka-sasl-password-file", pw)
-	cfg, filters, err := o.Config(streams.StreamOf, streams.Names(), nil)
+	cfg, filters, err := o.Config(oneStream, streams.Names(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,20 +20,24 @@ const DefaultRoutes = subjects.BESFilter + " -> millrace.bes, " +
 // ack floor is the export's position in that stream.
 func Durable(stream string) string { return "export-kafka-" + strings.ToLower(stream) }
 
-// ByStream groups the routes' filters by the stream that holds their
-// subjects, for one export consumer per stream. streamOf names the one
-// stream a filter falls in (streams.StreamOf: this package sees no
-// streams); names are the streams, for the error. A route whose filter
-// no single stream holds is refused.
-func ByStream(routes []Route, streamOf func(filter string) (string, bool), names []string) (map[string][]string, error) {
+// ByStream groups the routes' filters by the streams that hold their
+// subjects, for one export consumer per stream. streamsOf names the
+// streams a filter falls in, each with the filter narrowed to its
+// subjects (streams.StreamsOf: this package sees no streams): one
+// stream, or with partitioned build events every partition's for a
+// filter of them; names are the streams, for the error. A route whose
+// subjects no stream, or set of partitions, holds is refused.
+func ByStream(routes []Route, streamsOf func(filter string) (map[string]string, bool), names []string) (map[string][]string, error) {
 	filters := map[string][]string{}
 	for _, r := range routes {
-		stream, ok := streamOf(r.Filter)
+		held, ok := streamsOf(r.Filter)
 		if !ok {
 			return nil, fmt.Errorf("route %s -> %s: no millrace stream holds every subject of %q (streams: %s)",
 				r.Filter, r.Topic, r.Filter, strings.Join(names, ", "))
 		}
-		filters[stream] = append(filters[stream], r.Filter)
+		for stream, filter := range held {
+			filters[stream] = append(filters[stream], filter)
+		}
 	}
 	return filters, nil
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/millrace/millrace/internal/envflag"
@@ -16,7 +17,6 @@ import (
 	"github.com/millrace/millrace/internal/tlsfiles"
 	"github.com/millrace/millrace/services/bes/redact"
 	"github.com/millrace/millrace/streams"
-	"github.com/millrace/millrace/subjects"
 )
 
 // Options are the edge's knobs as an operator sets them (RegisterFlags):
@@ -115,10 +115,13 @@ func Start(ctx context.Context, o Options, bb *streams.Backbone, reg prometheus.
 	if err != nil {
 		return nil, err
 	}
-	stream, err := bb.JS.Stream(ctx, subjects.StreamBES)
-	if err != nil {
-		return nil, fmt.Errorf("BES stream: %w", err)
+	parts := make([]jetstream.Stream, bb.Layout.N())
+	for p := range parts {
+		if parts[p], err = bb.JS.Stream(ctx, bb.Layout.Stream(p)); err != nil {
+			return nil, fmt.Errorf("stream %s: %w", bb.Layout.Stream(p), err)
+		}
 	}
+	stream := parts[0] // the partitions' streams share their limits
 	cfg, lowered, err := cfg.FitPayload(bb.Payload(stream))
 	if err != nil {
 		return nil, err
@@ -143,6 +146,11 @@ func Start(ctx context.Context, o Options, bb *streams.Backbone, reg prometheus.
 	srv, err := New(cfg, bb.Publisher(), stream, m, log)
 	if err != nil {
 		return nil, err
+	}
+	if bb.Layout.Partitioned() {
+		if err := srv.UseLayout(bb.Layout, parts); err != nil {
+			return nil, err
+		}
 	}
 	g, err := supervise.NewGRPC(supervise.GRPCConfig{Addr: o.Listen, TLS: tc, Options: srv.ServerOptions(),
 		Listener: func(l net.Listener) (net.Listener, error) {

@@ -44,6 +44,10 @@ type Server struct {
 	cfg    Config
 	pub    *streams.Publisher
 	stream jetstream.Stream
+	// layout is where builds' events go (subjects.BESLayout), parts the
+	// partitions' streams when it has several (UseLayout).
+	layout subjects.BESLayout
+	parts  []jetstream.Stream
 	log    *slog.Logger
 	m      *Metrics
 	opts   []grpc.ServerOption
@@ -253,7 +257,7 @@ func (s *Server) PublishLifecycleEvent(ctx context.Context, req *buildpb.Publish
 	}
 	msg, err := s.message(project, envelope.KindLifecycle, obe,
 		"lc/"+subjects.Token(project)+"/"+subjects.Token(sid.GetBuildId())+"/"+subjects.Token(sid.GetInvocationId())+"/"+strconv.FormatInt(obe.GetSequenceNumber(), 10),
-		subjects.BES(project, key))
+		s.layout.Subject(project, key))
 	if err != nil {
 		return nil, err
 	}
@@ -514,6 +518,7 @@ type toolStream struct {
 	projectID   string
 	streamID    *buildpb.StreamId
 	subject     string
+	stored      jetstream.Stream // the stream of subject
 	msgIDPrefix string
 	next        int64 // sequence expected next
 	finished    bool
@@ -541,7 +546,8 @@ func (t *toolStream) start(ctx context.Context, first *buildpb.PublishBuildToolE
 	t.msgIDPrefix = subjects.Token(t.project) + "/" + subjects.Token(sid.GetInvocationId()) + "/"
 	t.streamID = sid
 	t.projectID = first.GetProjectId()
-	t.subject = subjects.BES(t.project, sid.GetInvocationId())
+	t.subject = t.s.layout.Subject(t.project, sid.GetInvocationId())
+	t.stored = t.s.streamOf(t.project, sid.GetInvocationId())
 	seq := obe.GetSequenceNumber()
 	if seq <= 0 {
 		return status.Errorf(codes.InvalidArgument, "millrace: sequence number %d is impossible; streams start at 1", seq)
@@ -562,6 +568,25 @@ func (t *toolStream) start(ctx context.Context, first *buildpb.PublishBuildToolE
 	return nil
 }
 
+// UseLayout makes the edge publish builds' events by a partitioned layout
+// l, finding where a resumed stream left off in its partition's stream,
+// parts[p]. Without it the edge publishes to the one stream BES.
+func (s *Server) UseLayout(l subjects.BESLayout, parts []jetstream.Stream) error {
+	if len(parts) != l.N() {
+		return fmt.Errorf("bes: %d streams for %d partitions", len(parts), l.N())
+	}
+	s.layout, s.parts = l, parts
+	return nil
+}
+
+// streamOf is the stream that holds a build's events.
+func (s *Server) streamOf(project, invocation string) jetstream.Stream {
+	if len(s.parts) == 0 {
+		return s.stream
+	}
+	return s.parts[s.layout.Partition(project, invocation)]
+}
+
 // lastStored is the highest tool-event sequence the backbone holds for the
 // stream's invocation (0 if none).
 func (t *toolStream) lastStored(ctx context.Context) (int64, error) {
@@ -569,7 +594,7 @@ func (t *toolStream) lastStored(ctx context.Context) (int64, error) {
 	// hears UNAVAILABLE (and retries) while the backbone is away.
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	msg, err := t.s.stream.GetLastMsgForSubject(ctx, t.subject)
+	msg, err := t.stored.GetLastMsgForSubject(ctx, t.subject)
 	if errors.Is(err, jetstream.ErrMsgNotFound) {
 		return 0, nil
 	}

@@ -33,7 +33,7 @@ const (
 )
 
 var allScenarios = append(append(append([]string{scEdgeEmbedded, scEdgeNATSApart, scProjector, scProjectorLive, scGRPCFloor, scPaced1000, scPaced1000Apart, scPaced5000,
-	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction, scMillionEvents, scConsolePages, scEdgesRolling, scPartitionLayout)
+	scEdgeMemory, scIdle, scBazelReal, scStorage}, fleetScenarios...), commitsScenarios...), scKafkaExport, scEdgeRedaction, scMillionEvents, scConsolePages, scEdgesRolling, scPartitionLayout, scProjectorsPartitioned)
 
 type config struct {
 	out, bin, natsd, fixtures, tmp, pgDir string
@@ -64,18 +64,19 @@ type config struct {
 	lagPoll, lagTimeout, drainTimeout time.Duration
 	keep                              bool
 
-	fleet     fleetConfig
-	commits   commitsConfig
-	kafka     kafkaConfig
-	redaction redactionConfig
-	memory    memoryConfig
-	idle      idleConfig
-	bazel     bazelConfig
-	storage   storageConfig
-	ab        abConfig
-	million   millionConfig
-	rolling   rollingConfig
-	partition partitionConfig
+	fleet       fleetConfig
+	commits     commitsConfig
+	kafka       kafkaConfig
+	redaction   redactionConfig
+	memory      memoryConfig
+	idle        idleConfig
+	bazel       bazelConfig
+	storage     storageConfig
+	ab          abConfig
+	million     millionConfig
+	rolling     rollingConfig
+	partition   partitionConfig
+	partitioned partitionedConfig
 }
 
 func main() {
@@ -120,6 +121,7 @@ func main() {
 	c.million.register(flag.CommandLine)
 	c.rolling.register(flag.CommandLine)
 	c.partition.register(flag.CommandLine)
+	c.partitioned.register(flag.CommandLine)
 	flag.Parse()
 	if err := c.parseLists(scenarios, streams); err != nil {
 		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
@@ -154,7 +156,7 @@ func (c *config) parseLists(scenarios, streams string) error {
 		}
 		c.streams = append(c.streams, n)
 	}
-	if err := errors.Join(c.checkNegatives(), c.paced5000.validate(), c.memory.validate(), c.idle.validate(), c.bazel.validate(), c.storage.validate(), c.rolling.validate(), c.partition.validate()); err != nil {
+	if err := errors.Join(c.checkNegatives(), c.paced5000.validate(), c.memory.validate(), c.idle.validate(), c.bazel.validate(), c.storage.validate(), c.rolling.validate(), c.partition.validate(), c.partitioned.validate()); err != nil {
 		return err
 	}
 	return c.ab.validate(c.bin)
@@ -234,7 +236,7 @@ func setup(ctx context.Context, c config) (b *bench, cleanup func(), err error) 
 			fmt.Printf("bench: state and logs kept in %s\n", b.tmp)
 		}
 	}
-	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || c.scenarios[scMillionEvents] || c.scenarios[scEdgesRolling] || c.scenarios[scPartitionLayout] || c.scenarios[scPaced1000Apart] || anyOf(c.scenarios, commitsScenarios)) {
+	if b.natsd = c.natsd; b.natsd == "" && (c.scenarios[scEdgeNATSApart] || c.scenarios[scEdgeRedaction] || c.scenarios[scEdgeMemory] || c.scenarios[scProjector] || c.scenarios[scMillionEvents] || c.scenarios[scEdgesRolling] || c.scenarios[scPartitionLayout] || c.scenarios[scProjectorsPartitioned] || c.scenarios[scPaced1000Apart] || anyOf(c.scenarios, commitsScenarios)) {
 		if b.natsd, err = buildNATSD(ctx, b.tmp); err != nil {
 			removeTmp()
 			return nil, nil, err

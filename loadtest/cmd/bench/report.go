@@ -43,8 +43,10 @@ type scenarioReport struct {
 	Rolling *rollingReport `json:"rolling,omitempty"`
 	// Partition is the partition-layout scenario's figures.
 	Partition *partitionReport `json:"partition,omitempty"`
-	Checks    []check          `json:"checks"`
-	Error     string           `json:"error,omitempty"`
+	// Partitioned is the projectors-partitioned scenario's figures.
+	Partitioned *partitionedReport `json:"partitioned,omitempty"`
+	Checks      []check            `json:"checks"`
+	Error       string             `json:"error,omitempty"`
 	// Skipped says why a scenario did not run (e.g. bazel-real without
 	// Bazel); it has no checks then, and is not a failure.
 	Skipped string `json:"skipped,omitempty"`

@@ -206,6 +206,8 @@ func (b *bench) runScenario(ctx context.Context, name string) *scenarioReport {
 		err = b.rollingScenario(ctx, rep)
 	case scPartitionLayout:
 		err = b.partitionScenario(ctx, rep)
+	case scProjectorsPartitioned:
+		err = b.partitionedScenario(ctx, rep)
 	}
 	if err != nil {
 		rep.Error = err.Error()
