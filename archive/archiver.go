@@ -487,15 +487,15 @@ func (a *Archiver) archive(ctx context.Context, b pending, dict *Dict) (reason s
 	}
 	_, err = tx.Exec(ctx, `
 insert into archived_builds (invocation_id, project, object_key, dict_id, events, first_seq, last_seq,
-                             last_event_at, raw_bytes, stored_bytes, archived_at)
-values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
+                             last_event_at, raw_bytes, stored_bytes, archived_at, position)
+values ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)
 on conflict (invocation_id, project) do update set
     object_key = excluded.object_key, dict_id = excluded.dict_id, events = excluded.events,
     first_seq = excluded.first_seq, last_seq = excluded.last_seq, last_event_at = excluded.last_event_at,
     raw_bytes = excluded.raw_bytes, stored_bytes = excluded.stored_bytes, archived_at = excluded.archived_at,
-    verified_at = null, verify_error = null, output_error = null`,
+    position = excluded.position, verified_at = null, verify_error = null, output_error = null`,
 		b.id, b.project, key, int64(dictID), int64(st.Messages), int64(st.FirstSeq), int64(st.LastSeq),
-		b.lastEventAt, int64(st.RawBytes), stored, a.now())
+		b.lastEventAt, int64(st.RawBytes), stored, a.now(), a.cfg.Layout.Durable(ProjectorDurable, a.cfg.Layout.Partition(b.project, b.id)))
 	if err == nil {
 		err = tx.Commit(ctx)
 	}

@@ -123,15 +123,17 @@ func readReason(err error) string {
 
 // sqlOutputDue finds archived builds whose console output may move: a
 // good object, output not moved or moved before a re-archive, the
-// projector past the object's last message (the builds projector's
-// position, ProjectorDurable) and no event of the build newer than the
-// object; oldest first, on archived_builds_output_idx.
+// projector past the object's last message (the position that orders
+// the build's events, archived_builds.position: its partition's, or
+// ProjectorDurable for a build archived before partitions) and no event
+// of the build newer than the object; oldest first, on
+// archived_builds_output_idx.
 const sqlOutputDue = `
 select a.project, a.invocation_id from archived_builds a
 join invocations i on i.id = a.invocation_id and i.project = a.project
 where a.object_key <> '' and a.verify_error is null and a.output_error is null and a.raw_expired_at is null
   and (a.output_seq is null or a.output_seq < a.last_seq)
-  and ($2 = '' or a.last_seq <= (select coalesce(max(stream_seq), 0) from consumer_positions where consumer = $2))
+  and a.last_seq <= (select coalesce(max(stream_seq), 0) from consumer_positions where consumer = coalesce(a.position, $2))
   and i.last_event_at <= a.last_event_at
 order by a.last_seq
 limit $1`
@@ -146,14 +148,7 @@ func (a *Archiver) MoveOutputs(ctx context.Context) (int, string, error) {
 	if a.out == nil {
 		return 0, "", nil
 	}
-	// Partitioned build events have a position each, and the build's
-	// partition is a hash the database does not compute: a build the
-	// projector has not caught up with is found by the mover (Pending).
-	position := ProjectorDurable
-	if a.cfg.Layout.Partitioned() {
-		position = ""
-	}
-	rows, err := a.pool.Query(ctx, sqlOutputDue, a.cfg.Batch, position)
+	rows, err := a.pool.Query(ctx, sqlOutputDue, a.cfg.Batch, ProjectorDurable)
 	if err != nil {
 		a.m.failures.WithLabelValues(ReasonDatabase).Inc()
 		return 0, ReasonDatabase, fmt.Errorf("archive: builds whose output may move: %w", err)

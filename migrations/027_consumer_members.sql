@@ -21,7 +21,14 @@ create table consumer_paused (
     primary key (consumer_group, partition)
 );
 
+-- The consumer position that orders an archived build's events (builds, or
+-- its partition's builds_<p>): its console output moves into its object
+-- once that position is past the object's last message (archive/output.go).
+-- Null for builds archived before: the one consumer's.
+alter table archived_builds add column position text;
+
 ---- create above / drop below ----
 
+alter table archived_builds drop column position;
 drop table consumer_paused;
 drop table consumer_members;

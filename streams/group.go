@@ -262,18 +262,43 @@ func (g *Group) beat(ctx context.Context) (members []string, paused []int, err e
 	return members, paused, nil
 }
 
+// PauseTTL is how old a pause is once its replay stopped renewing it (it
+// died): another replay of the partition may take it over then. The
+// members go on honouring it, since a replay that died left its
+// partition half rebuilt: it stays paused until a replay finishes it, or
+// an operator deletes the row (ops/runbooks/partitions.md).
+const PauseTTL = 30 * time.Second
+
 // Pause has the members of group stop running partitions (those that run
 // them give their leases up at their next heartbeat) until the function
 // it returns is called: for a replay of them, which takes their leases
 // (AwaitLease). by names who paused them, for an operator who finds the
-// rows. A partition paused already by another is refused.
+// rows. It renews the pause every third of PauseTTL meanwhile; a pause
+// older than that is taken over, and one that is not is refused.
 func Pause(ctx context.Context, pool *pgxpool.Pool, group string, partitions []int, by string) (resume func(context.Context) error, err error) {
 	tag, err := pool.Exec(ctx, `insert into consumer_paused (consumer_group, partition, paused_by)
-		select $1, p, $3 from unnest($2::int[]) p on conflict do nothing`, group, partitions, by)
+		select $1, p, $3 from unnest($2::int[]) p
+		on conflict (consumer_group, partition) do update set paused_by = excluded.paused_by, paused_at = now()
+		where consumer_paused.paused_at < now() - $4::interval`, group, partitions, by, PauseTTL.String())
 	if err != nil {
 		return nil, fmt.Errorf("group %s: pause: %w", group, err)
 	}
+	rctx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		for {
+			select {
+			case <-rctx.Done():
+				return
+			case <-time.After(PauseTTL / 3):
+			}
+			pool.Exec(rctx, `update consumer_paused set paused_at = now() where consumer_group = $1 and partition = any($2) and paused_by = $3`, group, partitions, by)
+		}
+	}()
 	resume = func(ctx context.Context) error {
+		stop()
+		<-renewed
 		_, err := pool.Exec(ctx, `delete from consumer_paused where consumer_group = $1 and partition = any($2) and paused_by = $3`, group, partitions, by)
 		if err != nil {
 			return fmt.Errorf("group %s: resume: %w", group, err)
@@ -282,7 +307,7 @@ func Pause(ctx context.Context, pool *pgxpool.Pool, group string, partitions []i
 	}
 	if int(tag.RowsAffected()) != len(partitions) {
 		resume(ctx)
-		return nil, fmt.Errorf("group %s: some of partitions %s are paused already (consumer_paused names by whom)", group, joinInts(partitions))
+		return nil, fmt.Errorf("group %s: some of partitions %s are paused by another replay that runs (consumer_paused names it)", group, joinInts(partitions))
 	}
 	return resume, nil
 }
@@ -379,11 +404,11 @@ func (b *Backbone) RunByPartition(ctx context.Context, pool *pgxpool.Pool, rc Ru
 }
 
 // ReplayByPartition calls replay for partition part of layout l, or with
-// part -1 for each partition in turn. When l is partitioned, the
-// partitions replayed are paused in group meanwhile (Pause, by names the
-// replay), and each is replayed once its member let its lease go
-// (AwaitLease on group's durable of it), while the members run on with the
-// others; each resumes when the last is done.
+// part -1 for each partition in turn. When l is partitioned, each
+// partition is paused in group while it is replayed (Pause, by names the
+// replay) and replayed once its member let its lease go (AwaitLease on
+// group's durable of it); the members run on with the others, and each
+// partition resumes once replayed.
 func ReplayByPartition(ctx context.Context, pool *pgxpool.Pool, l subjects.BESLayout, group string, part int, by string, replay func(part int) error) error {
 	parts := []int{part}
 	switch {
@@ -400,19 +425,34 @@ func ReplayByPartition(ctx context.Context, pool *pgxpool.Pool, l subjects.BESLa
 	if !l.Partitioned() {
 		return replay(0)
 	}
-	resume, err := Pause(ctx, pool, group, parts, by)
-	if err != nil {
-		return err
-	}
-	defer resume(context.WithoutCancel(ctx))
 	for _, p := range parts {
-		// Its member lets it go at its next heartbeat, once its step ends.
-		if err := AwaitLease(ctx, pool, l.Durable(group, p), time.Minute, nil); err != nil {
-			return err
-		}
-		if err := replay(p); err != nil {
+		if err := replayPaused(ctx, pool, l.Durable(group, p), group, p, by, replay); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// replayPaused replays partition p of group, whose consumer is durable,
+// paused meanwhile.
+func replayPaused(ctx context.Context, pool *pgxpool.Pool, durable, group string, p int, by string, replay func(part int) error) error {
+	resume, err := Pause(ctx, pool, group, []int{p}, by)
+	if err != nil {
+		return err
+	}
+	defer resume(context.WithoutCancel(ctx))
+	deadline := time.Now().Add(time.Minute)
+	for {
+		// Its member lets it go at its next heartbeat, once its step ends.
+		if err := AwaitLease(ctx, pool, durable, time.Until(deadline), nil); err != nil {
+			return err
+		}
+		// A member that had not yet seen the pause may have taken the
+		// lease back since (it stood by for it): it lets it go at its next
+		// heartbeat, and the replay, which took nothing, waits again.
+		err := replay(p)
+		if !errors.Is(err, ErrLocked) || time.Now().After(deadline) {
+			return err
+		}
+	}
 }

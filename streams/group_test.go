@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -331,5 +332,44 @@ func TestGroupLeaseLostStopsApplying(t *testing.T) {
 	var pos int64
 	if err := e.pool.QueryRow(ctx, `select stream_seq from consumer_positions where consumer = $1`, consumer).Scan(&pos); err != nil || pos != 20 {
 		t.Fatalf("position %d (%v), want 20", pos, err)
+	}
+}
+
+// TestPauseTakesOverADeadReplay: a partition paused by a replay that runs
+// is refused to another; one whose replay stopped renewing its pause
+// (killed) is taken over; resume deletes only the pauser's own rows.
+func TestPauseTakesOverADeadReplay(t *testing.T) {
+	pool, _ := testenv.Pool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `insert into consumer_paused (consumer_group, partition, paused_by, paused_at) values
+		('rows', 0, 'running replay', now()), ('rows', 1, 'dead replay', now() - interval '1 hour')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := streams.Pause(ctx, pool, "rows", []int{0}, "new replay"); err == nil || !strings.Contains(err.Error(), "paused by another replay") {
+		t.Fatalf("a pause another replay renews was taken: %v", err)
+	}
+	resume, err := streams.Pause(ctx, pool, "rows", []int{1, 2}, "new replay")
+	if err != nil {
+		t.Fatalf("the dead replay's pause was not taken over: %v", err)
+	}
+	pausedBy := func() map[int]string {
+		rows, err := pool.Query(ctx, `select partition, paused_by from consumer_paused where consumer_group = 'rows'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[int]string{}
+		var p int
+		var by string
+		pgx.ForEachRow(rows, []any{&p, &by}, func() error { out[p] = by; return nil })
+		return out
+	}
+	if got := fmt.Sprint(pausedBy()); got != "map[0:running replay 1:new replay 2:new replay]" {
+		t.Fatalf("paused: %s", got)
+	}
+	if err := resume(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := fmt.Sprint(pausedBy()); got != "map[0:running replay]" {
+		t.Fatalf("after resume: %s", got)
 	}
 }

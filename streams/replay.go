@@ -23,14 +23,26 @@ func (r *Runner) Replay(ctx context.Context) error {
 // ReplayWith is Replay by plan: its Reset instead of the projector's, its
 // Prelude applied first, its Skip left out of the stream.
 func (r *Runner) ReplayWith(ctx context.Context, plan projection.ReplayPlan) error {
-	reset := plan.Reset
-	if reset == nil {
-		rs, ok := r.p.(projection.Resetter)
-		if !ok {
-			return fmt.Errorf("projector %s cannot be reset", r.name)
-		}
-		reset = rs.Reset
-	}
+	return r.ReplayPlanned(ctx, StaticPlan(plan))
+}
+
+// Planner makes a replay's plan (ReplayPlanned).
+type Planner func(context.Context) (projection.ReplayPlan, error)
+
+// StaticPlan is the Planner of a plan made already.
+func StaticPlan(plan projection.ReplayPlan) Planner {
+	return func(context.Context) (projection.ReplayPlan, error) { return plan, nil }
+}
+
+// ReplayPlanned is ReplayWith with the plan made by planner once the
+// replay holds the lock and has pointed the durable consumer at the
+// stream's start. A plan reads what the stream and elsewhere (the raw
+// archive) hold, and whatever deletes a stream's messages once every
+// durable has read them (the archive's trimming) must delete nothing
+// between the plan and the replay's reading of the stream: a build
+// trimmed from the stream after the plan left it to the stream would be
+// in neither. From the pointing on, the durable's ack floor holds it back.
+func (r *Runner) ReplayPlanned(ctx context.Context, planner Planner) error {
 	stream, err := r.js.Stream(ctx, r.cfg.Stream)
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", r.cfg.Stream, err)
@@ -44,6 +56,21 @@ func (r *Runner) ReplayWith(ctx context.Context, plan projection.ReplayPlan) err
 	defer r.loop.Release(h)
 	ctx = h.Context()
 	r.held, r.conn = h, h.Conn()
+	if err := r.point(ctx, 0); err != nil {
+		return err
+	}
+	plan, err := planner(ctx)
+	if err != nil {
+		return err
+	}
+	reset := plan.Reset
+	if reset == nil {
+		rs, ok := r.p.(projection.Resetter)
+		if !ok {
+			return fmt.Errorf("projector %s cannot be reset", r.name)
+		}
+		reset = rs.Reset
+	}
 	r.settle(false)
 	err = r.inTx(ctx, func(tx pgx.Tx) error {
 		if err := reset(ctx, tx); err != nil {

@@ -3,11 +3,13 @@ package streams_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"regexp"
 	"strings"
 	"testing"
 
 	"github.com/millrace/millrace/internal/poll"
+	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/streams/projection"
 )
 
@@ -20,13 +22,13 @@ func TestReplayReported(t *testing.T) {
 	stop := start(t, e, &rowsProjector{name: "rows"}, runnerConfig())
 	poll.Until(t, "120 rows", func() bool { return len(e.rows(t, "rows")) == 120 }, waitWithin)
 	var out bytes.Buffer
-	err := newRunner(t, e.js, e.pool, &rowsProjector{name: "rows"}, runnerConfig(), nil).ReplayReported(context.Background(), projection.ReplayPlan{}, &out, "replay rows", "events")
-	if err == nil || err.Error() != "the rows projector is running (it holds its lock): stop it, replay, then start it again" {
+	err := newRunner(t, e.js, e.pool, &rowsProjector{name: "rows"}, runnerConfig(), nil).ReplayReported(context.Background(), streams.StaticPlan(projection.ReplayPlan{}), &out, "replay rows", "events")
+	if err == nil || err.Error() != "the rows projector is running (it holds its lock): stop it, replay, then start it again" || !errors.Is(err, streams.ErrLocked) {
 		t.Fatalf("beside a running projector: %v", err)
 	}
 	stop()
 	out.Reset()
-	if err := newRunner(t, e.js, e.pool, &rowsProjector{name: "rows"}, runnerConfig(), nil).ReplayReported(context.Background(), projection.ReplayPlan{}, &out, "replay rows", "events"); err != nil {
+	if err := newRunner(t, e.js, e.pool, &rowsProjector{name: "rows"}, runnerConfig(), nil).ReplayReported(context.Background(), streams.StaticPlan(projection.ReplayPlan{}), &out, "replay rows", "events"); err != nil {
 		t.Fatal(err)
 	}
 	if got := e.rows(t, "rows"); len(got) != 120 {

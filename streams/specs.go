@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -155,7 +156,7 @@ func CheckLayout(ctx context.Context, js jetstream.JetStream, l subjects.BESLayo
 	var found []string
 	names := js.StreamNames(ctx)
 	for name := range names.Name() {
-		if name == subjects.StreamBES || strings.HasPrefix(name, subjects.StreamBES+"_") {
+		if name == subjects.StreamBES || isPartitionStream(name) {
 			found = append(found, name)
 		}
 	}
@@ -178,4 +179,15 @@ func CheckLayout(ctx context.Context, js jetstream.JetStream, l subjects.BESLayo
 	}
 	return fmt.Errorf("the backbone holds build events in %s, and this process was started with --bes-partitions %d (%s): every process of a backbone needs the partitions it was made with, and changing them is not supported (docs/design.md, \"Partitions\")",
 		have, l.N(), strings.Join(want, ", "))
+}
+
+// isPartitionStream reports whether name is a partition's stream of build
+// events, BES_<number> (an operator's BES_MIRROR is none).
+func isPartitionStream(name string) bool {
+	n, ok := strings.CutPrefix(name, subjects.StreamBES+"_")
+	if !ok || n == "" {
+		return false
+	}
+	_, err := strconv.Atoi(n)
+	return err == nil && strings.Trim(n, "0123456789") == ""
 }

@@ -228,20 +228,16 @@ func replayBuilds(ctx context.Context, r *resources.Opened, po projectorOptions,
 	return moveOutputAgain(ctx, r, log)
 }
 
-// replayPartition plans the replay of partition part by its projector pp
-// (the whole projection in the one-stream layout: archive.PlanReplay),
-// says what it will do, and replays.
+// replayPartition replays partition part by its projector pp (the whole
+// projection in the one-stream layout) by the plan archive.PlanReplay
+// makes once the replay holds the stream (streams.Runner.ReplayPlanned),
+// and says what it will do.
 func replayPartition(ctx context.Context, r *resources.Opened, po projectorOptions, pp *builds.Projector, part int, log *slog.Logger) error {
 	l, rc, label := r.BB.Layout, po.runnerConfig(log), "replay builds"
 	rc.Stream, rc.Filter = l.Stream(part), l.Filter(part)
 	if l.Partitioned() {
 		label = fmt.Sprintf("replay builds, partition %d of %d", part, l.N())
 	}
-	st, err := r.BB.Stream(ctx, rc.Stream)
-	if err != nil {
-		return err
-	}
-	s := st.CachedInfo().State
 	reset := func(ctx context.Context, tx pgx.Tx, keep []archive.BuildID) error {
 		ks := make([]builds.Key, len(keep))
 		for i, k := range keep {
@@ -249,15 +245,21 @@ func replayPartition(ctx context.Context, r *resources.Opened, po projectorOptio
 		}
 		return pp.ResetExcept(ctx, tx, ks)
 	}
-	plan, planned, err := archive.PlanReplay(ctx, r.Pool, r.Bucket, archive.StreamTail{FirstSeq: s.FirstSeq, FirstTime: s.FirstTime, LastSeq: s.LastSeq},
-		reset, archive.ReplayOptions{RawKept: r.Streams.BESMaxAge, Progress: archive.ProgressLine(os.Stderr, label, "archived builds"),
-			Layout: l, Partition: part})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(os.Stderr, "%s: %d builds from the archive, then the stream; %d kept as they are (raw events past --retention-raw-days)\n",
-		label, planned.Archived, planned.Kept)
-	return replayStream(ctx, r.BB, r.Pool, pp, rc, plan, label, "events")
+	return replayStream(ctx, r.BB, r.Pool, pp, rc, func(ctx context.Context) (projection.ReplayPlan, error) {
+		st, err := r.BB.Stream(ctx, rc.Stream)
+		if err != nil {
+			return projection.ReplayPlan{}, err
+		}
+		s := st.CachedInfo().State
+		plan, planned, err := archive.PlanReplay(ctx, r.Pool, r.Bucket, archive.StreamTail{FirstSeq: s.FirstSeq, FirstTime: s.FirstTime, LastSeq: s.LastSeq},
+			reset, archive.ReplayOptions{RawKept: r.Streams.BESMaxAge, Progress: archive.ProgressLine(os.Stderr, label, "archived builds"),
+				Layout: l, Partition: part})
+		if err == nil {
+			fmt.Fprintf(os.Stderr, "%s: %d builds from the archive, then the stream; %d kept as they are (raw events past --retention-raw-days)\n",
+				label, planned.Archived, planned.Kept)
+		}
+		return plan, err
+	}, label, "events")
 }
 
 // moveOutputAgain moves the console output that the replay folded into
@@ -280,7 +282,7 @@ func moveOutputAgain(ctx context.Context, r *resources.Opened, log *slog.Logger)
 // replayStream empties p's projection and applies rc.Stream again by plan,
 // with its progress on stderr under label (streams.Runner.ReplayReported);
 // unit names the stream's messages there.
-func replayStream(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, p projection.Projector, rc streams.RunnerConfig, plan projection.ReplayPlan, label, unit string) error {
+func replayStream(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, p projection.Projector, rc streams.RunnerConfig, plan streams.Planner, label, unit string) error {
 	r, err := streams.NewRunner(bb.JS, pool, p, rc, nil)
 	if err != nil {
 		return err

@@ -230,7 +230,7 @@ func replayFleet(ctx context.Context, bb *streams.Backbone, pool *pgxpool.Pool, 
 	for _, s := range steps {
 		c := rc
 		c.Stream, c.Filter = s.stream, s.filter
-		if err := replayStream(ctx, bb, pool, s.p, c, projection.ReplayPlan{}, "replay fleet "+s.what, "messages"); err != nil {
+		if err := replayStream(ctx, bb, pool, s.p, c, streams.StaticPlan(projection.ReplayPlan{}), "replay fleet "+s.what, "messages"); err != nil {
 			return fmt.Errorf("replay %s: %w", s.what, err)
 		}
 		if s.p.Name() != proj.Name() {

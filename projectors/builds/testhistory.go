@@ -53,7 +53,7 @@ select i.project, r.label_id, ` + fmt.Sprintf(sqlDay, "r.build_key") + `, $4::in
        $4::int * count(*) filter (where r.status = 'FLAKY'),
        $4::int * count(*) filter (where r.flaked), $4::int * sum(r.duration_ms)
 from r join invocations i on i.build_key = r.build_key
-group by 1, 2, 3` + sqlAddDaily
+group by 1, 2, 3 order by 1, 2, 3` + sqlAddDaily
 
 // sqlFlagCommits marks flaked the failed runs in finished builds of the
 // commits (values of $2's keys, the first found of each build) of the
@@ -80,7 +80,7 @@ with c as (
 ` + sqlIntoDaily + `
 select i.project, f.label_id, ` + fmt.Sprintf(sqlDay, "f.build_key") + `, 0, 0, 0, 0, count(*), 0
 from f join invocations i on i.build_key = f.build_key
-group by 1, 2, 3` + sqlAddDaily
+group by 1, 2, 3 order by 1, 2, 3` + sqlAddDaily
 
 // sqlForgetTests takes project's builds $2 out of test_daily (a deletion
 // on request, as sqlForget does for hourly_rollups). Runs that a deleted
@@ -97,7 +97,7 @@ select $1::text, r.label_id, ` + fmt.Sprintf(sqlDay, "r.build_key") + `, -count(
        -count(*) filter (where r.status ` + fmt.Sprintf(failedStatus, "r") + `),
        -count(*) filter (where r.status = 'FLAKY'),
        -count(*) filter (where r.flaked), -sum(r.duration_ms)
-from r group by 2, 3` + sqlAddDaily
+from r group by 2, 3 order by 2, 3` + sqlAddDaily
 
 // sqlUncountTests takes away from test_daily what the rows of tests of
 // every build not in builds_keep count (a replay's reset: sqlUncount for
@@ -114,7 +114,7 @@ select r.project, r.label_id, ` + fmt.Sprintf(sqlDay, "r.build_key") + `, -count
        -count(*) filter (where r.status ` + fmt.Sprintf(failedStatus, "r") + `),
        -count(*) filter (where r.status = 'FLAKY'),
        -count(*) filter (where r.flaked), -sum(r.duration_ms)
-from r group by 1, 2, 3` + sqlAddDaily
+from r group by 1, 2, 3 order by 1, 2, 3` + sqlAddDaily
 
 // sqlIntoDaily and sqlAddDaily wrap a select of test_daily's columns
 // (project, label, day, then the counts to add, negative to take away)

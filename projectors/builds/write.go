@@ -319,13 +319,13 @@ order by 2, 1`
 // and written nothing (no WAL).
 const sqlInsertLabels = `
 insert into build_labels (project, id, label)
-select * from unnest($1::text[], $2::int8[], $3::text[])
+select * from unnest($1::text[], $2::int8[], $3::text[]) order by 1, 2
 on conflict do nothing`
 
 // sqlInsertKinds records the batch's target kinds in build_kinds.
 const sqlInsertKinds = `
 insert into build_kinds (id, kind)
-select * from unnest($1::int4[], $2::text[])
+select * from unnest($1::int4[], $2::text[]) order by 1
 on conflict do nothing`
 
 // durationBuckets is the number of duration_hist counters (see
@@ -400,6 +400,7 @@ select project, hour, sum(sign),
        sum(sign * duration_ms)::bigint, sum(sign * passed), sum(sign * failed), sum(sign * flaky),
        sum(sign * hits), sum(sign * misses)
 from delta group by project, hour
+order by project, hour -- one order of the rows' locks for every writer: partitions' batches share rows
 on conflict (project, hour) do update set
     builds          = r.builds + excluded.builds,
     succeeded       = r.succeeded + excluded.succeeded,

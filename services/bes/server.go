@@ -9,9 +9,11 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	buildpb "google.golang.org/genproto/googleapis/devtools/build/v1"
 	"google.golang.org/grpc"
@@ -130,6 +132,12 @@ func checkIDs(ids ...string) error {
 	for _, id := range ids {
 		if len(id) > MaxIDBytes {
 			return status.Errorf(codes.InvalidArgument, "millrace: an id of %d bytes is longer than the limit of %d", len(id), MaxIDBytes)
+		}
+		// The projector stores ids as text, which holds neither: it would
+		// store another id than the one the build's subject and partition
+		// were made of (subjects.BESLayout).
+		if !utf8.ValidString(id) || strings.IndexByte(id, 0) >= 0 {
+			return status.Errorf(codes.InvalidArgument, "millrace: the id %q is not valid UTF-8 without NUL bytes", id)
 		}
 	}
 	return nil

@@ -1495,6 +1495,26 @@ func TestIDsThatHeadersMangle(t *testing.T) {
 	}
 }
 
+// TestIDsNotText: an id that holds a NUL byte is refused before it is
+// stored: the projection keeps ids as text, and would keep another id
+// than the one the build's subject (and partition) were made of. (One that
+// is not valid UTF-8 does not get through protobuf's own checks.)
+func TestIDsNotText(t *testing.T) {
+	b, e := newTest(t, Config{})
+	ctx := testCtx(t)
+	for _, bad := range []string{"inv\x00x", "\x00"} {
+		id := defaultIDs()
+		id.invocation = bad
+		r := publish(ctx, t, e.client, invocation(id, 1, 2, true))
+		if status.Code(r.err) != codes.InvalidArgument || !strings.Contains(r.err.Error(), "not valid UTF-8 without NUL") {
+			t.Errorf("invocation %q: %v, want INVALID_ARGUMENT", bad, r.err)
+		}
+		if n := b.count(t, subjects.BES(testProject, bad)); n != 0 {
+			t.Errorf("invocation %q: %d events stored", bad, n)
+		}
+	}
+}
+
 func TestSubjectTokens(t *testing.T) {
 	b, e := newTest(t, Config{})
 	ctx := testCtx(t)

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"runtime/debug"
 	"strings"
@@ -211,5 +212,27 @@ func TestNewFlagsRefuseNegatives(t *testing.T) {
 		if err := bad.validate(); err == nil {
 			t.Errorf("%+v: no error", bad)
 		}
+	}
+}
+
+func TestPartitionedConfig(t *testing.T) {
+	ok := partitionedConfig{partitions: 4, instances: "1, 2,4", rounds: 1}
+	if n, err := ok.counts(); err != nil || fmt.Sprint(n) != "[1 2 4]" || ok.validate() != nil {
+		t.Errorf("counts %v, %v, %v", n, err, ok.validate())
+	}
+	for _, bad := range []partitionedConfig{
+		{partitions: 4, instances: "1,5", rounds: 1}, // more instances than partitions: one would idle
+		{partitions: 4, instances: "0", rounds: 1},
+		{partitions: 1, instances: "1", rounds: 1},
+		{partitions: 4, instances: "1", rounds: 0},
+		{partitions: 4, instances: "1", rounds: 1, events: -1},
+	} {
+		if err := bad.validate(); err == nil {
+			t.Errorf("%+v: no error", bad)
+		}
+	}
+	m := medianFigures(2, []partitionedFigures{{DrainEventsPerS: 10, DrainProjectorCPUPer100k: 3}, {DrainEventsPerS: 30, DrainProjectorCPUPer100k: 1}, {DrainEventsPerS: 20, DrainProjectorCPUPer100k: 2}})
+	if m.Instances != 2 || m.DrainEventsPerS != 20 || m.DrainProjectorCPUPer100k != 2 {
+		t.Errorf("medians %+v", m)
 	}
 }

@@ -43,7 +43,7 @@ func (c *partitionedConfig) register(fs *flag.FlagSet) {
 	fs.IntVar(&c.pacedStreams, "partitioned-paced-streams", 300, "projectors-partitioned: concurrent paced builds of each live run")
 	fs.Float64Var(&c.pacedRate, "partitioned-paced-rate", 2000, "projectors-partitioned: events/s of each live run, over all its streams")
 	fs.DurationVar(&c.pacedFor, "partitioned-paced-for", 40*time.Second, "projectors-partitioned: how long each live run sends (the first quarter a warm-up)")
-	fs.IntVar(&c.rounds, "partitioned-rounds", 2, "projectors-partitioned: rounds; the instance counts take turns, in reverse order every other round")
+	fs.IntVar(&c.rounds, "partitioned-rounds", 3, "projectors-partitioned: rounds; the instance counts take turns, in reverse order every other round")
 }
 
 // counts are the instance counts of -partitioned-instances.
@@ -78,7 +78,6 @@ func (c *partitionedConfig) validate() error {
 // count, the medians over the rounds.
 type partitionedReport struct {
 	Partitions int                  `json:"partitions"`
-	Events     int64                `json:"drained_events"`
 	Rounds     int                  `json:"rounds"`
 	Runs       []partitionedFigures `json:"instances"`
 }
@@ -86,7 +85,9 @@ type partitionedReport struct {
 type partitionedFigures struct {
 	Instances int `json:"instances"`
 	// Drain: the projectors, started on standby, take the whole stream
-	// from its start into a fresh database.
+	// from its start into a fresh database: DrainEvents, the stored events
+	// and those each live run before added.
+	DrainEvents     int64   `json:"drain_events"`
 	DrainEventsPerS float64 `json:"drain_events_per_s"`
 	// CPU per 100k events drained: the projector processes together,
 	// PostgreSQL's backends of the run's database, the NATS server.
@@ -140,14 +141,13 @@ func (b *bench) partitionedScenario(ctx context.Context, rep *scenarioReport) er
 			slices.Reverse(order)
 		}
 		for _, k := range order {
-			f, drained, err := b.partitionedRun(ctx, dir, url, e, k, natsd)
+			f, err := b.partitionedRun(ctx, dir, url, e, k, natsd)
 			if err != nil {
 				return err
 			}
-			r.Events = drained
 			byCount[k] = append(byCount[k], f)
-			fmt.Printf("  %d instances: drain %.0f events/s, projectors %.2f CPU-s/100k (PostgreSQL %.2f, natsd %.2f); live lag p50 %.0f ms p99 %.0f ms, projectors %.2f CPU-s/100k\n",
-				k, f.DrainEventsPerS, f.DrainProjectorCPUPer100k, f.DrainPostgresCPUPer100k, f.DrainNATSCPUPer100k, f.LiveLag.P50MS, f.LiveLag.P99MS, f.LiveProjectorCPUPer100k)
+			fmt.Printf("  %d instances: drain of %d events %.0f events/s, projectors %.2f CPU-s/100k (PostgreSQL %.2f, natsd %.2f); live lag p50 %.0f ms p99 %.0f ms, projectors %.2f CPU-s/100k\n",
+				k, f.DrainEvents, f.DrainEventsPerS, f.DrainProjectorCPUPer100k, f.DrainPostgresCPUPer100k, f.DrainNATSCPUPer100k, f.LiveLag.P50MS, f.LiveLag.P99MS, f.LiveProjectorCPUPer100k)
 		}
 	}
 	for _, k := range counts {
@@ -167,11 +167,11 @@ func (b *bench) partitionedScenario(ctx context.Context, rep *scenarioReport) er
 
 // partitionedRun is one instance count's drain and live run, each on a
 // fresh database.
-func (b *bench) partitionedRun(ctx context.Context, dir, url string, e *edge, k int, natsd *proc) (partitionedFigures, int64, error) {
+func (b *bench) partitionedRun(ctx context.Context, dir, url string, e *edge, k int, natsd *proc) (partitionedFigures, error) {
 	f := partitionedFigures{Instances: k}
 	lasts, err := partitionLasts(ctx, url, b.cfg.partitioned.partitions)
 	if err != nil {
-		return f, 0, err
+		return f, err
 	}
 	var stored int64
 	for _, n := range lasts {
@@ -185,44 +185,44 @@ func (b *bench) partitionedRun(ctx context.Context, dir, url string, e *edge, k 
 		return err
 	})
 	if err != nil {
-		return f, 0, err
+		return f, err
 	}
 	defer d.close()
 	procs, err := b.startPartitioned(ctx, dir, url, d, k, "drain")
 	if err != nil {
-		return f, 0, err
+		return f, err
 	}
 	defer stopAll(procs)
 	natsBefore, _ := natsd.cpu()
 	before := cpuOf(procs)
 	meter, err := b.pg.meter(ctx, d.name, d.pid)
 	if err != nil {
-		return f, 0, err
+		return f, err
 	}
 	began := time.Now()
 	if _, err := d.conn.Exec(ctx, `delete from consumer_paused where paused_by = 'bench'`); err != nil {
-		return f, 0, err
+		return f, err
 	}
 	if err := waitPartitions(ctx, d.conn, lasts, procs, b.cfg.drainTimeout); err != nil {
-		return f, 0, err
+		return f, err
 	}
 	elapsed := time.Since(began)
 	projCPU := cpuOf(procs) - before
 	natsAfter, _ := natsd.cpu()
 	cost, err := meter.stop(ctx)
 	if err != nil {
-		return f, 0, err
+		return f, err
 	}
 	stopAll(procs)
 	per100k := func(d time.Duration) float64 { return round(d.Seconds()/float64(stored)*100_000, 3) }
-	f.DrainEventsPerS = math.Round(float64(stored) / elapsed.Seconds())
+	f.DrainEvents, f.DrainEventsPerS = stored, math.Round(float64(stored)/elapsed.Seconds())
 	f.DrainProjectorCPUPer100k, f.DrainPostgresCPUPer100k, f.DrainNATSCPUPer100k = per100k(projCPU), per100k(cost.CPUAttributed), per100k(natsAfter-natsBefore)
 
 	// The live run: the projectors start at the streams' ends (their
 	// positions written there), join, and follow paced builds.
 	lasts, err = partitionLasts(ctx, url, len(lasts))
 	if err != nil {
-		return f, 0, err
+		return f, err
 	}
 	l, err := b.partitionedDB(ctx, fmt.Sprintf("%s-live-%d", scProjectorsPartitioned, k), func(conn *pgx.Conn) error {
 		for p, last := range lasts {
@@ -234,24 +234,24 @@ func (b *bench) partitionedRun(ctx context.Context, dir, url string, e *edge, k 
 		return nil
 	})
 	if err != nil {
-		return f, 0, err
+		return f, err
 	}
 	defer l.close()
 	procs, err = b.startPartitioned(ctx, dir, url, l, k, "live")
 	if err != nil {
-		return f, 0, err
+		return f, err
 	}
 	defer stopAll(procs)
 	if err := waitMembers(ctx, l.conn, k); err != nil {
-		return f, 0, err
+		return f, err
 	}
 	lag, res, cpu, err := b.partitionedLive(ctx, e, l, procs)
 	if err != nil {
-		return f, 0, err
+		return f, err
 	}
 	f.LiveEvents, f.LiveLag = res.WindowEvents, lag
 	f.LiveProjectorCPUPer100k = round(cpu.Seconds()/float64(max(res.WindowEvents, 1))*100_000, 3)
-	return f, stored, nil
+	return f, nil
 }
 
 // partitionedLive sends the paced builds and returns the lag, what was
@@ -454,6 +454,7 @@ func medianFigures(k int, fs []partitionedFigures) partitionedFigures {
 		return round((v[len(v)/2-1]+v[len(v)/2])/2, 3)
 	}
 	out := partitionedFigures{Instances: k}
+	out.DrainEvents = int64(med(func(f partitionedFigures) float64 { return float64(f.DrainEvents) }))
 	out.DrainEventsPerS = math.Round(med(func(f partitionedFigures) float64 { return f.DrainEventsPerS }))
 	out.DrainProjectorCPUPer100k = med(func(f partitionedFigures) float64 { return f.DrainProjectorCPUPer100k })
 	out.DrainPostgresCPUPer100k = med(func(f partitionedFigures) float64 { return f.DrainPostgresCPUPer100k })
@@ -461,6 +462,7 @@ func medianFigures(k int, fs []partitionedFigures) partitionedFigures {
 	out.LiveEvents = int64(med(func(f partitionedFigures) float64 { return float64(f.LiveEvents) }))
 	out.LiveProjectorCPUPer100k = med(func(f partitionedFigures) float64 { return f.LiveProjectorCPUPer100k })
 	out.LiveLag = replay.Summary{
+		Count: uint64(med(func(f partitionedFigures) float64 { return float64(f.LiveLag.Count) })),
 		P50MS: med(func(f partitionedFigures) float64 { return f.LiveLag.P50MS }),
 		P99MS: med(func(f partitionedFigures) float64 { return f.LiveLag.P99MS }),
 		MaxMS: med(func(f partitionedFigures) float64 { return f.LiveLag.MaxMS }),
