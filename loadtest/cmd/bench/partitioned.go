@@ -96,11 +96,20 @@ type partitionedFigures struct {
 	DrainNATSCPUPer100k      float64 `json:"drain_natsd_cpu_s_per_100k"`
 	// Live: paced builds while the projectors run; the lag from a build's
 	// last acknowledged event to its row showing it applied and finished,
-	// and the projectors' CPU per 100k events sent meanwhile.
-	LiveEvents              int64          `json:"live_events"`
-	LiveLag                 replay.Summary `json:"live_lag"`
-	LiveProjectorCPUPer100k float64        `json:"live_projector_cpu_s_per_100k"`
+	// and the projectors' CPU per 100k events sent meanwhile. Each
+	// instance also costs CPU with no event at all (its timers, pulls
+	// waiting at the server, the group's heartbeats): IdleCores is what
+	// they took together in IdleFor before the builds began, and
+	// LiveProjectorCPUPer100kNet the CPU per event less that.
+	LiveEvents                 int64          `json:"live_events"`
+	LiveLag                    replay.Summary `json:"live_lag"`
+	LiveProjectorCPUPer100k    float64        `json:"live_projector_cpu_s_per_100k"`
+	IdleCores                  float64        `json:"idle_projector_cores"`
+	LiveProjectorCPUPer100kNet float64        `json:"live_projector_cpu_s_per_100k_less_idle"`
 }
+
+// idleFor is how long the idle cost of the instances is measured.
+const idleFor = 10 * time.Second
 
 // partitionedScenario fills partitioned streams through an edge on natsd,
 // then, for each instance count in turn, drains them into a fresh
@@ -146,8 +155,8 @@ func (b *bench) partitionedScenario(ctx context.Context, rep *scenarioReport) er
 				return err
 			}
 			byCount[k] = append(byCount[k], f)
-			fmt.Printf("  %d instances: drain of %d events %.0f events/s, projectors %.2f CPU-s/100k (PostgreSQL %.2f, natsd %.2f); live lag p50 %.0f ms p99 %.0f ms, projectors %.2f CPU-s/100k\n",
-				k, f.DrainEvents, f.DrainEventsPerS, f.DrainProjectorCPUPer100k, f.DrainPostgresCPUPer100k, f.DrainNATSCPUPer100k, f.LiveLag.P50MS, f.LiveLag.P99MS, f.LiveProjectorCPUPer100k)
+			fmt.Printf("  %d instances: drain of %d events %.0f events/s, projectors %.2f CPU-s/100k (PostgreSQL %.2f, natsd %.2f); live lag p50 %.0f ms p99 %.0f ms, projectors %.2f CPU-s/100k (%.2f less %.3f idle cores)\n",
+				k, f.DrainEvents, f.DrainEventsPerS, f.DrainProjectorCPUPer100k, f.DrainPostgresCPUPer100k, f.DrainNATSCPUPer100k, f.LiveLag.P50MS, f.LiveLag.P99MS, f.LiveProjectorCPUPer100k, f.LiveProjectorCPUPer100kNet, f.IdleCores)
 		}
 	}
 	for _, k := range counts {
@@ -159,6 +168,8 @@ func (b *bench) partitionedScenario(ctx context.Context, rep *scenarioReport) er
 		rep.Checks = append(rep.Checks,
 			atMost(fmt.Sprintf("%s: drain projector CPU per event, %d instances over %d", scProjectorsPartitioned, f.Instances, one.Instances),
 				f.DrainProjectorCPUPer100k/one.DrainProjectorCPUPer100k, 1.15, "ratio", "CPU per event unchanged as instances are added (within 15 %)"),
+			atMost(fmt.Sprintf("%s: live projector CPU per event less idle, %d instances over %d", scProjectorsPartitioned, f.Instances, one.Instances),
+				f.LiveProjectorCPUPer100kNet/one.LiveProjectorCPUPer100kNet, 1.15, "ratio", "paced: each instance's idle cost apart (idle_projector_cores)"),
 			atMost(fmt.Sprintf("%s: live lag p99, %d instances", scProjectorsPartitioned, f.Instances), f.LiveLag.P99MS/1000, pacedLagP99TargetS, "s", ""))
 	}
 	rep.Checks = append(rep.Checks, atMost(fmt.Sprintf("%s: live lag p99, %d instance", scProjectorsPartitioned, one.Instances), one.LiveLag.P99MS/1000, pacedLagP99TargetS, "s", ""))
@@ -245,44 +256,58 @@ func (b *bench) partitionedRun(ctx context.Context, dir, url string, e *edge, k 
 	if err := waitMembers(ctx, l.conn, k); err != nil {
 		return f, err
 	}
-	lag, res, cpu, err := b.partitionedLive(ctx, e, l, procs)
+	idle := cpuOf(procs)
+	select {
+	case <-time.After(idleFor):
+	case <-ctx.Done():
+		return f, ctx.Err()
+	}
+	idleRate := (cpuOf(procs) - idle).Seconds() / idleFor.Seconds()
+	lag, res, cpu, window, err := b.partitionedLive(ctx, e, l, procs)
 	if err != nil {
 		return f, err
 	}
-	f.LiveEvents, f.LiveLag = res.WindowEvents, lag
-	f.LiveProjectorCPUPer100k = round(cpu.Seconds()/float64(max(res.WindowEvents, 1))*100_000, 3)
+	events := float64(max(res.WindowEvents, 1))
+	f.LiveEvents, f.LiveLag, f.IdleCores = res.WindowEvents, lag, round(idleRate, 4)
+	f.LiveProjectorCPUPer100k = round(cpu.Seconds()/events*100_000, 3)
+	f.LiveProjectorCPUPer100kNet = round((cpu.Seconds()-idleRate*window.Seconds())/events*100_000, 3)
 	return f, nil
 }
 
 // partitionedLive sends the paced builds and returns the lag, what was
 // sent, and the projectors' CPU from the end of the warm-up until every
 // build was seen projected (the window's events: WindowEvents).
-func (b *bench) partitionedLive(ctx context.Context, e *edge, d *partitionedDBConn, procs []*proc) (replay.Summary, *replay.Result, time.Duration, error) {
+func (b *bench) partitionedLive(ctx context.Context, e *edge, d *partitionedDBConn, procs []*proc) (lagSum replay.Summary, res *replay.Result, cpu, window time.Duration, err error) {
 	c := b.cfg.partitioned
 	warmup := c.pacedFor / 4
 	start := time.Now()
 	lag := newLagTracker(start.Add(warmup))
 	lagConn, err := pgx.Connect(ctx, d.url)
 	if err != nil {
-		return replay.Summary{}, nil, 0, err
+		return lagSum, nil, 0, 0, err
 	}
 	defer lagConn.Close(context.Background())
 	lagCtx, stopLag := context.WithCancel(ctx)
 	defer stopLag()
 	go lag.poll(lagCtx, lagConn, b.cfg.lagPoll)
-	beforeC := make(chan time.Duration, 1)
-	cpuAt := time.AfterFunc(warmup, func() { beforeC <- cpuOf(procs) })
+	type sample struct {
+		cpu time.Duration
+		at  time.Time
+	}
+	beforeC := make(chan sample, 1)
+	cpuAt := time.AfterFunc(warmup, func() { beforeC <- sample{cpuOf(procs), time.Now()} })
 	defer cpuAt.Stop()
-	res, err := replay.Run(ctx, replay.Config{Target: e.bes, Scripts: b.scripts, Streams: c.pacedStreams, Projects: projectsFor(c.pacedStreams),
+	res, err = replay.Run(ctx, replay.Config{Target: e.bes, Scripts: b.scripts, Streams: c.pacedStreams, Projects: projectsFor(c.pacedStreams),
 		Rate: c.pacedRate, Warmup: warmup, Duration: c.pacedFor, Seed: 7, OnStreamDone: lag.done})
 	if err != nil {
-		return replay.Summary{}, nil, 0, err
+		return lagSum, nil, 0, 0, err
 	}
 	lag.wait(30 * time.Second)
-	cpu := cpuOf(procs) - <-beforeC
+	before := <-beforeC
+	cpu, window = cpuOf(procs)-before.cpu, time.Since(before.at)
 	lag.mu.Lock()
 	defer lag.mu.Unlock()
-	return lag.lag.Summary(), res, cpu, nil
+	return lag.lag.Summary(), res, cpu, window, nil
 }
 
 // partitionedDBConn is a run's database and the bench's connection to it.
@@ -461,6 +486,8 @@ func medianFigures(k int, fs []partitionedFigures) partitionedFigures {
 	out.DrainNATSCPUPer100k = med(func(f partitionedFigures) float64 { return f.DrainNATSCPUPer100k })
 	out.LiveEvents = int64(med(func(f partitionedFigures) float64 { return float64(f.LiveEvents) }))
 	out.LiveProjectorCPUPer100k = med(func(f partitionedFigures) float64 { return f.LiveProjectorCPUPer100k })
+	out.IdleCores = med(func(f partitionedFigures) float64 { return f.IdleCores })
+	out.LiveProjectorCPUPer100kNet = med(func(f partitionedFigures) float64 { return f.LiveProjectorCPUPer100kNet })
 	out.LiveLag = replay.Summary{
 		Count: uint64(med(func(f partitionedFigures) float64 { return float64(f.LiveLag.Count) })),
 		P50MS: med(func(f partitionedFigures) float64 { return f.LiveLag.P50MS }),
