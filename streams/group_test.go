@@ -80,23 +80,14 @@ type groupEnv struct {
 
 func setupGroup(t *testing.T, partitions int) *groupEnv {
 	t.Helper()
-	ns := testenv.NATS(t)
-	nc, err := streams.Connect(ns.ClientURL(), t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jsClient(t)
 	ctx := context.Background()
 	c := streams.Config{BESPartitions: partitions}
 	if err := streams.Apply(ctx, js, streams.StreamSpecs(c)); err != nil {
 		t.Fatal(err)
 	}
 	pool, _ := testenv.Pool(t)
-	_, err = pool.Exec(ctx, `create table runner_rows (consumer text, seq bigint, body text, member text, primary key (consumer, seq))`)
+	_, err := pool.Exec(ctx, `create table runner_rows (consumer text, seq bigint, body text, member text, primary key (consumer, seq))`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,4 +363,19 @@ func TestPauseTakesOverADeadReplay(t *testing.T) {
 	if got := fmt.Sprint(pausedBy()); got != "map[0:running replay]" {
 		t.Fatalf("after resume: %s", got)
 	}
+}
+
+// jsClient is a JetStream client of a server of the test's own.
+func jsClient(t *testing.T) jetstream.JetStream {
+	t.Helper()
+	nc, err := streams.Connect(testenv.NATS(t).ClientURL(), t.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/millrace/millrace/internal/testenv"
 	"github.com/millrace/millrace/streams"
 	"github.com/millrace/millrace/subjects"
 )
@@ -17,16 +16,7 @@ import (
 // takes processes of four partitions and refuses one of another count,
 // or of the one stream, naming what it holds.
 func TestCheckLayout(t *testing.T) {
-	ns := testenv.NATS(t)
-	nc, err := streams.Connect(ns.ClientURL(), t.Name())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	js := jsClient(t)
 	ctx := context.Background()
 	// An operator's stream named like one is none of millrace's.
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "BES_MIRROR", Subjects: []string{"mirror.>"}}); err != nil {

@@ -128,19 +128,22 @@ func (b *bench) partitionScenario(ctx context.Context, rep *scenarioReport) erro
 	return nil
 }
 
+// medianOf is the median of a figure of rounds.
+func medianOf[T any](rounds []T, figure func(T) float64) float64 {
+	v := make([]float64, len(rounds))
+	for i, r := range rounds {
+		v[i] = figure(r)
+	}
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
 // medianLayout takes each figure's median over the rounds.
 func medianLayout(ls []partitionLayout) partitionLayout {
-	med := func(f func(partitionLayout) float64) float64 {
-		v := make([]float64, len(ls))
-		for i, l := range ls {
-			v[i] = f(l)
-		}
-		slices.Sort(v)
-		if len(v)%2 == 1 {
-			return v[len(v)/2]
-		}
-		return (v[len(v)/2-1] + v[len(v)/2]) / 2
-	}
+	med := func(f func(partitionLayout) float64) float64 { return medianOf(ls, f) }
 	return partitionLayout{Name: ls[0].Name,
 		PublishCPUPer100k: med(func(l partitionLayout) float64 { return l.PublishCPUPer100k }),
 		PublishPerS:       med(func(l partitionLayout) float64 { return l.PublishPerS }),

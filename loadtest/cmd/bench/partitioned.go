@@ -467,17 +467,7 @@ func waitPartitions(ctx context.Context, conn *pgx.Conn, lasts []uint64, procs [
 
 // medianFigures are the median of each figure over the rounds.
 func medianFigures(k int, fs []partitionedFigures) partitionedFigures {
-	med := func(get func(partitionedFigures) float64) float64 {
-		v := make([]float64, len(fs))
-		for i, f := range fs {
-			v[i] = get(f)
-		}
-		slices.Sort(v)
-		if len(v)%2 == 1 {
-			return v[len(v)/2]
-		}
-		return round((v[len(v)/2-1]+v[len(v)/2])/2, 3)
-	}
+	med := func(get func(partitionedFigures) float64) float64 { return round(medianOf(fs, get), 3) }
 	out := partitionedFigures{Instances: k}
 	out.DrainEvents = int64(med(func(f partitionedFigures) float64 { return float64(f.DrainEvents) }))
 	out.DrainEventsPerS = math.Round(med(func(f partitionedFigures) float64 { return f.DrainEventsPerS }))
