@@ -75,8 +75,10 @@ func streamsAccountsCommand() command {
 		Summary: "print the NATS accounts configuration of an external cluster",
 		Long:    streams.AccountsDescription,
 		Flags: func(fs *flag.FlagSet) func(context.Context, []string) error {
+			var n int
+			envflag.Int(fs, &n, "bes-partitions", "MILLRACE_BES_PARTITIONS", 1, "the backbone's partitions of build events: the reader is kept off each partition's durables too")
 			return func(ctx context.Context, args []string) error {
-				return streams.WriteAccounts(os.Stdout, streams.Config{ServiceConsumers: serviceConsumers()})
+				return streams.WriteAccounts(os.Stdout, streams.Config{ServiceConsumers: serviceConsumers(), BESPartitions: n})
 			}
 		},
 	}
