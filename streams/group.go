@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -407,9 +408,9 @@ func (b *Backbone) RunByPartition(ctx context.Context, pool *pgxpool.Pool, rc Ru
 // part -1 for each partition in turn. When l is partitioned, each
 // partition is paused in group while it is replayed (Pause, by names the
 // replay) and replayed once its member let its lease go (AwaitLease on
-// group's durable of it); the members run on with the others, and each
-// partition resumes once replayed.
-func ReplayByPartition(ctx context.Context, pool *pgxpool.Pool, l subjects.BESLayout, group string, part int, by string, replay func(part int) error) error {
+// group's durable of it, saying so on w while it waits); the members run
+// on with the others, and each partition resumes once replayed.
+func ReplayByPartition(ctx context.Context, pool *pgxpool.Pool, l subjects.BESLayout, group string, part int, by string, w io.Writer, replay func(part int) error) error {
 	parts := []int{part}
 	switch {
 	case part == -1:
@@ -426,7 +427,10 @@ func ReplayByPartition(ctx context.Context, pool *pgxpool.Pool, l subjects.BESLa
 		return replay(0)
 	}
 	for _, p := range parts {
-		if err := replayPaused(ctx, pool, l.Durable(group, p), group, p, by, replay); err != nil {
+		wait := func() {
+			fmt.Fprintf(w, "replay %s, partition %d of %d: waiting for the projector that runs it to let it go\n", group, p, l.N())
+		}
+		if err := replayPaused(ctx, pool, l.Durable(group, p), group, p, by, wait, replay); err != nil {
 			return err
 		}
 	}
@@ -435,7 +439,7 @@ func ReplayByPartition(ctx context.Context, pool *pgxpool.Pool, l subjects.BESLa
 
 // replayPaused replays partition p of group, whose consumer is durable,
 // paused meanwhile.
-func replayPaused(ctx context.Context, pool *pgxpool.Pool, durable, group string, p int, by string, replay func(part int) error) error {
+func replayPaused(ctx context.Context, pool *pgxpool.Pool, durable, group string, p int, by string, waiting func(), replay func(part int) error) error {
 	resume, err := Pause(ctx, pool, group, []int{p}, by)
 	if err != nil {
 		return err
@@ -444,7 +448,7 @@ func replayPaused(ctx context.Context, pool *pgxpool.Pool, durable, group string
 	deadline := time.Now().Add(time.Minute)
 	for {
 		// Its member lets it go at its next heartbeat, once its step ends.
-		if err := AwaitLease(ctx, pool, durable, time.Until(deadline), nil); err != nil {
+		if err := AwaitLease(ctx, pool, durable, time.Until(deadline), waiting); err != nil {
 			return err
 		}
 		// A member that had not yet seen the pause may have taken the

@@ -218,7 +218,7 @@ func replayBuilds(ctx context.Context, r *resources.Opened, po projectorOptions,
 		return err
 	}
 	host, _ := os.Hostname()
-	err = streams.ReplayByPartition(ctx, r.Pool, r.BB.Layout, builds.ConsumerName, part, fmt.Sprintf("replay builds on %s, process %d", host, os.Getpid()),
+	err = streams.ReplayByPartition(ctx, r.Pool, r.BB.Layout, builds.ConsumerName, part, fmt.Sprintf("replay builds on %s, process %d", host, os.Getpid()), os.Stderr,
 		func(part int) error {
 			return replayPartition(ctx, r, po, proj.ForPartition(r.BB.Layout, part), part, log)
 		})
