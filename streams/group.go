@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	retry "github.com/millrace/millrace/internal/backoff"
 	"github.com/millrace/millrace/internal/envflag"
 	"github.com/millrace/millrace/internal/knob"
 	"github.com/millrace/millrace/streams/projection"
@@ -123,9 +124,6 @@ func NewGroup(pool *pgxpool.Pool, cfg GroupConfig, run func(ctx context.Context,
 	cfg = cfg.withDefaults()
 	return &Group{pool: pool, cfg: cfg, run: run, log: cfg.Logger.With("group", cfg.Group, "member", cfg.Member)}, nil
 }
-
-// Member is this instance's name in the group.
-func (g *Group) Member() string { return g.cfg.Member }
 
 // partitionRun is one partition's runner while this member runs it.
 type partitionRun struct {
@@ -288,12 +286,7 @@ func Pause(ctx context.Context, pool *pgxpool.Pool, group string, partitions []i
 	renewed := make(chan struct{})
 	go func() {
 		defer close(renewed)
-		for {
-			select {
-			case <-rctx.Done():
-				return
-			case <-time.After(PauseTTL / 3):
-			}
+		for retry.Sleep(rctx, PauseTTL/3) {
 			pool.Exec(rctx, `update consumer_paused set paused_at = now() where consumer_group = $1 and partition = any($2) and paused_by = $3`, group, partitions, by)
 		}
 	}()
@@ -368,10 +361,8 @@ func AwaitLease(ctx context.Context, pool *pgxpool.Pool, name string, within tim
 			waiting()
 		}
 		said = true
-		select {
-		case <-ctx.Done():
+		if !retry.Sleep(ctx, 200*time.Millisecond) {
 			return ctx.Err()
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }

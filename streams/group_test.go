@@ -162,9 +162,9 @@ func startMember(t *testing.T, e *groupEnv, name, group string, g *gate) *groupM
 		Assigned: func(ps []int) { m.mu.Lock(); m.assigned = ps; m.mu.Unlock() }}
 	grp, err := streams.NewGroup(e.pool, cfg, func(ctx context.Context, p int) error {
 		rc := runnerConfig()
-		rc.Stream, rc.Filter, rc.Name = e.layout.Stream(p), e.layout.Filter(p), e.layout.Durable("rows", p)
+		rc.Stream, rc.Filter = e.layout.Stream(p), e.layout.Filter(p)
 		rc.StandbyEvery, rc.Logger = 50*time.Millisecond, quietLog()
-		r, err := streams.NewRunner(e.js, e.pool, &memberRows{name: rc.Name, member: name, gate: g}, rc, nil)
+		r, err := streams.NewRunner(e.js, e.pool, &memberRows{name: e.layout.Durable("rows", p), member: name, gate: g}, rc, nil)
 		if err != nil {
 			return err
 		}

@@ -1,7 +1,6 @@
 package streams
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,10 +28,6 @@ type RunnerConfig struct {
 	// the stream's subjects (docs/design.md, "Measured facts").
 	Stream string
 	Filter string
-	// Name is the consumer's: its durable, lease, committed position and
-	// metrics. Default the projector's Name; a partition's runner has the
-	// partition's (subjects.BESLayout.Durable).
-	Name string
 	// Batch is the most messages fetched and applied in one transaction.
 	// Default 1000.
 	Batch int
@@ -172,7 +167,7 @@ func NewRunner(js jetstream.JetStream, pool *pgxpool.Pool, p projection.Projecto
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	name := cmp.Or(cfg.Name, p.Name())
+	name := p.Name() // a partition's projector names the partition's consumer (subjects.BESLayout.Durable)
 	r := &Runner{js: js, pool: pool, p: p, cfg: cfg, mset: m, m: m.Consumer(name, KindProjection), name: name,
 		log: cfg.Logger.With("consumer", name), lease: ConsumerLease(pool, name)}
 	r.loop = Loop{Name: r.name, Kind: KindProjection, Lease: r.lease, StandbyEvery: cfg.StandbyEvery, Metrics: r.m, Logger: r.log,
